@@ -1,0 +1,280 @@
+//! The processor's apply step: the one place where an item's stock changes, and so the
+//! rule that prevents overselling.
+//!
+//! Pure functions over an item's state. The processor calls them in mailbox order, one
+//! request at a time, on the only copy of the item's state it owns; everything else
+//! (queues, journal, replies) is plumbing around this file.
+
+use std::sync::Arc;
+
+use crate::types::{Entry, ItemState, Millis, Op, Request, Status, STOCK_MAX};
+
+/// Decides `req` against the item's current state (`None`: the item is unknown) and
+/// returns the journal entry that records the decision. On `ok` the state is updated in
+/// place and its sequence advanced; every decision about a known item, accepted or not,
+/// takes the next sequence number, so an item's journal is gapless.
+pub fn apply(
+    state: Option<&mut ItemState>,
+    req: &Request,
+    now: Millis,
+    request_ttl_ms: i64,
+) -> Entry {
+    debug_assert!(req.op != Op::Load, "loads go through apply_load");
+    let mut entry = Entry {
+        shop: req.shop.clone(),
+        item: req.item.clone(),
+        request_key: Some(req.key.clone()),
+        op: req.op,
+        qty: req.qty,
+        status: Status::Ok,
+        reason: None,
+        stock_before: None,
+        stock_after: None,
+        reserved_after: None,
+        seq: None,
+        prev_seq: None,
+        submitted_at: req.submitted_at,
+        completed_at: now,
+        seller: req.seller.clone(),
+        buyer: req.buyer.clone(),
+        remarks: req.remarks.clone(),
+        logged: req.logged,
+    };
+    // Expiry first: a request that waited too long is not applied, whatever the item.
+    let age_ms = now.saturating_sub(req.submitted_at);
+    let expired = age_ms > request_ttl_ms;
+    let Some(state) = state else {
+        if expired {
+            entry.status = Status::Expired;
+            entry.reason = Some(format!(
+                "waited {age_ms} ms, longer than the request TTL of {request_ttl_ms} ms"
+            ));
+        } else {
+            entry.status = Status::UnknownItem;
+            entry.reason = Some(format!("item {} is not loaded in this shop", req.item));
+        }
+        return entry;
+    };
+    let before = *state;
+    let mut after = before;
+    after.seq = before.seq + 1;
+    if expired {
+        entry.status = Status::Expired;
+        entry.reason = Some(format!(
+            "waited {age_ms} ms, longer than the request TTL of {request_ttl_ms} ms"
+        ));
+    } else {
+        match req.op {
+            Op::Decrement => {
+                if req.qty <= before.stock {
+                    after.stock = before.stock - req.qty;
+                } else {
+                    entry.status = Status::InsufficientStock;
+                    entry.reason = Some(format!(
+                        "requested {}, available {}",
+                        req.qty, before.stock
+                    ));
+                }
+            }
+            Op::Increment => match before.stock.checked_add(req.qty) {
+                Some(stock) if stock <= STOCK_MAX => after.stock = stock,
+                _ => {
+                    entry.status = Status::LimitExceeded;
+                    entry.reason = Some(format!(
+                        "stock {} + {} would pass the limit {STOCK_MAX}",
+                        before.stock, req.qty
+                    ));
+                }
+            },
+            Op::Load => unreachable!("checked above"),
+        }
+    }
+    // Invariants 1 and 5, asserted before the entry can reach the journal.
+    assert!(after.stock >= 0, "oversell: {} -> {}", before.stock, after.stock);
+    assert_eq!(after.seq, before.seq + 1, "sequence must advance by one");
+    *state = after;
+    fill_states(&mut entry, before, after);
+    entry
+}
+
+/// Sets an item's available stock to `stock` (creating the item if needed), as the next
+/// entry of its sequence.
+pub fn apply_load(
+    state: &mut ItemState,
+    shop: &Arc<str>,
+    item: &Arc<str>,
+    stock: i64,
+    now: Millis,
+) -> Entry {
+    assert!((0..=STOCK_MAX).contains(&stock), "load outside limits");
+    let before = *state;
+    let after = ItemState {
+        stock,
+        reserved: before.reserved,
+        seq: before.seq + 1,
+    };
+    *state = after;
+    let mut entry = Entry {
+        shop: shop.clone(),
+        item: item.clone(),
+        request_key: None,
+        op: Op::Load,
+        qty: stock,
+        status: Status::Ok,
+        reason: None,
+        stock_before: None,
+        stock_after: None,
+        reserved_after: None,
+        seq: None,
+        prev_seq: None,
+        submitted_at: now,
+        completed_at: now,
+        seller: None,
+        buyer: None,
+        remarks: None,
+        logged: false,
+    };
+    fill_states(&mut entry, before, after);
+    entry
+}
+
+fn fill_states(entry: &mut Entry, before: ItemState, after: ItemState) {
+    entry.stock_before = Some(before.stock);
+    entry.stock_after = Some(after.stock);
+    entry.reserved_after = Some(after.reserved);
+    entry.seq = Some(after.seq);
+    entry.prev_seq = Some(before.seq);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const TTL: i64 = 1_000;
+
+    fn req(key: &str, op: Op, qty: i64, submitted_at: Millis) -> Request {
+        Request {
+            shop: "s".into(),
+            item: "i".into(),
+            key: key.into(),
+            op,
+            qty,
+            submitted_at,
+            seller: None,
+            buyer: None,
+            remarks: None,
+            logged: false,
+        }
+    }
+
+    fn loaded(stock: i64) -> (HashMap<Arc<str>, ItemState>, Arc<str>) {
+        let mut items = HashMap::new();
+        let item: Arc<str> = "i".into();
+        let state = items.entry(item.clone()).or_default();
+        apply_load(state, &"s".into(), &item, stock, 0);
+        (items, item)
+    }
+
+    #[test]
+    fn decrement_within_stock_is_applied_and_sequenced() {
+        let (mut items, item) = loaded(10);
+        let e = apply(items.get_mut(&item), &req("k", Op::Decrement, 3, 0), 5, TTL);
+        assert_eq!(e.status, Status::Ok);
+        assert_eq!((e.stock_before, e.stock_after), (Some(10), Some(7)));
+        assert_eq!((e.prev_seq, e.seq), (Some(1), Some(2)));
+        assert_eq!(items[&item].stock, 7);
+    }
+
+    #[test]
+    fn decrement_beyond_stock_is_rejected_not_partial() {
+        let (mut items, item) = loaded(2);
+        let e = apply(items.get_mut(&item), &req("k", Op::Decrement, 3, 0), 5, TTL);
+        assert_eq!(e.status, Status::InsufficientStock);
+        assert_eq!((e.stock_before, e.stock_after), (Some(2), Some(2)));
+        assert_eq!(items[&item].stock, 2, "nothing taken");
+        assert_eq!(e.seq, Some(2), "a rejection is still the item's next entry");
+    }
+
+    #[test]
+    fn stock_never_goes_negative_and_is_conserved_over_random_requests() {
+        let (mut items, item) = loaded(500);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let (mut ok_dec, mut ok_inc) = (0i64, 0i64);
+        for n in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let qty = (x % 7) as i64 + 1;
+            let op = if x % 5 == 0 {
+                Op::Increment
+            } else {
+                Op::Decrement
+            };
+            let e = apply(
+                items.get_mut(&item),
+                &req(&n.to_string(), op, qty, 0),
+                0,
+                TTL,
+            );
+            assert!(e.stock_after.unwrap() >= 0);
+            assert_eq!(e.seq.unwrap(), e.prev_seq.unwrap() + 1);
+            if e.status == Status::Ok {
+                match op {
+                    Op::Decrement => ok_dec += qty,
+                    _ => ok_inc += qty,
+                }
+            }
+        }
+        assert_eq!(items[&item].stock, 500 - ok_dec + ok_inc);
+        assert_eq!(items[&item].seq, 10_001);
+    }
+
+    #[test]
+    fn expired_request_is_not_applied_but_recorded() {
+        let (mut items, item) = loaded(10);
+        let e = apply(
+            items.get_mut(&item),
+            &req("k", Op::Decrement, 1, 0),
+            TTL + 1,
+            TTL,
+        );
+        assert_eq!(e.status, Status::Expired);
+        assert_eq!(items[&item].stock, 10);
+        assert_eq!(e.seq, Some(2));
+        // Exactly at the TTL is still in time.
+        let e = apply(
+            items.get_mut(&item),
+            &req("k2", Op::Decrement, 1, 0),
+            TTL,
+            TTL,
+        );
+        assert_eq!(e.status, Status::Ok);
+    }
+
+    #[test]
+    fn unknown_item_is_an_outcome_without_sequence() {
+        let e = apply(None, &req("k", Op::Decrement, 1, 0), 0, TTL);
+        assert_eq!(e.status, Status::UnknownItem);
+        assert_eq!((e.seq, e.stock_after), (None, None));
+        assert_eq!(e.outcome().unwrap().request_key.as_ref(), "k");
+    }
+
+    #[test]
+    fn increment_past_the_stock_limit_is_refused() {
+        let (mut items, item) = loaded(STOCK_MAX);
+        let e = apply(items.get_mut(&item), &req("k", Op::Increment, 1, 0), 0, TTL);
+        assert_eq!(e.status, Status::LimitExceeded);
+        assert_eq!(items[&item].stock, STOCK_MAX);
+    }
+
+    #[test]
+    fn load_sets_absolute_stock_as_next_sequence() {
+        let (mut items, item) = loaded(10);
+        apply(items.get_mut(&item), &req("k", Op::Decrement, 4, 0), 0, TTL);
+        let e = apply_load(items.get_mut(&item).unwrap(), &"s".into(), &item, 100, 0);
+        assert_eq!((e.stock_before, e.stock_after), (Some(6), Some(100)));
+        assert_eq!((e.prev_seq, e.seq), (Some(2), Some(3)));
+        assert!(e.outcome().is_none(), "loads are not polled by key");
+    }
+}

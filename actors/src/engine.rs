@@ -1,0 +1,353 @@
+//! Wiring of the core: arbiters (one per core), processor shards spread over them, the
+//! shops' WorkManagers created on first use, and the calls the HTTP front makes.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use dashmap::DashMap;
+use tokio::sync::oneshot;
+
+use crate::mailbox::{LoadChunk, LoadItem};
+use crate::metrics::Metrics;
+use crate::ports::{Journal, RequestLog, StoreError};
+use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, Registry};
+use crate::types::{ItemView, Request};
+use crate::work_manager::{Admitted, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager};
+
+/// The engine's bounds and timings. Every field is set from the binary's configuration.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Processor shards; items are hashed to them. More shards than cores spreads hot
+    /// items apart; each shard is one actor and one journal append stream.
+    pub shards: usize,
+    /// Threads (actix arbiters) the shards and WorkManagers are spread over.
+    pub arbiters: usize,
+    /// Most entries a shard applies and journals as one batch.
+    pub batch_max: usize,
+    /// A request older than this when its shard reaches it is not applied (`expired`).
+    pub request_ttl_ms: i64,
+    /// How long a respond=true caller waits before being told `pending`.
+    pub reply_timeout_ms: u64,
+    /// Admitted, undecided requests across all shops; beyond it the API answers 429.
+    pub inflight_max: usize,
+    /// Undecided requests of one shop; beyond it that shop's callers get 429.
+    pub shop_pending_max: usize,
+    /// Outcomes each WorkManager keeps in memory for repeats and polls.
+    pub outcome_cache_per_shop: usize,
+    /// Most shops (WorkManagers) one process serves.
+    pub shops_max: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            shards: 8,
+            arbiters: 2,
+            batch_max: 4096,
+            request_ttl_ms: 30_000,
+            reply_timeout_ms: 5_000,
+            inflight_max: 200_000,
+            shop_pending_max: 100_000,
+            outcome_cache_per_shop: 100_000,
+            shops_max: 100_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("too many requests in flight")]
+    Overloaded,
+    #[error("too many shops")]
+    TooManyShops,
+    #[error("shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<SubmitError> for EngineError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Overloaded => EngineError::Overloaded,
+            SubmitError::Store(s) => EngineError::Store(s),
+        }
+    }
+}
+
+/// Routes requests to the shard that owns their item. Handed to the request log, which
+/// calls it once a request may be processed.
+#[derive(Clone)]
+pub struct Dispatcher {
+    shards: Arc<Vec<Addr<Processor>>>,
+}
+
+impl Dispatcher {
+    /// The shard of an item: a fixed hash of shop and item, so one item always has one
+    /// writer for the life of the process.
+    pub fn shard_of(&self, shop: &str, item: &str) -> usize {
+        shard_of(shop, item, self.shards.len())
+    }
+
+    /// Sends each request to its shard, one message per shard, keeping arrival order.
+    pub fn dispatch(&self, reqs: Vec<Request>) {
+        if let [only] = reqs.as_slice() {
+            let s = self.shard_of(&only.shop, &only.item);
+            self.shards[s].do_send(Enqueue(reqs));
+            return;
+        }
+        let mut per: HashMap<usize, Vec<Request>> = HashMap::new();
+        for r in reqs {
+            per.entry(self.shard_of(&r.shop, &r.item)).or_default().push(r);
+        }
+        for (s, reqs) in per {
+            self.shards[s].do_send(Enqueue(reqs));
+        }
+    }
+}
+
+pub fn shard_of(shop: &str, item: &str, shards: usize) -> usize {
+    let mut h = DefaultHasher::new();
+    shop.hash(&mut h);
+    item.hash(&mut h);
+    (h.finish() % shards.max(1) as u64) as usize
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    deps: Arc<Deps>,
+    registry: Registry,
+    arbiters: Vec<ArbiterHandle>,
+    /// Owned so the arbiter threads live as long as the engine.
+    _arbiters: Mutex<Vec<Arbiter>>,
+    next_arbiter: AtomicUsize,
+    shards: Dispatcher,
+    closing: AtomicBool,
+}
+
+impl Engine {
+    /// Recovers every item from the journal, starts the shards and builds the request log
+    /// on top of them, then resumes the requests the log held undecided. Call inside an
+    /// actix system.
+    pub fn start<F>(
+        cfg: EngineConfig,
+        journal: Arc<dyn Journal>,
+        make_log: F,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Engine>, StoreError>
+    where
+        F: FnOnce(Dispatcher) -> Arc<dyn RequestLog>,
+    {
+        let recovered = journal.recover()?;
+        let owned: Vec<Arbiter> = (0..cfg.arbiters.max(1)).map(|_| Arbiter::new()).collect();
+        let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
+        let registry: Registry = Arc::new(DashMap::new());
+        let shard_count = cfg.shards.max(1);
+        let mut initial: Vec<Vec<_>> = (0..shard_count).map(|_| Vec::new()).collect();
+        for (shop, item, state) in recovered.items {
+            initial[shard_of(&shop, &item, shard_count)].push((shop, item, state));
+        }
+        let shards: Vec<Addr<Processor>> = initial
+            .into_iter()
+            .enumerate()
+            .map(|(i, items)| {
+                let p = Processor::new(
+                    i,
+                    cfg.batch_max,
+                    cfg.request_ttl_ms,
+                    items,
+                    journal.clone(),
+                    registry.clone(),
+                    metrics.clone(),
+                );
+                Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
+            })
+            .collect();
+        let dispatcher = Dispatcher {
+            shards: Arc::new(shards),
+        };
+        let log = make_log(dispatcher.clone());
+        let pending = log.pending()?;
+        let deps = Arc::new(Deps {
+            journal,
+            log,
+            metrics,
+            inflight_total: AtomicUsize::new(0),
+            inflight_max: cfg.inflight_max,
+            shop_pending_max: cfg.shop_pending_max,
+            outcome_cache_max: cfg.outcome_cache_per_shop,
+            reply_timeout: Duration::from_millis(cfg.reply_timeout_ms),
+        });
+        let engine = Arc::new(Engine {
+            cfg,
+            deps,
+            registry,
+            arbiters,
+            _arbiters: Mutex::new(owned),
+            next_arbiter: AtomicUsize::new(0),
+            shards: dispatcher,
+            closing: AtomicBool::new(false),
+        });
+        let mut by_shop: HashMap<Arc<str>, Vec<Request>> = HashMap::new();
+        for r in pending {
+            by_shop.entry(r.shop.clone()).or_default().push(r);
+        }
+        if !by_shop.is_empty() {
+            tracing::info!(shops = by_shop.len(), "resuming undecided requests");
+        }
+        for (shop, reqs) in by_shop {
+            engine.work_manager_unbounded(&shop).do_send(Resume(reqs));
+        }
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.deps.metrics
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    fn work_manager(&self, shop: &Arc<str>) -> Result<Addr<WorkManager>, EngineError> {
+        if let Some(wm) = self.registry.get(shop) {
+            return Ok(wm.clone());
+        }
+        if self.registry.len() >= self.cfg.shops_max {
+            return Err(EngineError::TooManyShops);
+        }
+        Ok(self.work_manager_unbounded(shop))
+    }
+
+    fn work_manager_unbounded(&self, shop: &Arc<str>) -> Addr<WorkManager> {
+        self.registry
+            .entry(shop.clone())
+            .or_insert_with(|| {
+                let n = self.next_arbiter.fetch_add(1, Ordering::Relaxed) % self.arbiters.len();
+                let wm = WorkManager::new(shop.clone(), self.deps.clone());
+                WorkManager::start_in_arbiter(&self.arbiters[n], move |_| wm)
+            })
+            .clone()
+    }
+
+    /// Submits requests of one shop; `bool` is whether the caller waits for the outcome.
+    pub async fn submit(
+        &self,
+        shop: &Arc<str>,
+        reqs: Vec<(Request, bool)>,
+    ) -> Result<Admitted, EngineError> {
+        if self.is_closing() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let wm = self.work_manager(shop)?;
+        let admitted = wm
+            .send(Submit(reqs))
+            .await
+            .map_err(|_| EngineError::ShuttingDown)??;
+        Ok(admitted)
+    }
+
+    /// What is known of a request key.
+    pub async fn poll(&self, shop: &Arc<str>, key: Arc<str>) -> Result<PollResult, EngineError> {
+        let Some(wm) = self.registry.get(shop).map(|w| w.clone()) else {
+            // No WorkManager yet: nothing is in flight for this shop in this process,
+            // so the journal alone knows the answer.
+            let found = self.deps.journal.outcomes(shop, &[&key])?;
+            return Ok(match found.into_iter().next().flatten() {
+                Some(o) => PollResult::Decided(Arc::new(o)),
+                None => PollResult::Unknown,
+            });
+        };
+        Ok(wm.send(Poll(key)).await.map_err(|_| EngineError::ShuttingDown)??)
+    }
+
+    /// Sets the available stock of items (creating unknown ones) through their
+    /// processors, and returns their durable states in the order given.
+    pub async fn load(
+        &self,
+        shop: &Arc<str>,
+        items: Vec<(Arc<str>, i64)>,
+    ) -> Result<Vec<ItemView>, EngineError> {
+        if self.is_closing() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let n = items.len();
+        if !self.deps.reserve(n) {
+            return Err(EngineError::Overloaded);
+        }
+        let mut per: HashMap<usize, Vec<LoadItem>> = HashMap::new();
+        for (index, (item, stock)) in items.into_iter().enumerate() {
+            per.entry(self.shards.shard_of(shop, &item))
+                .or_default()
+                .push(LoadItem { item, stock, index });
+        }
+        let mut waits = Vec::with_capacity(per.len());
+        for (s, items) in per {
+            let (reply, rx) = oneshot::channel();
+            self.shards.shards[s].do_send(Load(LoadChunk {
+                shop: shop.clone(),
+                items,
+                reply,
+            }));
+            waits.push(rx);
+        }
+        let mut out: Vec<Option<ItemView>> = vec![None; n];
+        let mut result = Ok(());
+        for rx in waits {
+            match rx.await {
+                Ok(views) => {
+                    for (i, v) in views {
+                        out[i] = Some(v);
+                    }
+                }
+                Err(_) => result = Err(EngineError::ShuttingDown),
+            }
+        }
+        self.deps.release(n);
+        result?;
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// The durable state of an item, `None` if unknown.
+    pub async fn item(&self, shop: &Arc<str>, item: &Arc<str>) -> Result<Option<ItemView>, EngineError> {
+        let s = self.shards.shard_of(shop, item);
+        let state = self.shards.shards[s]
+            .send(GetItem {
+                shop: shop.clone(),
+                item: item.clone(),
+            })
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        Ok(state.map(|st| ItemView {
+            shop: shop.clone(),
+            item: item.clone(),
+            stock: st.stock,
+            reserved: st.reserved,
+            seq: st.seq,
+        }))
+    }
+
+    /// Stops taking requests, waits until every shard has applied and journaled what it
+    /// holds, and closes the journal.
+    pub async fn shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
+        for shard in self.shards.shards.iter() {
+            let _ = shard.send(Flush).await;
+        }
+        self.deps.journal.close();
+        if let Ok(mut owned) = self._arbiters.lock() {
+            for a in owned.drain(..) {
+                a.stop();
+            }
+        }
+    }
+}

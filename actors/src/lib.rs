@@ -1,0 +1,20 @@
+//! nrtxn's core: domain types, the processor's apply step, the WorkManager and Processor
+//! actors, the priority mailbox, and the ports (`Journal`, `RequestLog`) that adapters
+//! implement. It knows nothing of HTTP, Kafka, MongoDB or SQLite.
+//!
+//! Where is the rule that prevents overselling? [`apply`].
+
+pub mod apply;
+pub mod engine;
+pub mod mailbox;
+pub mod metrics;
+pub mod ports;
+pub mod processor;
+pub mod types;
+pub mod work_manager;
+
+pub use engine::{Dispatcher, Engine, EngineConfig, EngineError};
+pub use metrics::Metrics;
+pub use ports::{AppendDone, Durable, Journal, Recovered, RequestLog, StoreError};
+pub use types::*;
+pub use work_manager::{Admission, Admitted, PollResult};

@@ -1,0 +1,62 @@
+//! The two ports the core talks through. The core never names a backend: adapters
+//! (embedded SQLite, Kafka, MongoDB) implement these traits and are chosen by
+//! configuration at start.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::types::{Entry, ItemState, Outcome, Request};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage error: {0}")]
+    Storage(String),
+    #[error("the store is closed")]
+    Closed,
+    #[error("the request log is full")]
+    Full,
+}
+
+/// Called once a journal batch is durable (or failed), with the batch handed back so the
+/// processor can fan its outcomes out without having kept a copy.
+pub type AppendDone = Box<dyn FnOnce(Vec<Entry>, Result<(), StoreError>) + Send>;
+
+/// What the journal holds at start: every item's state (snapshot plus replayed tail).
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub items: Vec<(Arc<str>, Arc<str>, ItemState)>,
+}
+
+/// The durable record of every decision.
+pub trait Journal: Send + Sync + 'static {
+    /// Appends one batch in one durable write, in call order, then calls `done` (from any
+    /// thread). Entries of one item arrive in sequence order; the adapter keeps it.
+    fn append(&self, entries: Vec<Entry>, done: AppendDone);
+
+    /// The recorded outcome of each key, in the order asked.
+    fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError>;
+
+    /// Every item's state, rebuilt from the last snapshot and the journal after it.
+    fn recover(&self) -> Result<Recovered, StoreError>;
+
+    /// Waits for the writes in flight, writes a final snapshot, and closes.
+    fn close(&self);
+}
+
+/// Resolves when the requests marked `logged` are durable in the request log.
+pub type Durable = oneshot::Receiver<Result<(), StoreError>>;
+
+/// Carries accepted requests to the processors.
+pub trait RequestLog: Send + Sync + 'static {
+    /// Hands requests to the processors that own their items. Requests with `logged` set
+    /// are made durable first, and the returned receiver resolves once they are; the log
+    /// then guarantees they reach a processor, also after a crash.
+    fn append(&self, reqs: Vec<Request>) -> Result<Option<Durable>, StoreError>;
+
+    /// Requests that were made durable but have no outcome yet (after a restart).
+    fn pending(&self) -> Result<Vec<Request>, StoreError>;
+
+    /// Hands requests that are already durable to the processors again, writing nothing.
+    fn redeliver(&self, reqs: Vec<Request>);
+}

@@ -1,0 +1,376 @@
+//! The Processor: one actor per shard, the only writer of its items.
+//!
+//! It drains its priority mailbox in batches (up to `batch_max` entries), applies each
+//! batch in memory in order ([`crate::apply`]), appends the batch to the journal in one
+//! durable write, and answers only once that write is durable. While one batch is being
+//! written the next is applied, so the journal's fsync overlaps the work in memory; at
+//! most [`BATCHES_IN_FLIGHT_MAX`] batches are in flight, so under load the waiting
+//! requests pile into larger batches instead of more writes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use dashmap::DashMap;
+use prometheus::IntGauge;
+use tokio::sync::oneshot;
+
+use crate::apply::{apply, apply_load};
+use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
+use crate::metrics::Metrics;
+use crate::ports::{Journal, StoreError};
+use crate::types::{now_ms, Entry, ItemState, ItemView, Outcome, Request, Status};
+use crate::work_manager::{Decided, WorkManager};
+
+/// Journal appends a shard may have outstanding. Two lets applying batch N+1 overlap
+/// writing batch N; more would only add latency, since one journal writer serializes them.
+pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
+
+/// Shops' WorkManagers by shop, shared with the engine that creates them.
+pub type Registry = Arc<DashMap<Arc<str>, Addr<WorkManager>>>;
+
+/// An item's state twice: `live` is what the next request is judged against; `durable`
+/// is what the journal holds, and what readers are shown.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    live: ItemState,
+    durable: ItemState,
+}
+
+/// What a batch leaves to do once it is durable.
+struct BatchInFlight {
+    /// State of each item the batch touched, as of the end of the batch.
+    states: Vec<(Arc<str>, Arc<str>, ItemState)>,
+    loads: Vec<(oneshot::Sender<Vec<(usize, ItemView)>>, Vec<(usize, ItemView)>)>,
+    weight: usize,
+}
+
+pub struct Processor {
+    shard: usize,
+    batch_max: usize,
+    request_ttl_ms: i64,
+    /// Items by shop, then by item: a request carries both, and nesting avoids building a
+    /// composite key per lookup.
+    items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+    mailbox: PriorityMailbox,
+    in_flight: VecDeque<BatchInFlight>,
+    drain_scheduled: bool,
+    journal: Arc<dyn Journal>,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    depth_gauge: IntGauge,
+    flush_waiters: Vec<oneshot::Sender<()>>,
+}
+
+impl Processor {
+    pub fn new(
+        shard: usize,
+        batch_max: usize,
+        request_ttl_ms: i64,
+        initial: Vec<(Arc<str>, Arc<str>, ItemState)>,
+        journal: Arc<dyn Journal>,
+        registry: Registry,
+        metrics: Arc<Metrics>,
+    ) -> Processor {
+        let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
+        for (shop, item, state) in initial {
+            items.entry(shop).or_default().insert(
+                item,
+                Slot {
+                    live: state,
+                    durable: state,
+                },
+            );
+        }
+        let depth_gauge = metrics
+            .queue_depth
+            .with_label_values(&[&format!("shard_{shard}")]);
+        Processor {
+            shard,
+            batch_max: batch_max.max(1),
+            request_ttl_ms,
+            items,
+            mailbox: PriorityMailbox::default(),
+            in_flight: VecDeque::new(),
+            drain_scheduled: false,
+            journal,
+            registry,
+            metrics,
+            depth_gauge,
+            flush_waiters: Vec::new(),
+        }
+    }
+
+    fn schedule(&mut self, ctx: &mut Context<Self>) {
+        if !self.drain_scheduled
+            && !self.mailbox.is_empty()
+            && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
+        {
+            self.drain_scheduled = true;
+            // Through the mailbox, not a direct call: messages already waiting are taken
+            // in first, so the batch is as large as the backlog allows.
+            ctx.notify(Drain);
+        }
+    }
+
+    fn drain(&mut self, ctx: &mut Context<Self>) {
+        self.drain_scheduled = false;
+        while self.in_flight.len() < BATCHES_IN_FLIGHT_MAX && !self.mailbox.is_empty() {
+            let works = self.mailbox.drain(self.batch_max);
+            let batch = self.apply_batch(works);
+            let BatchBuilt { entries, in_flight } = batch;
+            self.metrics.batch_entries.observe(entries.len() as f64);
+            self.in_flight.push_back(in_flight);
+            let addr = ctx.address();
+            self.journal.append(
+                entries,
+                Box::new(move |entries, result| addr.do_send(Durable { entries, result })),
+            );
+        }
+        self.depth_gauge.set(self.mailbox.len() as i64);
+    }
+
+    fn apply_batch(&mut self, works: Vec<Work>) -> BatchBuilt {
+        let now = now_ms();
+        let weight: usize = works.iter().map(Work::weight).sum();
+        let mut entries = Vec::with_capacity(weight);
+        let mut touched: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+        let mut loads = Vec::new();
+        for work in works {
+            match work {
+                Work::Txn(req) => {
+                    let slot = self
+                        .items
+                        .get_mut(&req.shop)
+                        .and_then(|items| items.get_mut(&req.item));
+                    let known = slot.is_some();
+                    let entry = apply(slot.map(|s| &mut s.live), &req, now, self.request_ttl_ms);
+                    if known {
+                        touched.push((req.shop, req.item));
+                    }
+                    entries.push(entry);
+                }
+                Work::Load(LoadChunk { shop, items, reply }) => {
+                    let shop_items = self.items.entry(shop.clone()).or_default();
+                    let mut views = Vec::with_capacity(items.len());
+                    for load in items {
+                        let slot = shop_items.entry(load.item.clone()).or_default();
+                        let entry = apply_load(&mut slot.live, &shop, &load.item, load.stock, now);
+                        views.push((
+                            load.index,
+                            ItemView {
+                                shop: shop.clone(),
+                                item: load.item.clone(),
+                                stock: slot.live.stock,
+                                reserved: slot.live.reserved,
+                                seq: slot.live.seq,
+                            },
+                        ));
+                        touched.push((shop.clone(), load.item));
+                        entries.push(entry);
+                    }
+                    loads.push((reply, views));
+                }
+            }
+        }
+        // One state per touched item, as of the end of the batch.
+        touched.sort_unstable();
+        touched.dedup();
+        let states = touched
+            .into_iter()
+            .map(|(shop, item)| {
+                let live = self.items[&shop][&item].live;
+                (shop, item, live)
+            })
+            .collect();
+        BatchBuilt {
+            entries,
+            in_flight: BatchInFlight {
+                states,
+                loads,
+                weight,
+            },
+        }
+    }
+
+    fn durable(&mut self, entries: Vec<Entry>) {
+        let Some(batch) = self.in_flight.pop_front() else {
+            tracing::error!(shard = self.shard, "durable batch without a batch in flight");
+            return;
+        };
+        debug_assert_eq!(batch.weight, entries.len());
+        for (shop, item, state) in batch.states {
+            if let Some(slot) = self.items.get_mut(&shop).and_then(|m| m.get_mut(&item)) {
+                // Paired with the apply step's assertion: what became durable is sane.
+                assert!(state.stock >= 0 && state.seq >= slot.durable.seq);
+                slot.durable = state;
+            }
+        }
+        for (reply, views) in batch.loads {
+            let _ = reply.send(views);
+        }
+        // Outcomes to the WorkManagers that hold the reply handles, one message per shop.
+        let mut by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>> = HashMap::new();
+        let mut counts = [0u64; 5];
+        for entry in &entries {
+            if let Some(outcome) = entry.outcome() {
+                counts[status_index(outcome.status)] += 1;
+                by_shop
+                    .entry(outcome.shop.clone())
+                    .or_default()
+                    .push(Arc::new(outcome));
+            }
+        }
+        for (i, n) in counts.iter().enumerate() {
+            if *n > 0 {
+                self.metrics
+                    .decisions
+                    .with_label_values(&[STATUSES[i].as_str()])
+                    .inc_by(*n);
+            }
+        }
+        for (shop, outcomes) in by_shop {
+            match self.registry.get(&shop) {
+                Some(wm) => wm.do_send(Decided(outcomes)),
+                // Only after a WorkManager was dropped at shutdown: the outcomes are
+                // durable and can be polled.
+                None => tracing::warn!(%shop, "no WorkManager for decided outcomes"),
+            }
+        }
+    }
+
+    fn notify_flushed(&mut self) {
+        if self.mailbox.is_empty() && self.in_flight.is_empty() {
+            for w in self.flush_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+}
+
+const STATUSES: [Status; 5] = [
+    Status::Ok,
+    Status::InsufficientStock,
+    Status::UnknownItem,
+    Status::Expired,
+    Status::LimitExceeded,
+];
+
+fn status_index(s: Status) -> usize {
+    STATUSES.iter().position(|x| *x == s).unwrap_or(0)
+}
+
+struct BatchBuilt {
+    entries: Vec<Entry>,
+    in_flight: BatchInFlight,
+}
+
+impl Actor for Processor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Admission control bounds what reaches a shard; the actix mailbox itself must
+        // never refuse accepted work.
+        ctx.set_mailbox_capacity(usize::MAX);
+    }
+}
+
+/// Requests for this shard, in arrival order.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Enqueue(pub Vec<Request>);
+
+impl Handler<Enqueue> for Processor {
+    type Result = ();
+    fn handle(&mut self, msg: Enqueue, ctx: &mut Self::Context) {
+        for req in msg.0 {
+            self.mailbox.push(Work::Txn(req));
+        }
+        self.schedule(ctx);
+    }
+}
+
+/// The part of a load call that falls on this shard.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Load(pub LoadChunk);
+
+impl Handler<Load> for Processor {
+    type Result = ();
+    fn handle(&mut self, msg: Load, ctx: &mut Self::Context) {
+        self.mailbox.push(Work::Load(msg.0));
+        self.schedule(ctx);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Drain;
+
+impl Handler<Drain> for Processor {
+    type Result = ();
+    fn handle(&mut self, _: Drain, ctx: &mut Self::Context) {
+        self.drain(ctx);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Durable {
+    entries: Vec<Entry>,
+    result: Result<(), StoreError>,
+}
+
+impl Handler<Durable> for Processor {
+    type Result = ();
+    fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
+        if let Err(e) = msg.result {
+            // Memory is now ahead of the journal. Going on would answer callers with
+            // outcomes that are not durable; stopping lets a restart rebuild every item
+            // from what the journal really holds, and callers poll or retry their keys.
+            tracing::error!(shard = self.shard, error = %e, "journal write failed; exiting");
+            std::process::exit(70);
+        }
+        self.durable(msg.entries);
+        self.schedule(ctx);
+        self.notify_flushed();
+    }
+}
+
+/// The durable state of one item, `None` when unknown.
+#[derive(Message)]
+#[rtype(result = "Option<ItemState>")]
+pub struct GetItem {
+    pub shop: Arc<str>,
+    pub item: Arc<str>,
+}
+
+impl Handler<GetItem> for Processor {
+    type Result = Option<ItemState>;
+    fn handle(&mut self, msg: GetItem, _: &mut Self::Context) -> Option<ItemState> {
+        self.items
+            .get(&msg.shop)
+            .and_then(|m| m.get(&msg.item))
+            .map(|slot| slot.durable)
+            // An item whose load is not yet durable does not exist for readers.
+            .filter(|s| s.seq > 0)
+    }
+}
+
+/// Answers once everything queued so far is applied and durable (shutdown).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Flush;
+
+impl Handler<Flush> for Processor {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, _: Flush, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.flush_waiters.push(tx);
+        self.schedule(ctx);
+        self.notify_flushed();
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}

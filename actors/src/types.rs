@@ -1,0 +1,218 @@
+//! Domain types shared by the actors, the ports and their adapters.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch. Every timestamp nrtxn stores or returns uses it.
+pub type Millis = i64;
+
+/// Largest `qty` a single request may carry. Large enough for any real order, small
+/// enough that no sum of a batch can overflow an `i64`.
+pub const QTY_MAX: i64 = 1_000_000_000;
+/// Largest absolute stock an item may be loaded with or grow to through returns.
+pub const STOCK_MAX: i64 = 1_000_000_000_000_000;
+/// Longest shop, item, seller, buyer, request id or `req_time`, in bytes.
+pub const NAME_LEN_MAX: usize = 128;
+/// Longest `remarks`, in bytes.
+pub const REMARKS_LEN_MAX: usize = 1024;
+/// Most items one load call may set.
+pub const LOAD_ITEMS_MAX: usize = 10_000;
+/// Most entries one batch call may carry.
+pub const BATCH_TXNS_MAX: usize = 1_000;
+
+/// The wall clock in [`Millis`].
+pub fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+/// What a change does to an item.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// A sale: takes `qty` from the available stock, only if that much is available.
+    Decrement,
+    /// A return: gives `qty` back. Applied ahead of waiting decrements.
+    Increment,
+    /// An operator's load: sets the available stock to `qty`, creating the item.
+    Load,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Decrement => "decrement",
+            Op::Increment => "increment",
+            Op::Load => "load",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Op> {
+        match s {
+            "decrement" => Some(Op::Decrement),
+            "increment" => Some(Op::Increment),
+            "load" => Some(Op::Load),
+            _ => None,
+        }
+    }
+}
+
+/// The decision about one request.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    InsufficientStock,
+    UnknownItem,
+    Expired,
+    /// A return that would push stock past [`STOCK_MAX`]. Not reachable with loads and
+    /// quantities inside their limits short of billions of returns, but an outcome
+    /// rather than an overflow all the same.
+    LimitExceeded,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::InsufficientStock => "insufficient_stock",
+            Status::UnknownItem => "unknown_item",
+            Status::Expired => "expired",
+            Status::LimitExceeded => "limit_exceeded",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        match s {
+            "ok" => Some(Status::Ok),
+            "insufficient_stock" => Some(Status::InsufficientStock),
+            "unknown_item" => Some(Status::UnknownItem),
+            "expired" => Some(Status::Expired),
+            "limit_exceeded" => Some(Status::LimitExceeded),
+            _ => None,
+        }
+    }
+}
+
+/// A validated stock change on its way to the item's processor.
+///
+/// Serializable because the request log may have to keep it durably (a fire-and-forget
+/// request survives a crash in the embedded store, or travels through Kafka).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Request {
+    pub shop: Arc<str>,
+    pub item: Arc<str>,
+    /// `request_id` when the caller gave one, else `{seller}:{item}:{req_time}`.
+    pub key: Arc<str>,
+    pub op: Op,
+    pub qty: i64,
+    /// Stamped by the front on arrival; the request TTL counts from here.
+    pub submitted_at: Millis,
+    pub seller: Option<Arc<str>>,
+    pub buyer: Option<Arc<str>>,
+    pub remarks: Option<Arc<str>>,
+    /// True when the request log holds this request durably (fire-and-forget), so its
+    /// record there is retired in the same write that journals its outcome.
+    #[serde(default)]
+    pub logged: bool,
+}
+
+/// The durable state of one item.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ItemState {
+    /// Available stock: never negative.
+    pub stock: i64,
+    /// Stock set aside by holds (always 0 until holds exist).
+    pub reserved: i64,
+    /// Sequence number of the item's last journal entry; 0 before the first.
+    pub seq: u64,
+}
+
+/// An item as the API shows it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ItemView {
+    pub shop: Arc<str>,
+    pub item: Arc<str>,
+    pub stock: i64,
+    pub reserved: i64,
+    pub seq: u64,
+}
+
+/// One journal entry: a decided request, or an item load. The journal is the record of
+/// every decision; an outcome is read back from it by request key.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub shop: Arc<str>,
+    pub item: Arc<str>,
+    /// `None` for loads, which are answered to the operator and not polled by key.
+    pub request_key: Option<Arc<str>>,
+    pub op: Op,
+    pub qty: i64,
+    pub status: Status,
+    pub reason: Option<String>,
+    /// `None` when the item is unknown (and so has no state and no sequence).
+    pub stock_before: Option<i64>,
+    pub stock_after: Option<i64>,
+    pub reserved_after: Option<i64>,
+    pub seq: Option<u64>,
+    pub prev_seq: Option<u64>,
+    pub submitted_at: Millis,
+    pub completed_at: Millis,
+    pub seller: Option<Arc<str>>,
+    pub buyer: Option<Arc<str>>,
+    pub remarks: Option<Arc<str>>,
+    /// Mirrors [`Request::logged`]: the adapter retires the request log's record.
+    #[serde(skip)]
+    pub logged: bool,
+}
+
+impl Entry {
+    /// The item's state after this entry, when the item exists.
+    pub fn state_after(&self) -> Option<ItemState> {
+        Some(ItemState {
+            stock: self.stock_after?,
+            reserved: self.reserved_after?,
+            seq: self.seq?,
+        })
+    }
+
+    /// The caller-facing outcome, for entries that answer a request key.
+    pub fn outcome(&self) -> Option<Outcome> {
+        Some(Outcome {
+            shop: self.shop.clone(),
+            request_key: self.request_key.clone()?,
+            status: self.status,
+            reason: self.reason.clone(),
+            item: self.item.clone(),
+            op: self.op,
+            qty: self.qty,
+            stock_before: self.stock_before,
+            stock_after: self.stock_after,
+            seq: self.seq,
+            prev_seq: self.prev_seq,
+            submitted_at: self.submitted_at,
+            completed_at: self.completed_at,
+        })
+    }
+}
+
+/// What a caller is told about a request. Field names are the HTTP API's.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub shop: Arc<str>,
+    pub request_key: Arc<str>,
+    pub status: Status,
+    pub reason: Option<String>,
+    pub item: Arc<str>,
+    pub op: Op,
+    pub qty: i64,
+    pub stock_before: Option<i64>,
+    pub stock_after: Option<i64>,
+    pub seq: Option<u64>,
+    pub prev_seq: Option<u64>,
+    pub submitted_at: Millis,
+    pub completed_at: Millis,
+}

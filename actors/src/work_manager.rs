@@ -1,0 +1,369 @@
+//! The WorkManager: one actor per shop. Every request of a shop passes through it, which
+//! makes it the place where the at-most-once rule is kept: a key is either new (sent to
+//! the request log once), in flight (the caller waits on the same decision), or decided
+//! (the recorded outcome is returned, and nothing is applied).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use crate::metrics::Metrics;
+use crate::ports::{Durable, Journal, RequestLog, StoreError};
+use crate::types::{Outcome, Request};
+
+/// What every WorkManager shares: its bounds and the ports.
+pub struct Deps {
+    pub journal: Arc<dyn Journal>,
+    pub log: Arc<dyn RequestLog>,
+    pub metrics: Arc<Metrics>,
+    /// Admitted, undecided requests across all shops; bounded by `inflight_max`. This one
+    /// bound covers every queue behind admission: request log, mailboxes, journal queue.
+    pub inflight_total: AtomicUsize,
+    pub inflight_max: usize,
+    /// Undecided requests of one shop, so one shop's spike cannot take the whole budget.
+    pub shop_pending_max: usize,
+    /// Decided outcomes a WorkManager keeps in memory to answer repeats without a read.
+    pub outcome_cache_max: usize,
+    /// How long a caller waits for an outcome before it is told `pending`.
+    pub reply_timeout: Duration,
+}
+
+impl Deps {
+    /// Reserves `n` places of the global in-flight budget, all or none.
+    pub fn reserve(&self, n: usize) -> bool {
+        let mut cur = self.inflight_total.load(Ordering::Relaxed);
+        loop {
+            if cur + n > self.inflight_max {
+                return false;
+            }
+            match self.inflight_total.compare_exchange_weak(
+                cur,
+                cur + n,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.update_gauge(cur + n);
+                    return true;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    pub fn release(&self, n: usize) {
+        if n > 0 {
+            let prev = self.inflight_total.fetch_sub(n, Ordering::AcqRel);
+            self.update_gauge(prev - n);
+        }
+    }
+
+    fn update_gauge(&self, v: usize) {
+        self.metrics
+            .queue_depth
+            .with_label_values(&["inflight"])
+            .set(v as i64);
+    }
+}
+
+struct Waiter {
+    tx: oneshot::Sender<Arc<Outcome>>,
+    deadline: Instant,
+}
+
+struct InFlight {
+    /// The request log holds the request durably (it was sent fire-and-forget).
+    logged: bool,
+    waiters: Vec<Waiter>,
+}
+
+pub struct WorkManager {
+    shop: Arc<str>,
+    deps: Arc<Deps>,
+    /// Bounded by `shop_pending_max` (checked on admission).
+    in_flight: HashMap<Arc<str>, InFlight>,
+    /// Recent outcomes, oldest first in `recent_order`; bounded by `outcome_cache_max`.
+    /// Older ones are read back from the journal.
+    recent: HashMap<Arc<str>, Arc<Outcome>>,
+    recent_order: VecDeque<Arc<str>>,
+}
+
+impl WorkManager {
+    pub fn new(shop: Arc<str>, deps: Arc<Deps>) -> WorkManager {
+        WorkManager {
+            shop,
+            deps,
+            in_flight: HashMap::new(),
+            recent: HashMap::new(),
+            recent_order: VecDeque::new(),
+        }
+    }
+
+    fn remember(&mut self, outcome: Arc<Outcome>) {
+        if self.deps.outcome_cache_max == 0 {
+            return;
+        }
+        let key = outcome.request_key.clone();
+        if self.recent.insert(key.clone(), outcome).is_none() {
+            self.recent_order.push_back(key);
+        }
+        while self.recent.len() > self.deps.outcome_cache_max {
+            match self.recent_order.pop_front() {
+                Some(old) => {
+                    self.recent.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn waiter(&self) -> (Waiter, oneshot::Receiver<Arc<Outcome>>) {
+        let (tx, rx) = oneshot::channel();
+        let deadline = Instant::now() + self.deps.reply_timeout;
+        (Waiter { tx, deadline }, rx)
+    }
+
+    /// Outcomes recorded in the journal for keys that are neither in flight nor cached.
+    fn look_up(&mut self, keys: &[&str]) -> Result<(), StoreError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let found = self.deps.journal.outcomes(&self.shop, keys)?;
+        for outcome in found.into_iter().flatten() {
+            self.remember(Arc::new(outcome));
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, reqs: Vec<(Request, bool)>) -> Result<Admitted, SubmitError> {
+        // Keys this call does not already know about, read from the journal in one go.
+        let unknown: Vec<&str> = {
+            let mut seen = std::collections::HashSet::new();
+            reqs.iter()
+                .map(|(r, _)| &*r.key)
+                .filter(|k| {
+                    !self.in_flight.contains_key(*k) && !self.recent.contains_key(*k)
+                })
+                .filter(|k| seen.insert(*k))
+                .collect()
+        };
+        let unknown: Vec<String> = unknown.into_iter().map(str::to_owned).collect();
+        let unknown_refs: Vec<&str> = unknown.iter().map(String::as_str).collect();
+        self.look_up(&unknown_refs).map_err(SubmitError::Store)?;
+
+        // Admission: count what is new, reserve room for all of it or refuse all of it.
+        let mut new_keys = std::collections::HashSet::new();
+        for (r, _) in &reqs {
+            if !self.in_flight.contains_key(&r.key) && !self.recent.contains_key(&r.key) {
+                new_keys.insert(r.key.clone());
+            }
+        }
+        let n_new = new_keys.len();
+        if self.in_flight.len() + n_new > self.deps.shop_pending_max || !self.deps.reserve(n_new)
+        {
+            return Err(SubmitError::Overloaded);
+        }
+
+        let mut admissions = Vec::with_capacity(reqs.len());
+        let mut to_log = Vec::with_capacity(n_new);
+        for (mut req, respond) in reqs {
+            if let Some(outcome) = self.recent.get(&req.key) {
+                admissions.push(Admission::Decided(outcome.clone()));
+                continue;
+            }
+            let (waiter, rx) = self.waiter();
+            if let Some(flight) = self.in_flight.get_mut(&req.key) {
+                if !respond && flight.logged {
+                    admissions.push(Admission::Accepted);
+                } else {
+                    // Waiting is also how a fire-and-forget repeat of a key that is in
+                    // flight undurably gets its 202: once the outcome is journaled.
+                    flight.waiters.push(waiter);
+                    admissions.push(Admission::Wait(rx));
+                }
+                continue;
+            }
+            req.logged = !respond;
+            let mut flight = InFlight {
+                logged: !respond,
+                waiters: Vec::new(),
+            };
+            if respond {
+                flight.waiters.push(waiter);
+                admissions.push(Admission::Wait(rx));
+            } else {
+                admissions.push(Admission::Accepted);
+            }
+            self.in_flight.insert(req.key.clone(), flight);
+            to_log.push(req);
+        }
+        let durable = if to_log.is_empty() {
+            None
+        } else {
+            let keys: Vec<Arc<str>> = to_log.iter().map(|r| r.key.clone()).collect();
+            match self.deps.log.append(to_log) {
+                Ok(durable) => durable,
+                Err(e) => {
+                    // Nothing was handed on: undo the admission entirely.
+                    for k in &keys {
+                        self.in_flight.remove(k);
+                    }
+                    self.deps.release(keys.len());
+                    return Err(match e {
+                        StoreError::Full => SubmitError::Overloaded,
+                        other => SubmitError::Store(other),
+                    });
+                }
+            }
+        };
+        Ok(Admitted {
+            admissions,
+            durable,
+        })
+    }
+
+    fn decided(&mut self, outcomes: Vec<Arc<Outcome>>) {
+        let mut released = 0;
+        for outcome in outcomes {
+            if let Some(flight) = self.in_flight.remove(&outcome.request_key) {
+                released += 1;
+                for w in flight.waiters {
+                    let _ = w.tx.send(outcome.clone());
+                }
+            }
+            self.remember(outcome);
+        }
+        self.deps.release(released);
+    }
+
+    /// Drops reply handles whose caller has given up (timed out or disconnected).
+    fn sweep(&mut self) {
+        let now = Instant::now();
+        for flight in self.in_flight.values_mut() {
+            flight
+                .waiters
+                .retain(|w| w.deadline > now && !w.tx.is_closed());
+        }
+    }
+}
+
+impl Actor for WorkManager {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(1024);
+        let every = (self.deps.reply_timeout / 2).max(Duration::from_millis(100));
+        ctx.run_interval(every, |wm, _| wm.sweep());
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("too many requests in flight")]
+    Overloaded,
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// How one submitted request was taken in.
+#[derive(Debug)]
+pub enum Admission {
+    /// The key already has an outcome: here it is, nothing was applied.
+    Decided(Arc<Outcome>),
+    /// The outcome arrives on this receiver once it is durable.
+    Wait(oneshot::Receiver<Arc<Outcome>>),
+    /// Fire-and-forget: acknowledged once [`Admitted::durable`] resolves.
+    Accepted,
+}
+
+#[derive(Debug)]
+pub struct Admitted {
+    pub admissions: Vec<Admission>,
+    /// Resolves when this call's fire-and-forget requests are durable in the request log.
+    pub durable: Option<Durable>,
+}
+
+/// New requests of this shop, with whether each caller waits for the outcome.
+#[derive(Message)]
+#[rtype(result = "Result<Admitted, SubmitError>")]
+pub struct Submit(pub Vec<(Request, bool)>);
+
+impl Handler<Submit> for WorkManager {
+    type Result = Result<Admitted, SubmitError>;
+    fn handle(&mut self, msg: Submit, _: &mut Self::Context) -> Self::Result {
+        self.submit(msg.0)
+    }
+}
+
+/// Outcomes that became durable.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Decided(pub Vec<Arc<Outcome>>);
+
+impl Handler<Decided> for WorkManager {
+    type Result = ();
+    fn handle(&mut self, msg: Decided, _: &mut Self::Context) {
+        self.decided(msg.0)
+    }
+}
+
+/// Requests the request log held durably across a restart, still undecided.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Resume(pub Vec<Request>);
+
+impl Handler<Resume> for WorkManager {
+    type Result = ();
+    fn handle(&mut self, msg: Resume, _: &mut Self::Context) {
+        // Already admitted before the restart: not counted against the shop's bound (they
+        // must not be refused), but counted in flight so that the bound sees them.
+        let mut n = 0;
+        for req in &msg.0 {
+            if self.in_flight.contains_key(&req.key) {
+                continue;
+            }
+            n += 1;
+            self.in_flight.insert(
+                req.key.clone(),
+                InFlight {
+                    logged: true,
+                    waiters: Vec::new(),
+                },
+            );
+        }
+        self.deps.inflight_total.fetch_add(n, Ordering::AcqRel);
+        self.deps.log.redeliver(msg.0);
+    }
+}
+
+/// What polling a key finds.
+#[derive(Debug)]
+pub enum PollResult {
+    Decided(Arc<Outcome>),
+    Pending,
+    Unknown,
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<PollResult, StoreError>")]
+pub struct Poll(pub Arc<str>);
+
+impl Handler<Poll> for WorkManager {
+    type Result = Result<PollResult, StoreError>;
+    fn handle(&mut self, msg: Poll, _: &mut Self::Context) -> Self::Result {
+        if self.in_flight.contains_key(&msg.0) {
+            return Ok(PollResult::Pending);
+        }
+        if !self.recent.contains_key(&msg.0) {
+            self.look_up(&[&msg.0])?;
+        }
+        Ok(match self.recent.get(&msg.0) {
+            Some(o) => PollResult::Decided(o.clone()),
+            None => PollResult::Unknown,
+        })
+    }
+}
