@@ -1,0 +1,7 @@
+//! The `nrtxn` binary's library: configuration, the embedded adapters (SQLite journal,
+//! in-process request log) and the wiring of `serve`.
+
+pub mod config;
+pub mod embedded_log;
+pub mod server;
+pub mod sqlite;

@@ -70,10 +70,8 @@ pub fn apply(
                     after.stock = before.stock - req.qty;
                 } else {
                     entry.status = Status::InsufficientStock;
-                    entry.reason = Some(format!(
-                        "requested {}, available {}",
-                        req.qty, before.stock
-                    ));
+                    entry.reason =
+                        Some(format!("requested {}, available {}", req.qty, before.stock));
                 }
             }
             Op::Increment => match before.stock.checked_add(req.qty) {
@@ -90,7 +88,12 @@ pub fn apply(
         }
     }
     // Invariants 1 and 5, asserted before the entry can reach the journal.
-    assert!(after.stock >= 0, "oversell: {} -> {}", before.stock, after.stock);
+    assert!(
+        after.stock >= 0,
+        "oversell: {} -> {}",
+        before.stock,
+        after.stock
+    );
     assert_eq!(after.seq, before.seq + 1, "sequence must advance by one");
     *state = after;
     fill_states(&mut entry, before, after);

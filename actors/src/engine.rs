@@ -17,7 +17,9 @@ use crate::metrics::Metrics;
 use crate::ports::{Journal, RequestLog, StoreError};
 use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, Registry};
 use crate::types::{ItemView, Request};
-use crate::work_manager::{Admitted, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager};
+use crate::work_manager::{
+    Admitted, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager,
+};
 
 /// The engine's bounds and timings. Every field is set from the binary's configuration.
 #[derive(Debug, Clone)]
@@ -103,7 +105,9 @@ impl Dispatcher {
         }
         let mut per: HashMap<usize, Vec<Request>> = HashMap::new();
         for r in reqs {
-            per.entry(self.shard_of(&r.shop, &r.item)).or_default().push(r);
+            per.entry(self.shard_of(&r.shop, &r.item))
+                .or_default()
+                .push(r);
         }
         for (s, reqs) in per {
             self.shards[s].do_send(Enqueue(reqs));
@@ -267,7 +271,10 @@ impl Engine {
                 None => PollResult::Unknown,
             });
         };
-        Ok(wm.send(Poll(key)).await.map_err(|_| EngineError::ShuttingDown)??)
+        Ok(wm
+            .send(Poll(key))
+            .await
+            .map_err(|_| EngineError::ShuttingDown)??)
     }
 
     /// Sets the available stock of items (creating unknown ones) through their
@@ -318,7 +325,11 @@ impl Engine {
     }
 
     /// The durable state of an item, `None` if unknown.
-    pub async fn item(&self, shop: &Arc<str>, item: &Arc<str>) -> Result<Option<ItemView>, EngineError> {
+    pub async fn item(
+        &self,
+        shop: &Arc<str>,
+        item: &Arc<str>,
+    ) -> Result<Option<ItemView>, EngineError> {
         let s = self.shards.shard_of(shop, item);
         let state = self.shards.shards[s]
             .send(GetItem {

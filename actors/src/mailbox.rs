@@ -157,7 +157,13 @@ mod tests {
         // so the decrement succeeds instead of failing on stock that was coming back.
         let mut items = HashMap::new();
         let item: Arc<str> = "i".into();
-        apply_load(items.entry(item.clone()).or_default(), &"s".into(), &item, 0, 0);
+        apply_load(
+            items.entry(item.clone()).or_default(),
+            &"s".into(),
+            &item,
+            0,
+            0,
+        );
         let mut mb = PriorityMailbox::default();
         mb.push(txn("sale", Op::Decrement, 2));
         mb.push(txn("return", Op::Increment, 2));

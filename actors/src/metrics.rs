@@ -27,7 +27,10 @@ impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let http_requests = IntCounterVec::new(
-            Opts::new("nrtxn_http_requests_total", "HTTP requests by route and status"),
+            Opts::new(
+                "nrtxn_http_requests_total",
+                "HTTP requests by route and status",
+            ),
             &["route", "status"],
         )
         .expect("static metric definition");

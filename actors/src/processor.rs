@@ -41,7 +41,10 @@ struct Slot {
 struct BatchInFlight {
     /// State of each item the batch touched, as of the end of the batch.
     states: Vec<(Arc<str>, Arc<str>, ItemState)>,
-    loads: Vec<(oneshot::Sender<Vec<(usize, ItemView)>>, Vec<(usize, ItemView)>)>,
+    loads: Vec<(
+        oneshot::Sender<Vec<(usize, ItemView)>>,
+        Vec<(usize, ItemView)>,
+    )>,
     weight: usize,
 }
 
@@ -195,7 +198,10 @@ impl Processor {
 
     fn durable(&mut self, entries: Vec<Entry>) {
         let Some(batch) = self.in_flight.pop_front() else {
-            tracing::error!(shard = self.shard, "durable batch without a batch in flight");
+            tracing::error!(
+                shard = self.shard,
+                "durable batch without a batch in flight"
+            );
             return;
         };
         debug_assert_eq!(batch.weight, entries.len());
@@ -265,14 +271,10 @@ struct BatchBuilt {
     in_flight: BatchInFlight,
 }
 
+/// Work reaches a shard with `do_send`, which the actix mailbox never refuses: admission
+/// control in front (the WorkManagers' in-flight bound) is what bounds it.
 impl Actor for Processor {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        // Admission control bounds what reaches a shard; the actix mailbox itself must
-        // never refuse accepted work.
-        ctx.set_mailbox_capacity(usize::MAX);
-    }
 }
 
 /// Requests for this shard, in arrival order.

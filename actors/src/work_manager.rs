@@ -145,9 +145,7 @@ impl WorkManager {
             let mut seen = std::collections::HashSet::new();
             reqs.iter()
                 .map(|(r, _)| &*r.key)
-                .filter(|k| {
-                    !self.in_flight.contains_key(*k) && !self.recent.contains_key(*k)
-                })
+                .filter(|k| !self.in_flight.contains_key(*k) && !self.recent.contains_key(*k))
                 .filter(|k| seen.insert(*k))
                 .collect()
         };
@@ -163,8 +161,7 @@ impl WorkManager {
             }
         }
         let n_new = new_keys.len();
-        if self.in_flight.len() + n_new > self.deps.shop_pending_max || !self.deps.reserve(n_new)
-        {
+        if self.in_flight.len() + n_new > self.deps.shop_pending_max || !self.deps.reserve(n_new) {
             return Err(SubmitError::Overloaded);
         }
 

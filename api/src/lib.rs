@@ -1,0 +1,72 @@
+//! nrtxn's HTTP front: routes, validation, error bodies and the metrics endpoint.
+//! One file per route group; the engine behind it is [`nrtxn_actors::Engine`].
+
+use std::sync::Arc;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpResponse};
+use nrtxn_actors::Engine;
+use serde_json::json;
+
+pub mod error;
+pub mod health;
+pub mod items;
+pub mod txns;
+pub mod validate;
+
+pub use error::ApiError;
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Arc<Engine>,
+}
+
+/// Registers every route.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(health::healthz))
+        .route("/readyz", web::get().to(health::readyz))
+        .route("/metrics", web::get().to(health::metrics))
+        .route("/v1/shops/{shop}/items", web::put().to(items::put_items))
+        .route(
+            "/v1/shops/{shop}/items/{item}",
+            web::get().to(items::get_item),
+        )
+        .route("/v1/shops/{shop}/txns", web::post().to(txns::post_txn))
+        .route(
+            "/v1/shops/{shop}/txns/batch",
+            web::post().to(txns::post_batch),
+        )
+        .route(
+            "/v1/shops/{shop}/txns/{request_key}",
+            web::get().to(txns::get_txn),
+        )
+        .default_service(web::to(not_found));
+}
+
+async fn not_found() -> HttpResponse {
+    HttpResponse::NotFound().json(json!({ "error": "not_found", "detail": "no such route" }))
+}
+
+/// Middleware: counts every answer by route pattern and status.
+pub async fn count_requests(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let res = next.call(req).await?;
+    if let Some(state) = state {
+        let route = res
+            .request()
+            .match_pattern()
+            .unwrap_or_else(|| "unmatched".into());
+        state
+            .engine
+            .metrics()
+            .http_requests
+            .with_label_values(&[route.as_str(), res.status().as_str()])
+            .inc();
+    }
+    Ok(res)
+}

@@ -1,0 +1,26 @@
+//! `GET /healthz`, `GET /readyz`, `GET /metrics`.
+
+use actix_web::{web, HttpResponse};
+use serde_json::json;
+
+use crate::AppState;
+
+/// The process is up and answering.
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "status": "ok" }))
+}
+
+/// Ready to take requests: recovered, and not shutting down.
+pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    if state.engine.is_closing() {
+        HttpResponse::ServiceUnavailable().json(json!({ "status": "shutting_down" }))
+    } else {
+        HttpResponse::Ok().json(json!({ "status": "ready" }))
+    }
+}
+
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.engine.metrics().render())
+}

@@ -1,0 +1,255 @@
+//! Parsing and validation of request bodies and path segments. Each check names the
+//! field and the reason, so a caller can fix the request from the error alone.
+
+use std::sync::Arc;
+
+use actix_web::web;
+use futures_util::StreamExt;
+use nrtxn_actors::{now_ms, Op, Request, NAME_LEN_MAX, QTY_MAX, REMARKS_LEN_MAX};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// Longest request key: a derived `{seller}:{item}:{req_time}` of three longest names.
+pub const KEY_LEN_MAX: usize = 3 * NAME_LEN_MAX + 2;
+
+/// Reads a body of at most `limit` bytes and parses it as a JSON object.
+pub async fn json_object(
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Map<String, Value>, ApiError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::invalid(format!(
+                "body: larger than the limit of {limit} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid("body: must be a JSON object")),
+        Err(e) => Err(ApiError::invalid(format!("body: malformed JSON: {e}"))),
+    }
+}
+
+fn check_name(s: &str, field: &str, max: usize) -> Result<(), ApiError> {
+    if s.is_empty() {
+        return Err(ApiError::invalid(format!("{field}: must not be empty")));
+    }
+    if s.len() > max {
+        return Err(ApiError::invalid(format!(
+            "{field}: longer than {max} bytes"
+        )));
+    }
+    if s.chars().any(|c| c == '/' || c.is_control()) {
+        return Err(ApiError::invalid(format!(
+            "{field}: must not contain '/' or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// A shop, item or key taken from the URL path.
+pub fn path_segment(s: &str, field: &str) -> Result<Arc<str>, ApiError> {
+    let max = if field == "request_key" {
+        KEY_LEN_MAX
+    } else {
+        NAME_LEN_MAX
+    };
+    check_name(s, field, max)?;
+    Ok(s.into())
+}
+
+/// A name field (seller, item, request id...): a string of 1 to 128 bytes.
+pub fn name(
+    obj: &Map<String, Value>,
+    field: &str,
+    prefix: &str,
+) -> Result<Option<Arc<str>>, ApiError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => {
+            check_name(s, &format!("{prefix}{field}"), NAME_LEN_MAX)?;
+            Ok(Some(s.as_str().into()))
+        }
+        Some(_) => Err(ApiError::invalid(format!(
+            "{prefix}{field}: must be a string"
+        ))),
+    }
+}
+
+pub fn required_name(
+    obj: &Map<String, Value>,
+    field: &str,
+    prefix: &str,
+) -> Result<Arc<str>, ApiError> {
+    name(obj, field, prefix)?.ok_or_else(|| ApiError::invalid(format!("{prefix}{field}: required")))
+}
+
+/// An integer field within `min..=max`; fractions, strings and out-of-range numbers are
+/// refused with the reason.
+pub fn integer(
+    obj: &Map<String, Value>,
+    field: &str,
+    prefix: &str,
+    min: i64,
+    max: i64,
+) -> Result<i64, ApiError> {
+    let f = format!("{prefix}{field}");
+    match obj.get(field) {
+        None | Some(Value::Null) => Err(ApiError::invalid(format!("{f}: required"))),
+        Some(Value::Number(n)) => {
+            if let Some(v) = n.as_i64() {
+                if v < min {
+                    Err(ApiError::invalid(format!(
+                        "{f}: must be at least {min}, got {v}"
+                    )))
+                } else if v > max {
+                    Err(ApiError::invalid(format!(
+                        "{f}: must be at most {max}, got {v}"
+                    )))
+                } else {
+                    Ok(v)
+                }
+            } else if n.is_u64() {
+                Err(ApiError::invalid(format!(
+                    "{f}: must be at most {max}, got {n}"
+                )))
+            } else {
+                Err(ApiError::invalid(format!(
+                    "{f}: must be an integer, got {n}"
+                )))
+            }
+        }
+        Some(other) => Err(ApiError::invalid(format!(
+            "{f}: must be an integer, got {}",
+            kind(other)
+        ))),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The entries of an array field, between 1 and `max` of them.
+pub fn array<'a>(
+    obj: &'a Map<String, Value>,
+    field: &str,
+    max: usize,
+) -> Result<&'a Vec<Value>, ApiError> {
+    match obj.get(field) {
+        Some(Value::Array(a)) if a.is_empty() => {
+            Err(ApiError::invalid(format!("{field}: must not be empty")))
+        }
+        Some(Value::Array(a)) if a.len() > max => Err(ApiError::invalid(format!(
+            "{field}: at most {max} entries, got {}",
+            a.len()
+        ))),
+        Some(Value::Array(a)) => Ok(a),
+        None | Some(Value::Null) => Err(ApiError::invalid(format!("{field}: required"))),
+        Some(other) => Err(ApiError::invalid(format!(
+            "{field}: must be an array, got {}",
+            kind(other)
+        ))),
+    }
+}
+
+/// A transaction body, validated: the request and whether the caller waits (`respond`).
+/// `prefix` locates the entry in a batch (`txns[3].`).
+pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), ApiError> {
+    let Value::Object(obj) = v else {
+        let at = prefix.trim_end_matches('.');
+        return Err(ApiError::invalid(format!(
+            "{}: must be a JSON object",
+            if at.is_empty() { "body" } else { at }
+        )));
+    };
+    let seller = required_name(obj, "seller", prefix)?;
+    let item = required_name(obj, "item", prefix)?;
+    let buyer = name(obj, "buyer", prefix)?;
+    let qty = integer(obj, "qty", prefix, 1, QTY_MAX)?;
+    let op = match obj.get("op") {
+        None | Some(Value::Null) => Op::Decrement,
+        Some(Value::String(s)) if s == "decrement" => Op::Decrement,
+        Some(Value::String(s)) if s == "increment" => Op::Increment,
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}op: must be \"decrement\" or \"increment\""
+            )))
+        }
+    };
+    let respond = match obj.get("respond") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) if n.as_u64() == Some(1) => true,
+        Some(Value::Number(n)) if n.as_u64() == Some(0) => false,
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}respond: must be true, false, 1 or 0"
+            )))
+        }
+    };
+    let req_time: Option<String> = match obj.get("req_time") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => {
+            check_name(s, &format!("{prefix}req_time"), NAME_LEN_MAX)?;
+            Some(s.clone())
+        }
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}req_time: must be a string or an integer"
+            )))
+        }
+    };
+    let request_id = name(obj, "request_id", prefix)?;
+    let remarks = match obj.get("remarks") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() <= REMARKS_LEN_MAX => Some(s.as_str().into()),
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}remarks: longer than {REMARKS_LEN_MAX} bytes"
+            )))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}remarks: must be a string"
+            )))
+        }
+    };
+    let key: Arc<str> = match (request_id, req_time) {
+        (Some(id), _) => id,
+        (None, Some(t)) => format!("{seller}:{item}:{t}").into(),
+        (None, None) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}req_time: required when request_id is absent (the request key is seller:item:req_time)"
+            )))
+        }
+    };
+    Ok((
+        Request {
+            shop: shop.clone(),
+            item,
+            key,
+            op,
+            qty,
+            submitted_at: now_ms(),
+            seller: Some(seller),
+            buyer,
+            remarks,
+            logged: false,
+        },
+        respond,
+    ))
+}

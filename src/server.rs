@@ -1,0 +1,56 @@
+//! Wiring of `nrtxn serve`: the store, the engine, the HTTP front, and the orderly stop.
+
+use std::sync::Arc;
+
+use actix_web::middleware::from_fn;
+use actix_web::{web, App, HttpServer};
+use anyhow::Context;
+use nrtxn_actors::{Engine, Metrics, RequestLog};
+use nrtxn_api::{configure, count_requests, AppState};
+
+use crate::config::Settings;
+use crate::embedded_log::EmbeddedLog;
+use crate::sqlite::SqliteStore;
+
+/// Runs until SIGINT or SIGTERM, then stops accepting, lets the requests in flight be
+/// answered, flushes every shard's batches to the journal and closes it. Call inside an
+/// actix system.
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let store = SqliteStore::open(&settings.data_dir, metrics.clone())
+        .with_context(|| format!("data_dir: cannot open {}", settings.data_dir.display()))?;
+    let log_store = store.clone();
+    let engine = Engine::start(
+        settings.engine.clone(),
+        store,
+        move |dispatcher| Arc::new(EmbeddedLog::new(log_store, dispatcher)) as Arc<dyn RequestLog>,
+        metrics,
+    )
+    .context("recovery failed")?;
+    let state = web::Data::new(AppState {
+        engine: engine.clone(),
+    });
+    // Callers waiting for an outcome get it or their 504 within the reply timeout; the
+    // server waits that long (plus a margin) for them before it closes connections.
+    let grace_secs = settings.engine.reply_timeout_ms.div_ceil(1000) + 1;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(from_fn(count_requests))
+            .configure(configure)
+    })
+    .workers(settings.http_workers)
+    .shutdown_timeout(grace_secs)
+    .bind(&settings.listen)
+    .with_context(|| format!("listen: cannot bind {}", settings.listen))?;
+    for addr in server.addrs() {
+        // Tests and scripts read the bound port from this line.
+        println!("nrtxn listening on http://{addr}");
+    }
+    tracing::info!(data_dir = %settings.data_dir.display(), "serving");
+    server.run().await.context("http server")?;
+    tracing::info!("stopped accepting; flushing shards to the journal");
+    engine.shutdown().await;
+    tracing::info!("shutdown complete");
+    Ok(())
+}
