@@ -37,14 +37,14 @@ struct Slot {
     durable: ItemState,
 }
 
+/// Where a load chunk's item states go, in the caller's order (index, state).
+type LoadReply = oneshot::Sender<Vec<(usize, ItemView)>>;
+
 /// What a batch leaves to do once it is durable.
 struct BatchInFlight {
     /// State of each item the batch touched, as of the end of the batch.
     states: Vec<(Arc<str>, Arc<str>, ItemState)>,
-    loads: Vec<(
-        oneshot::Sender<Vec<(usize, ItemView)>>,
-        Vec<(usize, ItemView)>,
-    )>,
+    loads: Vec<(LoadReply, Vec<(usize, ItemView)>)>,
     weight: usize,
 }
 

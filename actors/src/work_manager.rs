@@ -224,17 +224,21 @@ impl WorkManager {
     }
 
     fn decided(&mut self, outcomes: Vec<Arc<Outcome>>) {
-        let mut released = 0;
+        let mut answers = Vec::new();
         for outcome in outcomes {
             if let Some(flight) = self.in_flight.remove(&outcome.request_key) {
-                released += 1;
-                for w in flight.waiters {
-                    let _ = w.tx.send(outcome.clone());
-                }
+                answers.push((flight.waiters, outcome.clone()));
             }
             self.remember(outcome);
         }
-        self.deps.release(released);
+        // Room is given back before anyone is answered, so a caller that sees its answer
+        // also sees the bound freed.
+        self.deps.release(answers.len());
+        for (waiters, outcome) in answers {
+            for w in waiters {
+                let _ = w.tx.send(outcome.clone());
+            }
+        }
     }
 
     /// Drops reply handles whose caller has given up (timed out or disconnected).

@@ -1,0 +1,154 @@
+//! Test support: the real `nrtxn` binary as a child process on an ephemeral port, and a
+//! small HTTP client over it.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+pub struct Server {
+    child: Option<Child>,
+    pub base: String,
+    pub dir: PathBuf,
+}
+
+impl Server {
+    /// Starts `nrtxn serve` on `dir` and waits until it prints its address.
+    pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("server.log"))
+            .expect("server log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nrtxn"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(extra)
+            .env("RUST_LOG", "warn,nrtxn=info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn nrtxn");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("nrtxn listening on ") {
+                    let _ = tx.send(addr.to_string());
+                }
+            }
+        });
+        let base = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(base) => base,
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                panic!("nrtxn did not start; its log:\n{log}");
+            }
+        };
+        Server {
+            child: Some(child),
+            base,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().expect("kill");
+            c.wait().expect("wait");
+        }
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let status = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        c.wait().expect("wait")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// Sends a request and returns the status and JSON body (Null when not JSON).
+pub async fn call(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<String>,
+) -> (u16, Value) {
+    let mut req = client.request(method, url);
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b);
+    }
+    let res = req.send().await.expect("request");
+    let status = res.status().as_u16();
+    let text = res.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+pub async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
+    call(client, reqwest::Method::POST, url, Some(body.to_string())).await
+}
+
+pub async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
+    call(client, reqwest::Method::GET, url, None).await
+}
+
+pub async fn load(client: &reqwest::Client, server: &Server, shop: &str, items: &[(&str, i64)]) {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|(item, stock)| json!({ "item": item, "stock": stock }))
+        .collect();
+    let (status, body) = call(
+        client,
+        reqwest::Method::PUT,
+        &server.url(&format!("/v1/shops/{shop}/items")),
+        Some(json!({ "items": items }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Polls a key until it is decided (200) or unknown (404), for up to 30 s.
+pub async fn poll_decided(
+    client: &reqwest::Client,
+    server: &Server,
+    shop: &str,
+    key: &str,
+) -> (u16, Value) {
+    let url = server.url(&format!("/v1/shops/{shop}/txns/{key}"));
+    for _ in 0..600 {
+        let (status, body) = get(client, &url).await;
+        if status != 202 {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{key} still pending after 30 s");
+}
