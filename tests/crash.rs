@@ -36,13 +36,13 @@ async fn run_load(base: String, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>, c
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 let item = ITEMS[(i as usize + n) % ITEMS.len()];
-                let op = if i % 10 == 0 {
+                let op = if i.is_multiple_of(10) {
                     "increment"
                 } else {
                     "decrement"
                 };
                 let qty = (i % 3 + 1) as i64;
-                let respond = i % 2 == 0;
+                let respond = i.is_multiple_of(2);
                 let key = format!("c{n}-{i}");
                 seen.lock()
                     .unwrap()
@@ -215,6 +215,6 @@ async fn sigterm_drains_in_flight_work_and_exits_zero() {
     assert!(status.success(), "exit status {status:?}");
 
     let server = Server::start(dir.path(), &[]);
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     check_after_restart(&server, &seen).await;
 }
