@@ -179,7 +179,7 @@ async fn sigkill_under_load_loses_no_answered_or_accepted_request() {
     load_task.await.unwrap();
 
     let server = Server::start(dir.path(), &[]);
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert!(
         seen.outcomes.len() >= 500 && seen.accepted.len() >= 500,
         "load too small to test"
