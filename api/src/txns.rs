@@ -24,21 +24,40 @@ enum Answer {
     Pending(Arc<str>),
 }
 
+/// An answer as JSON: the outcome itself, or a key with its status. Serialized as is
+/// (not through `serde_json::Value`) so fields keep the outcome's documented order.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum AnswerBody<'a> {
+    Outcome(&'a Outcome),
+    Status {
+        request_key: &'a str,
+        status: &'static str,
+    },
+}
+
 impl Answer {
-    fn json(&self) -> Value {
+    fn body(&self) -> AnswerBody<'_> {
         match self {
-            Answer::Outcome(o) => serde_json::to_value(&**o).unwrap_or(Value::Null),
-            Answer::Accepted(k) => json!({ "request_key": &**k, "status": "accepted" }),
-            Answer::Pending(k) => json!({ "request_key": &**k, "status": "pending" }),
+            Answer::Outcome(o) => AnswerBody::Outcome(o),
+            Answer::Accepted(k) => AnswerBody::Status {
+                request_key: k,
+                status: "accepted",
+            },
+            Answer::Pending(k) => AnswerBody::Status {
+                request_key: k,
+                status: "pending",
+            },
         }
     }
 
     fn response(&self) -> HttpResponse {
-        match self {
-            Answer::Outcome(o) => HttpResponse::Ok().json(&**o),
-            Answer::Accepted(_) => HttpResponse::Accepted().json(self.json()),
-            Answer::Pending(_) => HttpResponse::GatewayTimeout().json(self.json()),
-        }
+        let mut res = match self {
+            Answer::Outcome(_) => HttpResponse::Ok(),
+            Answer::Accepted(_) => HttpResponse::Accepted(),
+            Answer::Pending(_) => HttpResponse::GatewayTimeout(),
+        };
+        res.json(self.body())
     }
 }
 
@@ -111,8 +130,13 @@ pub async fn post_batch(
         .map(|(i, v)| txn(&shop, v, &format!("txns[{i}].")))
         .collect::<Result<Vec<_>, _>>()?;
     let answers = submit(&state, &shop, reqs).await?;
-    let results: Vec<Value> = answers.iter().map(Answer::json).collect();
-    Ok(HttpResponse::Ok().json(json!({ "results": results })))
+    #[derive(serde::Serialize)]
+    struct BatchBody<'a> {
+        results: Vec<AnswerBody<'a>>,
+    }
+    Ok(HttpResponse::Ok().json(BatchBody {
+        results: answers.iter().map(Answer::body).collect(),
+    }))
 }
 
 pub async fn get_txn(

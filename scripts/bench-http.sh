@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# HTTP benchmark: respond=true decrements on one hot item through the real server on
+# the embedded default, driven by wrk (Debian's package) with N connections.
+#   scripts/bench-http.sh [connections=64] [seconds=20]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+conns=${1:-64}
+secs=${2:-20}
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+cargo build --release --quiet
+dir=$(mktemp -d)
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+RUST_LOG=warn ./target/release/nrtxn serve --listen 127.0.0.1:0 --data-dir "$dir/data" \
+  > "$dir/out" 2> "$dir/err" &
+pid=$!
+for _ in $(seq 100); do grep -q listening "$dir/out" && break; sleep 0.1; done
+base=$(sed -n 's/^nrtxn listening on //p' "$dir/out")
+curl -sf -XPUT "$base/v1/shops/flash/items" \
+  -d '{"items":[{"item":"hot","stock":1000000000}]}' > /dev/null
+echo "wrk: $conns connections, 2 threads, ${secs}s, respond=true decrements on one hot item"
+wrk -t2 -c"$conns" -d"${secs}s" --latency -s bench/txn.lua "$base"
+echo "server: $(curl -s "$base/v1/shops/flash/items/hot")"
+curl -s "$base/metrics" | awk '
+  /^nrtxn_batch_entries_(sum|count)/ { b[$1] = $2 }
+  /^nrtxn_journal_txn_entries_(sum|count)/ { t[$1] = $2 }
+  END {
+    printf "processor batches %d, mean %.1f entries; journal transactions %d, mean %.1f entries\n",
+      b["nrtxn_batch_entries_count"], b["nrtxn_batch_entries_sum"] / b["nrtxn_batch_entries_count"],
+      t["nrtxn_journal_txn_entries_count"], t["nrtxn_journal_txn_entries_sum"] / t["nrtxn_journal_txn_entries_count"]
+  }'
