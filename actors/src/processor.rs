@@ -326,6 +326,18 @@ struct Durable {
 impl Handler<Durable> for Processor {
     type Result = ();
     fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
+        if let Err(StoreError::Closed) = msg.result {
+            // Only at shutdown, for work that reached the shard after its flush: nothing
+            // of it was written or answered. Fire-and-forget requests among it are still
+            // in the request log and are resumed at the next start.
+            tracing::warn!(
+                shard = self.shard,
+                entries = msg.entries.len(),
+                "journal closed; batch dropped"
+            );
+            self.in_flight.pop_front();
+            return;
+        }
         if let Err(e) = msg.result {
             // Memory is now ahead of the journal. Going on would answer callers with
             // outcomes that are not durable; stopping lets a restart rebuild every item

@@ -76,8 +76,6 @@ struct Waiter {
 }
 
 struct InFlight {
-    /// The request log holds the request durably (it was sent fire-and-forget).
-    logged: bool,
     waiters: Vec<Waiter>,
 }
 
@@ -174,19 +172,16 @@ impl WorkManager {
             }
             let (waiter, rx) = self.waiter();
             if let Some(flight) = self.in_flight.get_mut(&req.key) {
-                if !respond && flight.logged {
-                    admissions.push(Admission::Accepted);
-                } else {
-                    // Waiting is also how a fire-and-forget repeat of a key that is in
-                    // flight undurably gets its 202: once the outcome is journaled.
-                    flight.waiters.push(waiter);
-                    admissions.push(Admission::Wait(rx));
-                }
+                // A repeat of a key in flight waits for the same decision. That is also
+                // how a fire-and-forget repeat gets its 202: this call cannot know
+                // whether the first submission is durable yet, but a journaled outcome
+                // is.
+                flight.waiters.push(waiter);
+                admissions.push(Admission::Wait(rx));
                 continue;
             }
             req.logged = !respond;
             let mut flight = InFlight {
-                logged: !respond,
                 waiters: Vec::new(),
             };
             if respond {
@@ -331,7 +326,6 @@ impl Handler<Resume> for WorkManager {
             self.in_flight.insert(
                 req.key.clone(),
                 InFlight {
-                    logged: true,
                     waiters: Vec::new(),
                 },
             );

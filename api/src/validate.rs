@@ -253,3 +253,78 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
         respond,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<(Request, bool), String> {
+        txn(&"shop".into(), &v, "").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn natural_key_is_seller_item_req_time_and_request_id_replaces_it() {
+        let (r, respond) =
+            parse(json!({"seller": "s", "item": "i", "qty": 2, "req_time": 17})).unwrap();
+        assert_eq!(
+            (&*r.key, r.op, r.qty, respond),
+            ("s:i:17", Op::Decrement, 2, true)
+        );
+        let (r, respond) = parse(
+            json!({"seller": "s", "item": "i", "qty": 1, "req_time": "t",
+            "request_id": "id-1", "op": "increment", "respond": 0}),
+        )
+        .unwrap();
+        assert_eq!((&*r.key, r.op, respond), ("id-1", Op::Increment, false));
+    }
+
+    #[test]
+    fn respond_accepts_booleans_and_one_or_zero_only() {
+        for (v, expected) in [
+            (json!(true), true),
+            (json!(1), true),
+            (json!(false), false),
+            (json!(0), false),
+        ] {
+            let (_, respond) =
+                parse(json!({"seller": "s", "item": "i", "qty": 1, "req_time": 1, "respond": v}))
+                    .unwrap();
+            assert_eq!(respond, expected);
+        }
+        let err =
+            parse(json!({"seller": "s", "item": "i", "qty": 1, "req_time": 1, "respond": "true"}))
+                .unwrap_err();
+        assert!(err.starts_with("respond:"), "{err}");
+    }
+
+    #[test]
+    fn batch_entries_are_named_by_their_position() {
+        let err = txn(
+            &"shop".into(),
+            &json!({"seller": "s", "item": "i", "req_time": 1}),
+            "txns[4].",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "txns[4].qty: required");
+        let err = txn(&"shop".into(), &json!(5), "txns[2].")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "txns[2]: must be a JSON object");
+    }
+
+    #[test]
+    fn path_segments_allow_long_derived_keys_but_not_slashes() {
+        let key = format!(
+            "{}:{}:{}",
+            "a".repeat(128),
+            "b".repeat(128),
+            "c".repeat(128)
+        );
+        assert!(path_segment(&key, "request_key").is_ok());
+        assert!(path_segment(&key, "item").is_err());
+        assert!(path_segment("a/b", "shop").is_err());
+        assert!(path_segment("", "shop").is_err());
+    }
+}
