@@ -3,5 +3,6 @@
 
 pub mod config;
 pub mod embedded_log;
+pub mod keyfilter;
 pub mod server;
 pub mod sqlite;
