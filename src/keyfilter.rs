@@ -7,7 +7,7 @@
 //! (a key really there, or a false positive) falls through to the store, so the filter
 //! changes cost, never answers.
 //!
-//! Fixed size ([`BITS`] bits, 16 MiB): about 1% false positives at 14 million keys,
+//! Fixed size ([`BITS`] bits, 16 MiB): about 1% false positives near 12 million keys,
 //! degrading gracefully past that (more probes, same answers). Bits are set with atomic
 //! `fetch_or`, so the writer adds keys while WorkManagers test them, without a lock. It is
 //! rebuilt at start from the journal's key index.
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Number of bits (a power of two).
 pub const BITS: usize = 1 << 27;
-/// Probes per key: optimal for about 10 bits per key.
+/// Bits set per key: about right for 10 bits of filter per key.
 const PROBES: u64 = 7;
 
 pub struct KeyFilter {
@@ -46,21 +46,39 @@ impl KeyFilter {
         }
     }
 
-    fn bits(shop: &str, key: &str) -> impl Iterator<Item = usize> {
+    /// The word and bit masks of a key: all probes fall in one 512-bit block (one cache
+    /// line), so a test or an insert costs one memory access, not seven (a blocked Bloom
+    /// filter; its false-positive rate is a little above the plain one's).
+    fn probes(shop: &str, key: &str) -> (usize, [u64; 8]) {
         let (h1, h2) = hashes(shop, key);
-        (0..PROBES).map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) as usize) & (BITS - 1))
+        let blocks = BITS / 512;
+        let block = (h1 as usize) & (blocks - 1);
+        let mut masks = [0u64; 8];
+        let mut h = h2;
+        for _ in 0..PROBES {
+            let bit = (h & 511) as usize;
+            masks[bit / 64] |= 1 << (bit % 64);
+            h = h.rotate_right(9);
+        }
+        (block * 8, masks)
     }
 
     pub fn insert(&self, shop: &str, key: &str) {
-        for bit in Self::bits(shop, key) {
-            self.words[bit / 64].fetch_or(1 << (bit % 64), Ordering::Relaxed);
+        let (base, masks) = Self::probes(shop, key);
+        for (i, m) in masks.iter().enumerate() {
+            if *m != 0 {
+                self.words[base + i].fetch_or(*m, Ordering::Relaxed);
+            }
         }
     }
 
     /// False: the key was never inserted. True: it may have been.
     pub fn may_contain(&self, shop: &str, key: &str) -> bool {
-        Self::bits(shop, key)
-            .all(|bit| self.words[bit / 64].load(Ordering::Relaxed) & (1 << (bit % 64)) != 0)
+        let (base, masks) = Self::probes(shop, key);
+        masks
+            .iter()
+            .enumerate()
+            .all(|(i, m)| self.words[base + i].load(Ordering::Relaxed) & m == *m)
     }
 }
 

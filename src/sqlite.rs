@@ -504,7 +504,7 @@ impl Writer {
             for cmd in cmds {
                 match cmd {
                     Command::Append(entries, _) => {
-                        for e in entries {
+                        for (i, e) in entries.iter().enumerate() {
                             insert.execute(params![
                                 &*e.shop,
                                 &*e.item,
@@ -532,7 +532,13 @@ impl Writer {
                             if e.logged {
                                 retire.execute(params![&*e.shop, e.request_key.as_deref()])?;
                             }
-                            if let Some(state) = e.state_after() {
+                            // Only the last state of each run of one item's entries
+                            // matters: a hot item's batch costs one map update, not one
+                            // per entry.
+                            let run_ends = entries
+                                .get(i + 1)
+                                .is_none_or(|next| next.item != e.item || next.shop != e.shop);
+                            if let (true, Some(state)) = (run_ends, e.state_after()) {
                                 self.dirty.insert((e.shop.clone(), e.item.clone()), state);
                             }
                         }

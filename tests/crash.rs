@@ -150,71 +150,60 @@ async fn check_after_restart(server: &Server, seen: &Seen) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_under_load_loses_no_answered_or_accepted_request() {
+/// Loads the items, runs `clients` clients until `enough` of what they saw, stops the
+/// server with `stop_server` while they are still sending, then restarts it on the same
+/// data directory and returns it with what the clients saw.
+async fn load_then_stop<F>(
+    clients: usize,
+    enough: impl Fn(&Seen) -> bool,
+    stop_server: F,
+) -> (tempfile::TempDir, Server, Seen)
+where
+    F: FnOnce(&mut Server),
+{
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path(), &[]);
-    let c = client();
     let items: Vec<(&str, i64)> = ITEMS.iter().map(|i| (*i, LOADED)).collect();
-    load(&c, &server, "shop", &items).await;
+    load(&client(), &server, "shop", &items).await;
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let load_task = tokio::spawn(run_load(
-        server.base.clone(),
-        seen.clone(),
-        stop.clone(),
-        32,
-    ));
-    // Kill once a good number of requests were answered, while more are in flight.
+    let base = server.base.clone();
+    let load_task = tokio::spawn(run_load(base, seen.clone(), stop.clone(), clients));
     for _ in 0..600 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let s = seen.lock().unwrap();
-        if s.outcomes.len() >= 500 && s.accepted.len() >= 500 {
+        if enough(&seen.lock().unwrap()) {
             break;
         }
     }
-    server.kill();
+    stop_server(&mut server);
     stop.store(true, Ordering::Relaxed);
     load_task.await.unwrap();
 
     let server = Server::start(dir.path(), &[]);
     let seen = std::mem::take(&mut *seen.lock().unwrap());
-    assert!(
-        seen.outcomes.len() >= 500 && seen.accepted.len() >= 500,
-        "load too small to test"
-    );
+    (dir, server, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_load_loses_no_answered_or_accepted_request() {
+    // Killed once a good number of requests were answered, while more are in flight.
+    let enough = |s: &Seen| s.outcomes.len() >= 500 && s.accepted.len() >= 500;
+    let (_dir, server, seen) = load_then_stop(32, enough, Server::kill).await;
+    assert!(enough(&seen), "load too small to test");
     check_after_restart(&server, &seen).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_work_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), &[]);
-    let c = client();
-    let items: Vec<(&str, i64)> = ITEMS.iter().map(|i| (*i, LOADED)).collect();
-    load(&c, &server, "shop", &items).await;
-
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let load_task = tokio::spawn(run_load(
-        server.base.clone(),
-        seen.clone(),
-        stop.clone(),
+    let mut status = None;
+    let (_dir, server, seen) = load_then_stop(
         16,
-    ));
-    for _ in 0..600 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if seen.lock().unwrap().outcomes.len() >= 300 {
-            break;
-        }
-    }
-    let status = server.terminate();
-    stop.store(true, Ordering::Relaxed);
-    load_task.await.unwrap();
+        |s| s.outcomes.len() >= 300,
+        |server| status = Some(server.terminate()),
+    )
+    .await;
+    let status = status.unwrap();
     assert!(status.success(), "exit status {status:?}");
-
-    let server = Server::start(dir.path(), &[]);
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
     check_after_restart(&server, &seen).await;
 }

@@ -21,24 +21,19 @@ pub fn apply(
 ) -> Entry {
     debug_assert!(req.op != Op::Load, "loads go through apply_load");
     let mut entry = Entry {
-        shop: req.shop.clone(),
-        item: req.item.clone(),
         request_key: Some(req.key.clone()),
-        op: req.op,
-        qty: req.qty,
-        status: Status::Ok,
-        reason: None,
-        stock_before: None,
-        stock_after: None,
-        reserved_after: None,
-        seq: None,
-        prev_seq: None,
-        submitted_at: req.submitted_at,
-        completed_at: now,
         seller: req.seller.clone(),
         buyer: req.buyer.clone(),
         remarks: req.remarks.clone(),
         logged: req.logged,
+        ..Entry::decided(
+            req.shop.clone(),
+            req.item.clone(),
+            req.op,
+            req.qty,
+            req.submitted_at,
+            now,
+        )
     };
     // Expiry first: a request that waited too long is not applied, whatever the item.
     let age_ms = now.saturating_sub(req.submitted_at);
@@ -117,26 +112,7 @@ pub fn apply_load(
         seq: before.seq + 1,
     };
     *state = after;
-    let mut entry = Entry {
-        shop: shop.clone(),
-        item: item.clone(),
-        request_key: None,
-        op: Op::Load,
-        qty: stock,
-        status: Status::Ok,
-        reason: None,
-        stock_before: None,
-        stock_after: None,
-        reserved_after: None,
-        seq: None,
-        prev_seq: None,
-        submitted_at: now,
-        completed_at: now,
-        seller: None,
-        buyer: None,
-        remarks: None,
-        logged: false,
-    };
+    let mut entry = Entry::decided(shop.clone(), item.clone(), Op::Load, stock, now, now);
     fill_states(&mut entry, before, after);
     entry
 }

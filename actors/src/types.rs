@@ -170,6 +170,38 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An `ok` entry with no state, key or caller details yet: the apply step fills in
+    /// what its decision found.
+    pub fn decided(
+        shop: Arc<str>,
+        item: Arc<str>,
+        op: Op,
+        qty: i64,
+        submitted_at: Millis,
+        completed_at: Millis,
+    ) -> Entry {
+        Entry {
+            shop,
+            item,
+            request_key: None,
+            op,
+            qty,
+            status: Status::Ok,
+            reason: None,
+            stock_before: None,
+            stock_after: None,
+            reserved_after: None,
+            seq: None,
+            prev_seq: None,
+            submitted_at,
+            completed_at,
+            seller: None,
+            buyer: None,
+            remarks: None,
+            logged: false,
+        }
+    }
+
     /// The item's state after this entry, when the item exists.
     pub fn state_after(&self) -> Option<ItemState> {
         Some(ItemState {
