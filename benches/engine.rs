@@ -40,7 +40,7 @@ fn main() {
         let engine = Engine::start(
             cfg,
             store,
-            move |d| Arc::new(EmbeddedLog::new(log_store, d)) as Arc<dyn RequestLog>,
+            move |d| Arc::new(EmbeddedLog::new(log_store, d, true)) as Arc<dyn RequestLog>,
             metrics.clone(),
         )
         .expect("engine");

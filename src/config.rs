@@ -41,6 +41,9 @@ pub struct ServeArgs {
     /// Folder of the embedded journal (created if missing) [default: ./data].
     #[arg(long, env = "NRTXN_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// MongoDB URI of the journal (a replica set); the embedded journal when absent.
+    #[arg(long, env = "NRTXN_MONGO_URI")]
+    pub mongo_uri: Option<String>,
     /// Processor shards items are hashed to [default: 8].
     #[arg(long, env = "NRTXN_SHARDS")]
     pub shards: Option<usize>,
@@ -78,6 +81,7 @@ pub struct ServeArgs {
 pub struct Settings {
     pub listen: String,
     pub data_dir: PathBuf,
+    pub mongo_uri: Option<String>,
     pub http_workers: usize,
     pub engine: EngineConfig,
 }
@@ -155,6 +159,7 @@ impl ServeArgs {
         Ok(Settings {
             listen: pick!(listen, "127.0.0.1:8080".to_string()),
             data_dir: pick!(data_dir, PathBuf::from("./data")),
+            mongo_uri: self.mongo_uri.clone().or(file.mongo_uri.clone()),
             http_workers: in_range("http_workers", pick!(http_workers, cores), 1, 256)?,
             engine,
         })

@@ -17,11 +17,23 @@ use crate::sqlite::SqliteStore;
 pub struct EmbeddedLog {
     store: Arc<SqliteStore>,
     dispatcher: Dispatcher,
+    /// The journal is another store (MongoDB): decided requests are retired by a write
+    /// of their own, not by the journal's transaction.
+    retire_separately: bool,
 }
 
 impl EmbeddedLog {
-    pub fn new(store: Arc<SqliteStore>, dispatcher: Dispatcher) -> EmbeddedLog {
-        EmbeddedLog { store, dispatcher }
+    /// `journal_is_store`: the same SQLite store is also the journal.
+    pub fn new(
+        store: Arc<SqliteStore>,
+        dispatcher: Dispatcher,
+        journal_is_store: bool,
+    ) -> EmbeddedLog {
+        EmbeddedLog {
+            store,
+            dispatcher,
+            retire_separately: !journal_is_store,
+        }
     }
 }
 
@@ -58,5 +70,11 @@ impl RequestLog for EmbeddedLog {
 
     fn redeliver(&self, reqs: Vec<Request>) {
         self.dispatcher.dispatch(reqs);
+    }
+
+    fn retire(&self, shop: &Arc<str>, keys: Vec<Arc<str>>) {
+        if self.retire_separately {
+            self.store.retire(shop.clone(), keys);
+        }
     }
 }

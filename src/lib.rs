@@ -4,5 +4,6 @@
 pub mod config;
 pub mod embedded_log;
 pub mod keyfilter;
+pub mod mongo;
 pub mod server;
 pub mod sqlite;

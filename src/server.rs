@@ -5,11 +5,12 @@ use std::sync::Arc;
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
-use nrtxn_actors::{Engine, Metrics, RequestLog};
+use nrtxn_actors::{Engine, Journal, Metrics, RequestLog};
 use nrtxn_api::{configure, count_requests, AppState};
 
 use crate::config::Settings;
 use crate::embedded_log::EmbeddedLog;
+use crate::mongo::MongoJournal;
 use crate::sqlite::SqliteStore;
 
 /// Runs until SIGINT or SIGTERM, then stops accepting, lets the requests in flight be
@@ -17,13 +18,24 @@ use crate::sqlite::SqliteStore;
 /// actix system.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
+    // The embedded store always holds the request log's durable part (fire-and-forget
+    // requests), and the journal too unless MongoDB is configured.
     let store = SqliteStore::open(&settings.data_dir, metrics.clone())
         .with_context(|| format!("data_dir: cannot open {}", settings.data_dir.display()))?;
+    let journal: Arc<dyn Journal> = match &settings.mongo_uri {
+        Some(uri) => MongoJournal::open(uri, metrics.clone())
+            .with_context(|| format!("mongo_uri: cannot use {uri}"))?,
+        None => store.clone(),
+    };
+    let journal_is_store = settings.mongo_uri.is_none();
     let log_store = store.clone();
     let engine = Engine::start(
         settings.engine.clone(),
-        store,
-        move |dispatcher| Arc::new(EmbeddedLog::new(log_store, dispatcher)) as Arc<dyn RequestLog>,
+        journal,
+        move |dispatcher| {
+            Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
+                as Arc<dyn RequestLog>
+        },
         metrics,
     )
     .context("recovery failed")?;
@@ -51,6 +63,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     server.run().await.context("http server")?;
     tracing::info!("stopped accepting; flushing shards to the journal");
     engine.shutdown().await;
+    if !journal_is_store {
+        store.close();
+    }
     tracing::info!("shutdown complete");
     Ok(())
 }

@@ -92,6 +92,8 @@ type AcceptDone = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 enum Command {
     Append(Vec<Entry>, AppendDone),
     Accept(Vec<Request>, AcceptDone),
+    /// Fire-and-forget requests decided in another journal: forget them.
+    Retire(Arc<str>, Vec<Arc<str>>),
     Close(mpsc::Sender<()>),
 }
 
@@ -100,6 +102,7 @@ impl Command {
         match self {
             Command::Append(e, _) => e.len(),
             Command::Accept(r, _) => r.len(),
+            Command::Retire(_, keys) => keys.len(),
             Command::Close(_) => 0,
         }
     }
@@ -196,6 +199,12 @@ impl SqliteStore {
         {
             done(Err(StoreError::Closed));
         }
+    }
+
+    /// Forgets fire-and-forget requests whose outcomes another journal holds. Not
+    /// durable by itself: a crash before it leaves them to be found decided at start.
+    pub fn retire(&self, shop: Arc<str>, keys: Vec<Arc<str>>) {
+        let _ = self.tx.send(Command::Retire(shop, keys));
     }
 
     /// Requests accepted durably and not yet decided, in acceptance order.
@@ -447,6 +456,7 @@ impl Writer {
                 match cmd {
                     Command::Append(entries, done) => done(entries, result.clone()),
                     Command::Accept(_, done) => done(result.clone()),
+                    Command::Retire(..) => {}
                     Command::Close(ack) => closing = Some(ack),
                 }
             }
@@ -549,6 +559,11 @@ impl Writer {
                                 rusqlite::Error::ToSqlConversionFailure(Box::new(e))
                             })?;
                             accept.execute(params![&*r.shop, &*r.key, body])?;
+                        }
+                    }
+                    Command::Retire(shop, keys) => {
+                        for key in keys {
+                            retire.execute(params![&**shop, &**key])?;
                         }
                     }
                     Command::Close(_) => {}

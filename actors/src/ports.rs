@@ -59,4 +59,8 @@ pub trait RequestLog: Send + Sync + 'static {
 
     /// Hands requests that are already durable to the processors again, writing nothing.
     fn redeliver(&self, reqs: Vec<Request>);
+
+    /// Durable requests whose outcomes are now journaled: the log may forget them. A log
+    /// whose records are retired in the journal's own write has nothing to do here.
+    fn retire(&self, _shop: &Arc<str>, _keys: Vec<Arc<str>>) {}
 }

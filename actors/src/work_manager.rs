@@ -76,6 +76,8 @@ struct Waiter {
 }
 
 struct InFlight {
+    /// The request log holds the request durably (it was sent fire-and-forget).
+    logged: bool,
     waiters: Vec<Waiter>,
 }
 
@@ -182,6 +184,7 @@ impl WorkManager {
             }
             req.logged = !respond;
             let mut flight = InFlight {
+                logged: !respond,
                 waiters: Vec::new(),
             };
             if respond {
@@ -220,11 +223,18 @@ impl WorkManager {
 
     fn decided(&mut self, outcomes: Vec<Arc<Outcome>>) {
         let mut answers = Vec::new();
+        let mut retired = Vec::new();
         for outcome in outcomes {
             if let Some(flight) = self.in_flight.remove(&outcome.request_key) {
+                if flight.logged {
+                    retired.push(outcome.request_key.clone());
+                }
                 answers.push((flight.waiters, outcome.clone()));
             }
             self.remember(outcome);
+        }
+        if !retired.is_empty() {
+            self.deps.log.retire(&self.shop, retired);
         }
         // Room is given back before anyone is answered, so a caller that sees its answer
         // also sees the bound freed.
@@ -315,10 +325,30 @@ pub struct Resume(pub Vec<Request>);
 impl Handler<Resume> for WorkManager {
     type Result = ();
     fn handle(&mut self, msg: Resume, _: &mut Self::Context) {
-        // Already admitted before the restart: not counted against the shop's bound (they
-        // must not be refused), but counted in flight so that the bound sees them.
+        // A request can be both decided and still in the log when the journal and the
+        // log are written separately and the process died in between: its outcome
+        // stands, and it must not be applied again.
+        let keys: Vec<String> = msg.0.iter().map(|r| r.key.to_string()).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if let Err(e) = self.look_up(&refs) {
+            // Without the journal's answer nothing can be resumed safely; the requests
+            // stay in the log for the next start.
+            tracing::error!(shop = %self.shop, error = %e, "cannot resume requests");
+            return;
+        }
+        let (decided, pending): (Vec<Request>, Vec<Request>) = msg
+            .0
+            .into_iter()
+            .partition(|r| self.recent.contains_key(&r.key));
+        if !decided.is_empty() {
+            self.deps
+                .log
+                .retire(&self.shop, decided.into_iter().map(|r| r.key).collect());
+        }
+        // Already admitted before the restart: not refused by the bounds, but counted in
+        // flight so that the bounds see them.
         let mut n = 0;
-        for req in &msg.0 {
+        for req in &pending {
             if self.in_flight.contains_key(&req.key) {
                 continue;
             }
@@ -326,12 +356,13 @@ impl Handler<Resume> for WorkManager {
             self.in_flight.insert(
                 req.key.clone(),
                 InFlight {
+                    logged: true,
                     waiters: Vec::new(),
                 },
             );
         }
         self.deps.inflight_total.fetch_add(n, Ordering::AcqRel);
-        self.deps.log.redeliver(msg.0);
+        self.deps.log.redeliver(pending);
     }
 }
 

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -151,4 +153,26 @@ pub async fn poll_decided(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("{key} still pending after 30 s");
+}
+
+/// A MongoDB URI with a database of its own for one test, from `NRTXN_TEST_MONGO_URI`
+/// (which `scripts/test.sh` sets after starting the test servers). `None` when unset and
+/// servers are not required: the test then says it was skipped. With
+/// `NRTXN_REQUIRE_SERVICES=1` (CI) a missing URI fails the test.
+pub fn mongo_uri(test: &str) -> Option<String> {
+    match std::env::var("NRTXN_TEST_MONGO_URI") {
+        Ok(base) => {
+            let db = format!("nrtxn_{test}_{}", std::process::id());
+            let (head, query) = base.split_once('?').unwrap_or((&base, ""));
+            let head = head.trim_end_matches('/');
+            Some(format!("{head}/{db}?{query}"))
+        }
+        Err(_) if std::env::var("NRTXN_REQUIRE_SERVICES").is_ok() => {
+            panic!("NRTXN_TEST_MONGO_URI is not set but NRTXN_REQUIRE_SERVICES is")
+        }
+        Err(_) => {
+            eprintln!("SKIPPED {test}: no NRTXN_TEST_MONGO_URI (run scripts/test.sh)");
+            None
+        }
+    }
 }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: starts the test servers (scripts/services.sh), runs every test
+# with them, and stops them whatever the outcome. Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/services.sh start
+trap 'scripts/services.sh stop' EXIT
+export NRTXN_TEST_MONGO_URI="mongodb://127.0.0.1:${NRTXN_MONGO_PORT:-27018}/?directConnection=true"
+export NRTXN_TEST_KAFKA_BROKERS="127.0.0.1:${NRTXN_KAFKA_PORT:-19092}"
+export NRTXN_TEST_PYTHON="$PWD/.services/venv/bin/python"
+export NRTXN_REQUIRE_SERVICES=1
+cargo test --workspace "$@"

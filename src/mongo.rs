@@ -1,0 +1,511 @@
+//! The MongoDB journal (`--mongo-uri`): the `Journal` port on a MongoDB replica set.
+//!
+//! Collections (database from the URI's path, else `nrtxn`):
+//! - `journal`: one document per decision or load, the entry's fields plus `batch` (the
+//!   writer's batch number, for recovery). Unique indexes on `(shop, request_key)` for
+//!   documents with a key and on `(shop, item, seq)` for documents with a sequence, so
+//!   every document is covered by one and a retried batch can never insert twice.
+//! - `items`: the snapshot of each item (`shop, item, stock, reserved, seq`), unique on
+//!   `(shop, item)`, updated after each batch.
+//! - `meta`: `{_id: "snapshot", batch}`: every batch up to this one is in `items`.
+//!
+//! One writer task takes the waiting batches (up to [`TXN_ENTRIES_MAX`] entries) into one
+//! unordered `insert_many`, then updates the snapshots, then `meta`, then answers. A crash
+//! between the journal write and the snapshot update leaves `meta` behind; recovery
+//! replays the journal after it and rewrites the snapshots. Only operations that MongoDB
+//! 6 and 7 support on a replica set are used.
+
+use std::collections::HashMap;
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::error::ErrorKind;
+use mongodb::options::IndexOptions;
+use mongodb::{Collection, Database, IndexModel};
+use nrtxn_actors::{
+    AppendDone, Entry, ItemState, Journal, Metrics, Outcome, Recovered, StoreError,
+};
+use tokio::sync::mpsc;
+
+use crate::keyfilter::KeyFilter;
+
+/// Most entries one `insert_many` takes.
+const TXN_ENTRIES_MAX: usize = 16_384;
+/// Batches waiting for the writer; processors have at most two outstanding each.
+const QUEUE_MAX: usize = 1024;
+/// Snapshot updates in flight at once after a batch.
+const SNAPSHOT_CONCURRENCY: usize = 32;
+/// A failed batch write is retried this many times (duplicates of a retry are skipped
+/// by the unique indexes) before the journal gives up and the process stops.
+const WRITE_ATTEMPTS: u32 = 3;
+
+enum Command {
+    Append(Vec<Entry>, AppendDone),
+    Close(std_mpsc::Sender<()>),
+}
+
+pub struct MongoJournal {
+    /// The driver's own runtime: the callers are actix threads, which run runtimes of
+    /// their own and cannot block on another one. An `Option` so `Drop` can shut it down
+    /// without blocking.
+    rt: Option<tokio::runtime::Runtime>,
+    db: Database,
+    tx: mpsc::Sender<Command>,
+    keys: Arc<KeyFilter>,
+    closed: Mutex<bool>,
+}
+
+fn storage(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Storage(e.to_string())
+}
+
+fn journal(db: &Database) -> Collection<Document> {
+    db.collection("journal")
+}
+
+fn items(db: &Database) -> Collection<Document> {
+    db.collection("items")
+}
+
+fn to_doc(entry: &Entry, batch: i64) -> Result<Document, StoreError> {
+    let mut doc = mongodb::bson::to_document(entry).map_err(storage)?;
+    doc.insert("batch", batch);
+    Ok(doc)
+}
+
+fn from_doc(doc: Document) -> Result<Entry, StoreError> {
+    mongodb::bson::from_document(doc).map_err(storage)
+}
+
+impl MongoJournal {
+    /// Connects, creates the indexes if missing, and starts the writer.
+    pub fn open(uri: &str, metrics: Arc<Metrics>) -> Result<Arc<MongoJournal>, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("journal-mongo")
+            .enable_all()
+            .build()
+            .map_err(storage)?;
+        let uri = uri.to_string();
+        let (db, keys, next_batch) = block_on(&rt, async move {
+            let uri = uri.as_str();
+            let client = mongodb::Client::with_uri_str(uri).await.map_err(storage)?;
+            let db = client
+                .default_database()
+                .unwrap_or_else(|| client.database("nrtxn"));
+            create_indexes(&db).await?;
+            let keys = Arc::new(KeyFilter::new());
+            let mut cursor = journal(&db)
+                .find(doc! { "request_key": { "$type": "string" } })
+                .projection(doc! { "_id": 0, "shop": 1, "request_key": 1 })
+                .await
+                .map_err(storage)?;
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                if let (Ok(shop), Ok(key)) = (d.get_str("shop"), d.get_str("request_key")) {
+                    keys.insert(shop, key);
+                }
+            }
+            let last = journal(&db)
+                .find_one(doc! {})
+                .sort(doc! { "batch": -1 })
+                .await
+                .map_err(storage)?;
+            let next_batch = last.and_then(|d| d.get_i64("batch").ok()).unwrap_or(0) + 1;
+            Ok::<_, StoreError>((db, keys, next_batch))
+        })?;
+        let (tx, rx) = mpsc::channel(QUEUE_MAX);
+        let writer = Writer {
+            db: db.clone(),
+            metrics,
+            keys: keys.clone(),
+            next_batch,
+        };
+        rt.spawn(writer.run(rx));
+        Ok(Arc::new(MongoJournal {
+            rt: Some(rt),
+            db,
+            tx,
+            keys,
+            closed: Mutex::new(false),
+        }))
+    }
+
+    /// Runs `fut` on the adapter's runtime and waits for it from a synchronous caller
+    /// (an actor's thread, which runs a runtime of its own and so cannot `block_on`).
+    fn wait<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        match &self.rt {
+            Some(rt) => block_on(rt, fut),
+            None => Err(StoreError::Closed),
+        }
+    }
+}
+
+impl Drop for MongoJournal {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Runs `fut` on `rt` and waits for it with a plain channel, which works from any thread.
+fn block_on<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    fut: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> Result<T, StoreError> {
+    let (tx, rx) = std_mpsc::channel();
+    rt.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().map_err(|_| StoreError::Closed)?
+}
+
+async fn create_indexes(db: &Database) -> Result<(), StoreError> {
+    let unique = |name: &str, partial: Document| {
+        IndexOptions::builder()
+            .name(name.to_string())
+            .unique(true)
+            .partial_filter_expression(partial)
+            .build()
+    };
+    journal(db)
+        .create_indexes([
+            IndexModel::builder()
+                .keys(doc! { "shop": 1, "request_key": 1 })
+                .options(unique(
+                    "shop_request_key_unique",
+                    doc! { "request_key": { "$type": "string" } },
+                ))
+                .build(),
+            IndexModel::builder()
+                .keys(doc! { "shop": 1, "item": 1, "seq": 1 })
+                .options(unique(
+                    "shop_item_seq_unique",
+                    doc! { "seq": { "$type": "number" } },
+                ))
+                .build(),
+            IndexModel::builder().keys(doc! { "batch": 1 }).build(),
+        ])
+        .await
+        .map_err(storage)?;
+    items(db)
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! { "shop": 1, "item": 1 })
+                .options(
+                    IndexOptions::builder()
+                        .name("shop_item_unique".to_string())
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .map_err(storage)?;
+    Ok(())
+}
+
+/// The last state of every item a batch touched.
+fn last_states<'a>(
+    entries: impl Iterator<Item = &'a Entry>,
+) -> HashMap<(Arc<str>, Arc<str>), ItemState> {
+    let mut out = HashMap::new();
+    for e in entries {
+        if let Some(state) = e.state_after() {
+            out.insert((e.shop.clone(), e.item.clone()), state);
+        }
+    }
+    out
+}
+
+async fn write_snapshots(
+    db: &Database,
+    states: HashMap<(Arc<str>, Arc<str>), ItemState>,
+    batch: i64,
+) -> Result<(), StoreError> {
+    let coll = items(db);
+    futures::stream::iter(states)
+        .map(|((shop, item), s)| {
+            let coll = coll.clone();
+            async move {
+                coll.update_one(
+                    doc! { "shop": &*shop, "item": &*item },
+                    doc! { "$set": { "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64 } },
+                )
+                .upsert(true)
+                .await
+                .map(|_| ())
+                .map_err(storage)
+            }
+        })
+        .buffer_unordered(SNAPSHOT_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    db.collection::<Document>("meta")
+        .update_one(
+            doc! { "_id": "snapshot" },
+            doc! { "$max": { "batch": batch } },
+        )
+        .upsert(true)
+        .await
+        .map_err(storage)?;
+    Ok(())
+}
+
+struct Writer {
+    db: Database,
+    metrics: Arc<Metrics>,
+    keys: Arc<KeyFilter>,
+    next_batch: i64,
+}
+
+impl Writer {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(first) = rx.recv().await {
+            let mut appends = Vec::new();
+            let mut close = None;
+            let mut weight = 0;
+            let mut next = Some(first);
+            while let Some(cmd) = next.take() {
+                match cmd {
+                    Command::Append(entries, done) => {
+                        weight += entries.len();
+                        appends.push((entries, done));
+                    }
+                    Command::Close(ack) => close = Some(ack),
+                }
+                if weight < TXN_ENTRIES_MAX && close.is_none() {
+                    next = rx.try_recv().ok();
+                }
+            }
+            if !appends.is_empty() {
+                // The callbacks are not `Sync`: keep them out of the awaited borrow.
+                let (batches, dones): (Vec<Vec<Entry>>, Vec<AppendDone>) =
+                    appends.into_iter().unzip();
+                let started = Instant::now();
+                let result = self.write(&batches).await;
+                self.metrics
+                    .journal_write_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                self.metrics.journal_txn_entries.observe(weight as f64);
+                let failed = result.is_err();
+                if let Err(e) = &result {
+                    tracing::error!(error = %e, "journal batch failed");
+                }
+                for (entries, done) in batches.into_iter().zip(dones) {
+                    done(entries, result.clone());
+                }
+                if failed {
+                    tracing::error!("stopping: the journal can no longer be written");
+                    std::process::exit(70);
+                }
+            }
+            if let Some(ack) = close {
+                let _ = ack.send(());
+                return;
+            }
+        }
+    }
+
+    async fn write(&mut self, batches: &[Vec<Entry>]) -> Result<(), StoreError> {
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        let mut docs = Vec::new();
+        for entries in batches {
+            for e in entries {
+                if let Some(key) = &e.request_key {
+                    self.keys.insert(&e.shop, key);
+                }
+                docs.push(to_doc(e, batch)?);
+            }
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.insert(&docs).await {
+                Ok(()) => break,
+                Err(e) if attempt < WRITE_ATTEMPTS => {
+                    tracing::warn!(error = %e, attempt, "journal insert failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt as u64)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        write_snapshots(&self.db, last_states(batches.iter().flatten()), batch).await
+    }
+
+    /// One unordered `insert_many`. Duplicates are documents a previous attempt already
+    /// wrote: each is checked to be the very same decision, and then skipped.
+    async fn insert(&self, docs: &[Document]) -> Result<(), StoreError> {
+        let err = match journal(&self.db).insert_many(docs).ordered(false).await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let ErrorKind::InsertMany(failure) = err.kind.as_ref() else {
+            return Err(storage(err));
+        };
+        if let Some(wc) = &failure.write_concern_error {
+            return Err(storage(format!("write concern: {}", wc.message)));
+        }
+        for w in failure.write_errors.iter().flatten() {
+            if w.code != 11000 {
+                return Err(storage(format!("insert: {}", w.message)));
+            }
+            let mine = &docs[w.index];
+            let filter = match mine.get("request_key") {
+                Some(Bson::String(key)) => doc! { "shop": mine.get("shop"), "request_key": key },
+                _ => {
+                    doc! { "shop": mine.get("shop"), "item": mine.get("item"), "seq": mine.get("seq") }
+                }
+            };
+            let theirs = journal(&self.db)
+                .find_one(filter)
+                .await
+                .map_err(storage)?
+                .ok_or_else(|| storage("duplicate key, but no document holds it"))?;
+            let same = ["item", "seq", "request_key", "status", "qty"]
+                .iter()
+                .all(|f| mine.get(f) == theirs.get(f));
+            if !same {
+                // Two writers decided the same item or key: the single-writer rule is
+                // broken and nothing written after this can be trusted.
+                return Err(storage(format!(
+                    "conflicting journal entry: {mine} against {theirs}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Journal for MongoJournal {
+    fn append(&self, entries: Vec<Entry>, done: AppendDone) {
+        if let Err(
+            mpsc::error::TrySendError::Full(Command::Append(entries, done))
+            | mpsc::error::TrySendError::Closed(Command::Append(entries, done)),
+        ) = self.tx.try_send(Command::Append(entries, done))
+        {
+            // Full cannot happen while each shard keeps at most two batches outstanding;
+            // either way the batch was not written.
+            done(entries, Err(StoreError::Closed));
+        }
+    }
+
+    fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        let maybe: Vec<String> = keys
+            .iter()
+            .filter(|k| self.keys.may_contain(shop, k))
+            .map(|k| k.to_string())
+            .collect();
+        if maybe.is_empty() {
+            return Ok(vec![None; keys.len()]);
+        }
+        let coll = journal(&self.db);
+        let shop_owned = shop.to_string();
+        let found: HashMap<String, Outcome> = self.wait(async move {
+            let mut cursor = coll
+                .find(doc! { "shop": shop_owned, "request_key": { "$in": maybe } })
+                .await
+                .map_err(storage)?;
+            let mut found = HashMap::new();
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                if let Some(o) = from_doc(d)?.outcome() {
+                    found.insert(o.request_key.to_string(), o);
+                }
+            }
+            Ok(found)
+        })?;
+        Ok(keys.iter().map(|k| found.get(*k).cloned()).collect())
+    }
+
+    fn recover(&self) -> Result<Recovered, StoreError> {
+        let db = self.db.clone();
+        self.wait(async move {
+            let mut states: HashMap<(Arc<str>, Arc<str>), ItemState> = HashMap::new();
+            let mut cursor = items(&db).find(doc! {}).await.map_err(storage)?;
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                let (Ok(shop), Ok(item)) = (d.get_str("shop"), d.get_str("item")) else {
+                    continue;
+                };
+                let state = ItemState {
+                    stock: d.get_i64("stock").map_err(storage)?,
+                    reserved: d.get_i64("reserved").map_err(storage)?,
+                    seq: d.get_i64("seq").map_err(storage)? as u64,
+                };
+                states.insert((shop.into(), item.into()), state);
+            }
+            let upto = db
+                .collection::<Document>("meta")
+                .find_one(doc! { "_id": "snapshot" })
+                .await
+                .map_err(storage)?
+                .and_then(|d| d.get_i64("batch").ok())
+                .unwrap_or(0);
+            let mut tail = journal(&db)
+                .find(doc! { "batch": { "$gt": upto } })
+                .sort(doc! { "batch": 1, "seq": 1 })
+                .await
+                .map_err(storage)?;
+            let mut touched = HashMap::new();
+            let mut last_batch = upto;
+            while let Some(d) = tail.try_next().await.map_err(storage)? {
+                last_batch = last_batch.max(d.get_i64("batch").unwrap_or(upto));
+                let entry = from_doc(d)?;
+                let Some(after) = entry.state_after() else {
+                    continue;
+                };
+                let key = (entry.shop.clone(), entry.item.clone());
+                let state = states.entry(key.clone()).or_default();
+                if after.seq <= state.seq {
+                    continue; // already in the snapshot
+                }
+                // Paired with the processor's assertions: gapless and never negative.
+                if entry.prev_seq != Some(state.seq) || after.stock < 0 {
+                    return Err(storage(format!(
+                        "journal of {}/{} is not contiguous at seq {} (state at {})",
+                        entry.shop, entry.item, after.seq, state.seq
+                    )));
+                }
+                *state = after;
+                touched.insert(key, after);
+            }
+            if !touched.is_empty() {
+                tracing::info!(
+                    items = touched.len(),
+                    "rebuilding snapshots from the journal"
+                );
+                write_snapshots(&db, touched, last_batch).await?;
+            }
+            tracing::info!(items = states.len(), "journal recovered");
+            Ok(Recovered {
+                items: states
+                    .into_iter()
+                    .map(|((shop, item), state)| (shop, item, state))
+                    .collect(),
+            })
+        })
+    }
+
+    fn close(&self) {
+        let Ok(mut closed) = self.closed.lock() else {
+            return;
+        };
+        if *closed {
+            return;
+        }
+        *closed = true;
+        let (ack, done) = std_mpsc::channel();
+        let tx = self.tx.clone();
+        if let Some(rt) = &self.rt {
+            rt.spawn(async move {
+                let _ = tx.send(Command::Close(ack)).await;
+            });
+            let _ = done.recv_timeout(Duration::from_secs(30));
+        }
+    }
+}
