@@ -40,7 +40,7 @@ fn main() {
         let engine = Engine::start(
             cfg,
             store,
-            move |d| Arc::new(EmbeddedLog::new(log_store, d, true)) as Arc<dyn RequestLog>,
+            move |d, _| Arc::new(EmbeddedLog::new(log_store, d, true)) as Arc<dyn RequestLog>,
             metrics.clone(),
         )
         .expect("engine");
@@ -75,6 +75,7 @@ fn main() {
                                 buyer: None,
                                 remarks: None,
                                 logged: false,
+                                log_pos: None,
                             },
                             true,
                         )

@@ -44,6 +44,27 @@ pub struct ServeArgs {
     /// MongoDB URI of the journal (a replica set); the embedded journal when absent.
     #[arg(long, env = "NRTXN_MONGO_URI")]
     pub mongo_uri: Option<String>,
+    /// Kafka brokers (`host:port,...`) of the request log; the embedded log when absent.
+    #[arg(long, env = "NRTXN_KAFKA_BROKERS")]
+    pub kafka_brokers: Option<String>,
+    /// This node's id [default: 0].
+    #[arg(long, env = "NRTXN_NODE_ID")]
+    pub node_id: Option<u32>,
+    /// Requests topic [default: nrtxn.requests].
+    #[arg(long, env = "NRTXN_KAFKA_REQUESTS_TOPIC")]
+    pub kafka_requests_topic: Option<String>,
+    /// Partitions of the requests topic when nrtxn creates it [default: 8].
+    #[arg(long, env = "NRTXN_KAFKA_PARTITIONS")]
+    pub kafka_partitions: Option<i32>,
+    /// Replication factor of the topics when nrtxn creates them [default: 1].
+    #[arg(long, env = "NRTXN_KAFKA_REPLICATION")]
+    pub kafka_replication: Option<i32>,
+    /// Consumers in the reader pool [default: 2].
+    #[arg(long, env = "NRTXN_KAFKA_READERS")]
+    pub kafka_readers: Option<usize>,
+    /// Consumer group of the reader pool [default: nrtxn].
+    #[arg(long, env = "NRTXN_KAFKA_GROUP")]
+    pub kafka_group: Option<String>,
     /// Processor shards items are hashed to [default: 8].
     #[arg(long, env = "NRTXN_SHARDS")]
     pub shards: Option<usize>,
@@ -82,6 +103,7 @@ pub struct Settings {
     pub listen: String,
     pub data_dir: PathBuf,
     pub mongo_uri: Option<String>,
+    pub kafka: Option<nrtxn_kafka::KafkaSettings>,
     pub http_workers: usize,
     pub engine: EngineConfig,
 }
@@ -160,6 +182,24 @@ impl ServeArgs {
             listen: pick!(listen, "127.0.0.1:8080".to_string()),
             data_dir: pick!(data_dir, PathBuf::from("./data")),
             mongo_uri: self.mongo_uri.clone().or(file.mongo_uri.clone()),
+            kafka: match self.kafka_brokers.clone().or(file.kafka_brokers.clone()) {
+                None => None,
+                Some(brokers) => Some(nrtxn_kafka::KafkaSettings {
+                    brokers,
+                    node_id: pick!(node_id, 0),
+                    requests_topic: pick!(kafka_requests_topic, "nrtxn.requests".to_string()),
+                    partitions: in_range(
+                        "kafka_partitions",
+                        pick!(kafka_partitions, 8),
+                        1,
+                        10_000,
+                    )?,
+                    replication: in_range("kafka_replication", pick!(kafka_replication, 1), 1, 16)?,
+                    readers: in_range("kafka_readers", pick!(kafka_readers, 2), 1, 64)?,
+                    group: pick!(kafka_group, "nrtxn".to_string()),
+                    undecided_max: engine.inflight_max,
+                }),
+            },
             http_workers: in_range("http_workers", pick!(http_workers, cores), 1, 256)?,
             engine,
         })

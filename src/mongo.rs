@@ -223,6 +223,27 @@ fn last_states<'a>(
     out
 }
 
+/// How far the request log is applied, per partition (`offsets`: `{_id: partition,
+/// offset}`), only ever raised.
+async fn write_offsets(db: &Database, batches: &[Vec<Entry>]) -> Result<(), StoreError> {
+    let mut offsets: HashMap<i32, i64> = HashMap::new();
+    for pos in batches.iter().flatten().filter_map(|e| e.log_pos) {
+        let o = offsets.entry(pos.partition).or_insert(pos.offset);
+        *o = (*o).max(pos.offset);
+    }
+    for (partition, offset) in offsets {
+        db.collection::<Document>("offsets")
+            .update_one(
+                doc! { "_id": partition },
+                doc! { "$max": { "offset": offset } },
+            )
+            .upsert(true)
+            .await
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
 async fn write_snapshots(
     db: &Database,
     states: HashMap<(Arc<str>, Arc<str>), ItemState>,
@@ -336,6 +357,7 @@ impl Writer {
                 Err(e) => return Err(e),
             }
         }
+        write_offsets(&self.db, batches).await?;
         write_snapshots(&self.db, last_states(batches.iter().flatten()), batch).await
     }
 
@@ -482,11 +504,23 @@ impl Journal for MongoJournal {
                 write_snapshots(&db, touched, last_batch).await?;
             }
             tracing::info!(items = states.len(), "journal recovered");
+            let mut log_offsets = HashMap::new();
+            let mut cursor = db
+                .collection::<Document>("offsets")
+                .find(doc! {})
+                .await
+                .map_err(storage)?;
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                if let (Ok(p), Ok(o)) = (d.get_i32("_id"), d.get_i64("offset")) {
+                    log_offsets.insert(p, o);
+                }
+            }
             Ok(Recovered {
                 items: states
                     .into_iter()
                     .map(|((shop, item), state)| (shop, item, state))
                     .collect(),
+                log_offsets,
             })
         })
     }

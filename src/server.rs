@@ -12,6 +12,7 @@ use crate::config::Settings;
 use crate::embedded_log::EmbeddedLog;
 use crate::mongo::MongoJournal;
 use crate::sqlite::SqliteStore;
+use nrtxn_kafka::KafkaLog;
 
 /// Runs until SIGINT or SIGTERM, then stops accepting, lets the requests in flight be
 /// answered, flushes every shard's batches to the journal and closes it. Call inside an
@@ -29,16 +30,32 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     };
     let journal_is_store = settings.mongo_uri.is_none();
     let log_store = store.clone();
+    let kafka = settings.kafka.clone();
+    let mut log_error = None;
     let engine = Engine::start(
         settings.engine.clone(),
         journal,
-        move |dispatcher| {
-            Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
-                as Arc<dyn RequestLog>
+        |dispatcher, recovered| match kafka {
+            None => Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
+                as Arc<dyn RequestLog>,
+            Some(k) => {
+                match KafkaLog::start(k, dispatcher.clone(), recovered.log_offsets.clone()) {
+                    Ok(log) => log,
+                    Err(e) => {
+                        // Reported below, after the engine is built; nothing reaches it.
+                        log_error = Some(e);
+                        Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
+                    }
+                }
+            }
         },
         metrics,
     )
     .context("recovery failed")?;
+    if let Some(e) = log_error {
+        engine.shutdown().await;
+        return Err(e).context("kafka_brokers: cannot start the request log");
+    }
     let state = web::Data::new(AppState {
         engine: engine.clone(),
     });

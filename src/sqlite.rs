@@ -81,6 +81,10 @@ CREATE TABLE IF NOT EXISTS requests (
     body        TEXT NOT NULL,
     UNIQUE (shop, request_key)
 );
+CREATE TABLE IF NOT EXISTS log_offsets (
+    log_partition INTEGER PRIMARY KEY,
+    log_offset    INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -377,11 +381,16 @@ impl Journal for SqliteStore {
                 replayed += 1;
             }
             tracing::info!(items = items.len(), replayed, "journal recovered");
+            let mut stmt = conn.prepare("SELECT log_partition, log_offset FROM log_offsets")?;
+            let log_offsets = stmt
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+                .collect::<Result<HashMap<i32, i64>, _>>()?;
             Ok(Recovered {
                 items: items
                     .into_iter()
                     .map(|((shop, item), state)| (shop, item, state))
                     .collect(),
+                log_offsets,
             })
         })
     }
@@ -511,6 +520,7 @@ impl Writer {
             let mut accept = tx.prepare_cached(
                 "INSERT INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
             )?;
+            let mut offsets: HashMap<i32, i64> = HashMap::new();
             for cmd in cmds {
                 match cmd {
                     Command::Append(entries, _) => {
@@ -538,6 +548,10 @@ impl Writer {
                                 // Before the commit, so the key is in the filter before
                                 // its outcome can be looked for.
                                 self.keys.insert(&e.shop, key);
+                            }
+                            if let Some(pos) = e.log_pos {
+                                let o = offsets.entry(pos.partition).or_insert(pos.offset);
+                                *o = (*o).max(pos.offset);
                             }
                             if e.logged {
                                 retire.execute(params![&*e.shop, e.request_key.as_deref()])?;
@@ -568,6 +582,15 @@ impl Writer {
                     }
                     Command::Close(_) => {}
                 }
+            }
+            // How far the request log is applied, in the same transaction as the entries.
+            let mut applied = tx.prepare_cached(
+                "INSERT INTO log_offsets (log_partition, log_offset) VALUES (?1, ?2)
+                 ON CONFLICT (log_partition)
+                 DO UPDATE SET log_offset = MAX(log_offset, excluded.log_offset)",
+            )?;
+            for (partition, offset) in offsets {
+                applied.execute(params![partition, offset])?;
             }
         }
         if snapshot {

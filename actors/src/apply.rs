@@ -26,6 +26,7 @@ pub fn apply(
         buyer: req.buyer.clone(),
         remarks: req.remarks.clone(),
         logged: req.logged,
+        log_pos: req.log_pos,
         ..Entry::decided(
             req.shop.clone(),
             req.item.clone(),
@@ -144,6 +145,7 @@ mod tests {
             buyer: None,
             remarks: None,
             logged: false,
+            log_pos: None,
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -14,8 +14,8 @@ use tokio::sync::oneshot;
 
 use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
-use crate::ports::{Journal, RequestLog, StoreError};
-use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, Registry};
+use crate::ports::{Journal, JournaledHook, Recovered, RequestLog, StoreError};
+use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, Registry, ShardShared};
 use crate::types::{ItemView, Request};
 use crate::work_manager::{
     Admitted, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager,
@@ -87,6 +87,7 @@ impl From<SubmitError> for EngineError {
 #[derive(Clone)]
 pub struct Dispatcher {
     shards: Arc<Vec<Addr<Processor>>>,
+    journaled: Arc<OnceLock<JournaledHook>>,
 }
 
 impl Dispatcher {
@@ -94,6 +95,12 @@ impl Dispatcher {
     /// writer for the life of the process.
     pub fn shard_of(&self, shop: &str, item: &str) -> usize {
         shard_of(shop, item, self.shards.len())
+    }
+
+    /// Sets the hook the processors call with the log positions of journaled entries
+    /// (once; later calls are ignored).
+    pub fn on_journaled(&self, hook: JournaledHook) {
+        let _ = self.journaled.set(hook);
     }
 
     /// Sends each request to its shard, one message per shard, keeping arrival order.
@@ -145,17 +152,18 @@ impl Engine {
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Engine>, StoreError>
     where
-        F: FnOnce(Dispatcher) -> Arc<dyn RequestLog>,
+        F: FnOnce(Dispatcher, &Recovered) -> Arc<dyn RequestLog>,
     {
-        let recovered = journal.recover()?;
+        let mut recovered = journal.recover()?;
         let owned: Vec<Arbiter> = (0..cfg.arbiters.max(1)).map(|_| Arbiter::new()).collect();
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
         let registry: Registry = Arc::new(DashMap::new());
         let shard_count = cfg.shards.max(1);
         let mut initial: Vec<Vec<_>> = (0..shard_count).map(|_| Vec::new()).collect();
-        for (shop, item, state) in recovered.items {
+        for (shop, item, state) in std::mem::take(&mut recovered.items) {
             initial[shard_of(&shop, &item, shard_count)].push((shop, item, state));
         }
+        let journaled: Arc<OnceLock<JournaledHook>> = Arc::new(OnceLock::new());
         let shards: Vec<Addr<Processor>> = initial
             .into_iter()
             .enumerate()
@@ -165,17 +173,21 @@ impl Engine {
                     cfg.batch_max,
                     cfg.request_ttl_ms,
                     items,
-                    journal.clone(),
-                    registry.clone(),
-                    metrics.clone(),
+                    ShardShared {
+                        journal: journal.clone(),
+                        registry: registry.clone(),
+                        metrics: metrics.clone(),
+                        journaled: journaled.clone(),
+                    },
                 );
                 Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
             })
             .collect();
         let dispatcher = Dispatcher {
             shards: Arc::new(shards),
+            journaled,
         };
-        let log = make_log(dispatcher.clone());
+        let log = make_log(dispatcher.clone(), &recovered);
         let pending = log.pending()?;
         let deps = Arc::new(Deps {
             journal,
@@ -220,6 +232,11 @@ impl Engine {
 
     pub fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
+    }
+
+    /// Recovered, its request log ready, and not shutting down.
+    pub fn is_ready(&self) -> bool {
+        !self.is_closing() && self.deps.log.ready()
     }
 
     fn work_manager(&self, shop: &Arc<str>) -> Result<Addr<WorkManager>, EngineError> {
@@ -351,6 +368,7 @@ impl Engine {
     /// holds, and closes the journal.
     pub async fn shutdown(&self) {
         self.closing.store(true, Ordering::Release);
+        self.deps.log.close();
         for shard in self.shards.shards.iter() {
             let _ = shard.send(Flush).await;
         }

@@ -125,6 +125,7 @@ mod tests {
             buyer: None,
             remarks: None,
             logged: false,
+            log_pos: None,
         })
     }
 

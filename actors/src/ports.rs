@@ -6,7 +6,11 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::types::{Entry, ItemState, Outcome, Request};
+use crate::types::{Entry, ItemState, LogPos, Outcome, Request};
+
+/// Told the log positions of entries once they are journaled (a partitioned log commits
+/// its offsets from this).
+pub type JournaledHook = Arc<dyn Fn(Vec<LogPos>) + Send + Sync>;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -26,6 +30,9 @@ pub type AppendDone = Box<dyn FnOnce(Vec<Entry>, Result<(), StoreError>) + Send>
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub items: Vec<(Arc<str>, Arc<str>, ItemState)>,
+    /// The highest request-log offset applied, per partition: a redelivered message at
+    /// or below it is skipped, not applied again.
+    pub log_offsets: std::collections::HashMap<i32, i64>,
 }
 
 /// The durable record of every decision.
@@ -63,4 +70,14 @@ pub trait RequestLog: Send + Sync + 'static {
     /// Durable requests whose outcomes are now journaled: the log may forget them. A log
     /// whose records are retired in the journal's own write has nothing to do here.
     fn retire(&self, _shop: &Arc<str>, _keys: Vec<Arc<str>>) {}
+
+    /// Whether requests appended now will be read (a consumer group has assigned this
+    /// node its partitions, say). `/readyz` answers 503 until it is.
+    fn ready(&self) -> bool {
+        true
+    }
+
+    /// Stops handing requests to the processors (shutdown); what was handed on is still
+    /// journaled by the processors' flush.
+    fn close(&self) {}
 }

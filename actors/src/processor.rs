@@ -8,7 +8,7 @@
 //! requests pile into larger batches instead of more writes.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use actix::prelude::*;
 use dashmap::DashMap;
@@ -18,13 +18,24 @@ use tokio::sync::oneshot;
 use crate::apply::{apply, apply_load};
 use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
 use crate::metrics::Metrics;
-use crate::ports::{Journal, StoreError};
+use crate::ports::{Journal, JournaledHook, StoreError};
 use crate::types::{now_ms, Entry, ItemState, ItemView, Outcome, Request, Status};
 use crate::work_manager::{Decided, WorkManager};
 
 /// Journal appends a shard may have outstanding. Two lets applying batch N+1 overlap
 /// writing batch N; more would only add latency, since one journal writer serializes them.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
+
+/// What every shard shares with the others.
+#[derive(Clone)]
+pub struct ShardShared {
+    pub journal: Arc<dyn Journal>,
+    /// Where outcomes go: the shops' WorkManagers.
+    pub registry: Registry,
+    pub metrics: Arc<Metrics>,
+    /// Told the log positions of journaled entries, once a log sets it.
+    pub journaled: Arc<OnceLock<JournaledHook>>,
+}
 
 /// Shops' WorkManagers by shop, shared with the engine that creates them.
 pub type Registry = Arc<DashMap<Arc<str>, Addr<WorkManager>>>;
@@ -62,6 +73,7 @@ pub struct Processor {
     registry: Registry,
     metrics: Arc<Metrics>,
     depth_gauge: IntGauge,
+    journaled: Arc<OnceLock<JournaledHook>>,
     flush_waiters: Vec<oneshot::Sender<()>>,
 }
 
@@ -71,10 +83,14 @@ impl Processor {
         batch_max: usize,
         request_ttl_ms: i64,
         initial: Vec<(Arc<str>, Arc<str>, ItemState)>,
-        journal: Arc<dyn Journal>,
-        registry: Registry,
-        metrics: Arc<Metrics>,
+        shared: ShardShared,
     ) -> Processor {
+        let ShardShared {
+            journal,
+            registry,
+            metrics,
+            journaled,
+        } = shared;
         let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
         for (shop, item, state) in initial {
             items.entry(shop).or_default().insert(
@@ -100,6 +116,7 @@ impl Processor {
             registry,
             metrics,
             depth_gauge,
+            journaled,
             flush_waiters: Vec::new(),
         }
     }
@@ -214,6 +231,12 @@ impl Processor {
         }
         for (reply, views) in batch.loads {
             let _ = reply.send(views);
+        }
+        if let Some(hook) = self.journaled.get() {
+            let positions: Vec<_> = entries.iter().filter_map(|e| e.log_pos).collect();
+            if !positions.is_empty() {
+                hook(positions);
+            }
         }
         // Outcomes to the WorkManagers that hold the reply handles, one message per shop.
         let mut by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>> = HashMap::new();

@@ -97,6 +97,14 @@ impl Status {
     }
 }
 
+/// Where a request sits in the request log (a Kafka partition and offset), so that its
+/// journal entry records how far the log has been applied.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPos {
+    pub partition: i32,
+    pub offset: i64,
+}
+
 /// A validated stock change on its way to the item's processor.
 ///
 /// Serializable because the request log may have to keep it durably (a fire-and-forget
@@ -118,6 +126,9 @@ pub struct Request {
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
     pub logged: bool,
+    /// Set by a log reader when the request came through a partitioned log.
+    #[serde(skip)]
+    pub log_pos: Option<LogPos>,
 }
 
 /// The durable state of one item.
@@ -167,6 +178,9 @@ pub struct Entry {
     /// Mirrors [`Request::logged`]: the adapter retires the request log's record.
     #[serde(skip)]
     pub logged: bool,
+    /// Mirrors [`Request::log_pos`]: stored as `partition` and `offset`.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub log_pos: Option<LogPos>,
 }
 
 impl Entry {
@@ -199,6 +213,7 @@ impl Entry {
             buyer: None,
             remarks: None,
             logged: false,
+            log_pos: None,
         }
     }
 

@@ -10,10 +10,12 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({ "status": "ok" }))
 }
 
-/// Ready to take requests: recovered, and not shutting down.
+/// Ready to take requests: recovered, its request log reading, and not shutting down.
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     if state.engine.is_closing() {
         HttpResponse::ServiceUnavailable().json(json!({ "status": "shutting_down" }))
+    } else if !state.engine.is_ready() {
+        HttpResponse::ServiceUnavailable().json(json!({ "status": "starting" }))
     } else {
         HttpResponse::Ok().json(json!({ "status": "ready" }))
     }

@@ -249,6 +249,7 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             buyer,
             remarks,
             logged: false,
+            log_pos: None,
         },
         respond,
     ))

@@ -176,3 +176,43 @@ pub fn mongo_uri(test: &str) -> Option<String> {
         }
     }
 }
+
+/// Waits until `/readyz` answers 200 (a Kafka reader pool has joined its group), for up
+/// to 90 s.
+pub async fn wait_ready(client: &reqwest::Client, server: &Server) {
+    for _ in 0..900 {
+        if get(client, &server.url("/readyz")).await.0 == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{} never became ready", server.base);
+}
+
+/// Flags for a server whose request log is on the test Kafka broker, with a topic and a
+/// group of its own, from `NRTXN_TEST_KAFKA_BROKERS` (set by `scripts/test.sh`). `None`
+/// (the test is skipped) when unset and servers are not required.
+pub fn kafka_flags(test: &str) -> Option<Vec<String>> {
+    match std::env::var("NRTXN_TEST_KAFKA_BROKERS") {
+        Ok(brokers) => {
+            let name = format!("nrtxn-test-{test}-{}", std::process::id());
+            Some(vec![
+                "--kafka-brokers".into(),
+                brokers,
+                "--kafka-requests-topic".into(),
+                name.clone(),
+                "--kafka-group".into(),
+                name,
+                "--kafka-partitions".into(),
+                "4".into(),
+            ])
+        }
+        Err(_) if std::env::var("NRTXN_REQUIRE_SERVICES").is_ok() => {
+            panic!("NRTXN_TEST_KAFKA_BROKERS is not set but NRTXN_REQUIRE_SERVICES is")
+        }
+        Err(_) => {
+            eprintln!("SKIPPED {test}: no NRTXN_TEST_KAFKA_BROKERS (run scripts/test.sh)");
+            None
+        }
+    }
+}
