@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# HTTP benchmark: respond=true decrements on one hot item through the real server on
-# the embedded default, driven by wrk (Debian's package) with N connections.
+# HTTP benchmark: respond=true decrements on one hot item through the real server,
+# driven by wrk (Debian's package) with N connections. The server runs on the embedded
+# default unless NRTXN_BENCH_SERVER_FLAGS adds flags (e.g. --kafka-brokers, --mongo-uri
+# against the test servers of scripts/services.sh).
 #   scripts/bench-http.sh [connections=64] [seconds=20]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +12,15 @@ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk;
 cargo build --release --quiet
 dir=$(mktemp -d)
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+# shellcheck disable=SC2086 # flags are meant to split
 RUST_LOG=warn ./target/release/nrtxn serve --listen 127.0.0.1:0 --data-dir "$dir/data" \
-  > "$dir/out" 2> "$dir/err" &
+  ${NRTXN_BENCH_SERVER_FLAGS:-} > "$dir/out" 2> "$dir/err" &
 pid=$!
 for _ in $(seq 100); do grep -q listening "$dir/out" && break; sleep 0.1; done
 base=$(sed -n 's/^nrtxn listening on //p' "$dir/out")
+[ -n "$base" ] || { cat "$dir/err"; exit 1; }
+# Ready means recovered and, with Kafka, the reader pool has its partitions.
+for _ in $(seq 900); do curl -sf "$base/readyz" > /dev/null && break; sleep 0.1; done
 curl -sf -XPUT "$base/v1/shops/flash/items" \
   -d '{"items":[{"item":"hot","stock":1000000000}]}' > /dev/null
 echo "wrk: $conns connections, 2 threads, ${secs}s, respond=true decrements on one hot item"
