@@ -58,7 +58,9 @@ pub type Durable = oneshot::Receiver<Result<(), StoreError>>;
 pub trait RequestLog: Send + Sync + 'static {
     /// Hands requests to the processors that own their items. Requests with `logged` set
     /// are made durable first, and the returned receiver resolves once they are; the log
-    /// then guarantees they reach a processor, also after a crash.
+    /// then guarantees they reach a processor, also after a crash. An `Err` means none of
+    /// the requests was handed on (the caller undoes their admission); once one is, the
+    /// call must answer `Ok`.
     fn append(&self, reqs: Vec<Request>) -> Result<Option<Durable>, StoreError>;
 
     /// Requests that were made durable but have no outcome yet (after a restart).

@@ -26,12 +26,16 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
+
+/// Messages the producer may hold unacknowledged; above the engine's in-flight bound, so
+/// admission refuses first.
+const PRODUCER_QUEUE_MAX: usize = 1_000_000;
 
 /// The Kafka options of `nrtxn serve`.
 #[derive(Debug, Clone)]
@@ -225,7 +229,10 @@ impl KafkaLog {
             .set("linger.ms", "1")
             // Above the engine's in-flight bound: admission refuses first, so a send is
             // never refused half-way through a call.
-            .set("queue.buffering.max.messages", "1000000")
+            .set(
+                "queue.buffering.max.messages",
+                PRODUCER_QUEUE_MAX.to_string(),
+            )
             .set("message.timeout.ms", "30000")
             .create_with_context(Delivery)
             .map_err(kafka_err)?;
@@ -399,6 +406,12 @@ impl RequestLog for KafkaLog {
         } else {
             (None, None)
         };
+        // All or nothing: refuse the whole call up front if the producer's queue cannot
+        // take it, because once one message is queued it will be decided, and the
+        // WorkManager may only undo an admission of which nothing was handed on.
+        if self.producer.in_flight_count() as usize + reqs.len() > PRODUCER_QUEUE_MAX {
+            return Err(StoreError::Full);
+        }
         for req in reqs {
             let key = format!("{}:{}", req.shop, req.item);
             let ack = if req.logged { group.clone() } else { None };
@@ -406,25 +419,28 @@ impl RequestLog for KafkaLog {
                 origin: self.settings.node_id,
                 request: req,
             };
-            let payload = serde_json::to_vec(&msg).map_err(kafka_err)?;
+            let payload = match serde_json::to_vec(&msg) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(error = %e, "request not encoded");
+                    if let Some(group) = ack {
+                        group.done(false);
+                    }
+                    continue;
+                }
+            };
             let record = BaseRecord::with_opaque_to(&self.settings.requests_topic, Box::new(ack))
                 .key(&key)
                 .payload(&payload);
             if let Err((e, record)) = self.producer.send(record) {
-                // Only when the producer's queue (sized above the admission bound) or
-                // the broker is in trouble; the request stays in flight until its
-                // WorkManager gives up on it.
-                tracing::error!(error = %e, "request not sent");
+                // Refused locally after the check above (an unknown topic, say). The
+                // others of the call are queued already, so the call stands; this one's
+                // fire-and-forget caller gets a 503, and it stays in flight at its
+                // WorkManager (a repeat of its key waits rather than sending it twice).
+                tracing::error!(error = %e, key = %key, "request not sent");
                 if let Some(group) = *record.delivery_opaque {
                     group.done(false);
                 }
-                if matches!(
-                    e,
-                    KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
-                ) {
-                    return Err(StoreError::Full);
-                }
-                return Err(kafka_err(e));
             }
         }
         Ok(rx)
