@@ -76,6 +76,8 @@ fn main() {
                                 remarks: None,
                                 logged: false,
                                 log_pos: None,
+                                origin: None,
+                                epoch: 0,
                             },
                             true,
                         )

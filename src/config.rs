@@ -65,6 +65,14 @@ pub struct ServeArgs {
     /// Consumer group of the reader pool [default: nrtxn].
     #[arg(long, env = "NRTXN_KAFKA_GROUP")]
     pub kafka_group: Option<String>,
+    /// Responses topic: outcomes travel back to the node that accepted the request
+    /// [default: nrtxn.responses].
+    #[arg(long, env = "NRTXN_KAFKA_RESPONSES_TOPIC")]
+    pub kafka_responses_topic: Option<String>,
+    /// Partitions of the responses topic when nrtxn creates it, one per node: node ids
+    /// run from 0 to this minus one [default: 16].
+    #[arg(long, env = "NRTXN_KAFKA_RESPONSE_PARTITIONS")]
+    pub kafka_response_partitions: Option<i32>,
     /// Processor shards items are hashed to [default: 8].
     #[arg(long, env = "NRTXN_SHARDS")]
     pub shards: Option<usize>,
@@ -198,6 +206,23 @@ impl ServeArgs {
                     readers: in_range("kafka_readers", pick!(kafka_readers, 2), 1, 64)?,
                     group: pick!(kafka_group, "nrtxn".to_string()),
                     undecided_max: engine.inflight_max,
+                    responses_topic: pick!(kafka_responses_topic, "nrtxn.responses".to_string()),
+                    response_partitions: {
+                        let n = in_range(
+                            "kafka_response_partitions",
+                            pick!(kafka_response_partitions, 16),
+                            1,
+                            10_000,
+                        )?;
+                        let node = pick!(node_id, 0);
+                        if i64::from(node) >= i64::from(n) {
+                            bail!(
+                                "node_id: {node} is not below kafka_response_partitions ({n}): \
+                                 the responses topic has one partition per node id"
+                            );
+                        }
+                        n
+                    },
                 }),
             },
             http_workers: in_range("http_workers", pick!(http_workers, cores), 1, 256)?,

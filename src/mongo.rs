@@ -132,6 +132,34 @@ impl MongoJournal {
         }))
     }
 
+    /// The outcomes of `keys`, of which only `maybe` can be in the journal.
+    fn find_outcomes(
+        &self,
+        shop: &str,
+        keys: &[&str],
+        maybe: Vec<String>,
+    ) -> Result<Vec<Option<Outcome>>, StoreError> {
+        if maybe.is_empty() {
+            return Ok(vec![None; keys.len()]);
+        }
+        let coll = journal(&self.db);
+        let shop_owned = shop.to_string();
+        let found: HashMap<String, Outcome> = self.wait(async move {
+            let mut cursor = coll
+                .find(doc! { "shop": shop_owned, "request_key": { "$in": maybe } })
+                .await
+                .map_err(storage)?;
+            let mut found = HashMap::new();
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                if let Some(o) = from_doc(d)?.outcome() {
+                    found.insert(o.request_key.to_string(), o);
+                }
+            }
+            Ok(found)
+        })?;
+        Ok(keys.iter().map(|k| found.get(*k).cloned()).collect())
+    }
+
     /// Runs `fut` on the adapter's runtime and waits for it from a synchronous caller
     /// (an actor's thread, which runs a runtime of its own and so cannot `block_on`).
     fn wait<T: Send + 'static>(
@@ -244,6 +272,10 @@ async fn write_offsets(db: &Database, batches: &[Vec<Entry>]) -> Result<(), Stor
     Ok(())
 }
 
+fn is_duplicate(e: &mongodb::error::Error) -> bool {
+    matches!(e.kind.as_ref(), ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) if w.code == 11000)
+}
+
 async fn write_snapshots(
     db: &Database,
     states: HashMap<(Arc<str>, Arc<str>), ItemState>,
@@ -254,14 +286,22 @@ async fn write_snapshots(
         .map(|((shop, item), s)| {
             let coll = coll.clone();
             async move {
-                coll.update_one(
-                    doc! { "shop": &*shop, "item": &*item },
-                    doc! { "$set": { "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64 } },
-                )
-                .upsert(true)
-                .await
-                .map(|_| ())
-                .map_err(storage)
+                // Only ever moved forward: with several nodes, one that owned the item
+                // before may write an older state after a newer one.
+                let result = coll
+                    .update_one(
+                        doc! { "shop": &*shop, "item": &*item, "seq": { "$lt": s.seq as i64 } },
+                        doc! { "$set": { "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64 } },
+                    )
+                    .upsert(true)
+                    .await;
+                match result {
+                    Ok(_) => Ok(()),
+                    // The snapshot is already newer: the upsert's insert hit the unique
+                    // index on shop and item.
+                    Err(e) if is_duplicate(&e) => Ok(()),
+                    Err(e) => Err(storage(e)),
+                }
             }
         })
         .buffer_unordered(SNAPSHOT_CONCURRENCY)
@@ -424,25 +464,44 @@ impl Journal for MongoJournal {
             .filter(|k| self.keys.may_contain(shop, k))
             .map(|k| k.to_string())
             .collect();
-        if maybe.is_empty() {
-            return Ok(vec![None; keys.len()]);
-        }
+        self.find_outcomes(shop, keys, maybe)
+    }
+
+    fn decided(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        // Other nodes write this journal too: the filter knows only this node's keys.
+        let all = keys.iter().map(|k| k.to_string()).collect();
+        self.find_outcomes(shop, keys, all)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn item_states(
+        &self,
+        wanted: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<ItemState>>, StoreError> {
         let coll = journal(&self.db);
-        let shop_owned = shop.to_string();
-        let found: HashMap<String, Outcome> = self.wait(async move {
-            let mut cursor = coll
-                .find(doc! { "shop": shop_owned, "request_key": { "$in": maybe } })
-                .await
-                .map_err(storage)?;
-            let mut found = HashMap::new();
-            while let Some(d) = cursor.try_next().await.map_err(storage)? {
-                if let Some(o) = from_doc(d)?.outcome() {
-                    found.insert(o.request_key.to_string(), o);
-                }
+        let wanted: Vec<(String, String)> = wanted
+            .iter()
+            .map(|(s, i)| (s.to_string(), i.to_string()))
+            .collect();
+        self.wait(async move {
+            let mut out = Vec::with_capacity(wanted.len());
+            for (shop, item) in wanted {
+                // The item's last entry, through the unique index on shop, item and seq.
+                let last = coll
+                    .find_one(doc! { "shop": shop, "item": item, "seq": { "$type": "number" } })
+                    .sort(doc! { "shop": 1, "item": 1, "seq": -1 })
+                    .await
+                    .map_err(storage)?;
+                out.push(match last {
+                    Some(d) => from_doc(d)?.state_after(),
+                    None => None,
+                });
             }
-            Ok(found)
-        })?;
-        Ok(keys.iter().map(|k| found.get(*k).cloned()).collect())
+            Ok(out)
+        })
     }
 
     fn recover(&self) -> Result<Recovered, StoreError> {

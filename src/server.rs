@@ -35,11 +35,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let engine = Engine::start(
         settings.engine.clone(),
         journal,
-        |dispatcher, recovered| match kafka {
+        |dispatcher, _recovered| match kafka {
             None => Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
                 as Arc<dyn RequestLog>,
             Some(k) => {
-                match KafkaLog::start(k, dispatcher.clone(), recovered.log_offsets.clone()) {
+                match KafkaLog::start(k, dispatcher.clone()) {
                     Ok(log) => log,
                     Err(e) => {
                         // Reported below, after the engine is built; nothing reaches it.

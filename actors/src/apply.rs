@@ -27,6 +27,7 @@ pub fn apply(
         remarks: req.remarks.clone(),
         logged: req.logged,
         log_pos: req.log_pos,
+        origin: req.origin,
         ..Entry::decided(
             req.shop.clone(),
             req.item.clone(),
@@ -146,6 +147,8 @@ mod tests {
             remarks: None,
             logged: false,
             log_pos: None,
+            origin: None,
+            epoch: 0,
         }
     }
 

@@ -14,11 +14,11 @@ use tokio::sync::oneshot;
 
 use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
-use crate::ports::{Journal, JournaledHook, Recovered, RequestLog, StoreError};
+use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
 use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, Registry, ShardShared};
-use crate::types::{ItemView, Request};
+use crate::types::{now_ms, ItemView, Op, Outcome, Request};
 use crate::work_manager::{
-    Admitted, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager,
+    Admission, Admitted, Decided, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager,
 };
 
 /// The engine's bounds and timings. Every field is set from the binary's configuration.
@@ -69,6 +69,8 @@ pub enum EngineError {
     TooManyShops,
     #[error("shutting down")]
     ShuttingDown,
+    #[error("no outcome within the reply timeout")]
+    Timeout,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -87,7 +89,8 @@ impl From<SubmitError> for EngineError {
 #[derive(Clone)]
 pub struct Dispatcher {
     shards: Arc<Vec<Addr<Processor>>>,
-    journaled: Arc<OnceLock<JournaledHook>>,
+    hooks: Arc<OnceLock<LogHooks>>,
+    registry: Registry,
 }
 
 impl Dispatcher {
@@ -97,10 +100,30 @@ impl Dispatcher {
         shard_of(shop, item, self.shards.len())
     }
 
-    /// Sets the hook the processors call with the log positions of journaled entries
-    /// (once; later calls are ignored).
-    pub fn on_journaled(&self, hook: JournaledHook) {
-        let _ = self.journaled.set(hook);
+    /// Attaches a log that several nodes share (once, before it dispatches anything;
+    /// later calls are ignored): see [`LogHooks`].
+    pub fn attach(&self, hooks: LogHooks) {
+        let _ = self.hooks.set(hooks);
+    }
+
+    /// Whether a shared log is attached.
+    pub fn shared_log(&self) -> bool {
+        self.hooks.get().is_some()
+    }
+
+    /// Hands outcomes decided on another node to this node's WorkManagers, which hold
+    /// their reply handles. Outcomes of shops without one here are dropped: nobody here
+    /// waits for them, and they are in the journal.
+    pub fn deliver(&self, outcomes: Vec<Outcome>) {
+        let mut by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>> = HashMap::new();
+        for o in outcomes {
+            by_shop.entry(o.shop.clone()).or_default().push(Arc::new(o));
+        }
+        for (shop, outcomes) in by_shop {
+            if let Some(wm) = self.registry.get(&shop) {
+                wm.do_send(Decided(outcomes));
+            }
+        }
     }
 
     /// Sends each request to its shard, one message per shard, keeping arrival order.
@@ -139,6 +162,10 @@ pub struct Engine {
     next_arbiter: AtomicUsize,
     shards: Dispatcher,
     closing: AtomicBool,
+    /// Load calls made through a shared log, and what makes their keys this process's
+    /// own (its start time): both go into each load's request key.
+    load_calls: AtomicUsize,
+    node_tag: String,
 }
 
 impl Engine {
@@ -163,7 +190,7 @@ impl Engine {
         for (shop, item, state) in std::mem::take(&mut recovered.items) {
             initial[shard_of(&shop, &item, shard_count)].push((shop, item, state));
         }
-        let journaled: Arc<OnceLock<JournaledHook>> = Arc::new(OnceLock::new());
+        let hooks: Arc<OnceLock<LogHooks>> = Arc::new(OnceLock::new());
         let shards: Vec<Addr<Processor>> = initial
             .into_iter()
             .enumerate()
@@ -177,7 +204,7 @@ impl Engine {
                         journal: journal.clone(),
                         registry: registry.clone(),
                         metrics: metrics.clone(),
-                        journaled: journaled.clone(),
+                        hooks: hooks.clone(),
                     },
                 );
                 Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
@@ -185,7 +212,8 @@ impl Engine {
             .collect();
         let dispatcher = Dispatcher {
             shards: Arc::new(shards),
-            journaled,
+            hooks,
+            registry: registry.clone(),
         };
         let log = make_log(dispatcher.clone(), &recovered);
         let pending = log.pending()?;
@@ -193,6 +221,8 @@ impl Engine {
             journal,
             log,
             metrics,
+            shared_log: dispatcher.shared_log(),
+            request_ttl: Duration::from_millis(cfg.request_ttl_ms.max(0) as u64),
             inflight_total: AtomicUsize::new(0),
             inflight_max: cfg.inflight_max,
             shop_pending_max: cfg.shop_pending_max,
@@ -208,6 +238,8 @@ impl Engine {
             next_arbiter: AtomicUsize::new(0),
             shards: dispatcher,
             closing: AtomicBool::new(false),
+            load_calls: AtomicUsize::new(0),
+            node_tag: format!("{}", now_ms()),
         });
         let mut by_shop: HashMap<Arc<str>, Vec<Request>> = HashMap::new();
         for r in pending {
@@ -304,6 +336,9 @@ impl Engine {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
+        if self.shards.shared_log() {
+            return self.load_through_log(shop, items).await;
+        }
         let n = items.len();
         if !self.deps.reserve(n) {
             return Err(EngineError::Overloaded);
@@ -341,12 +376,89 @@ impl Engine {
         Ok(out.into_iter().flatten().collect())
     }
 
+    /// With a shared log an item's processor may run on another node, so a load travels
+    /// through the log like any request, as one keyed request per item; the keys are
+    /// this node's own, so a load is never confused with a seller's request.
+    async fn load_through_log(
+        &self,
+        shop: &Arc<str>,
+        items: Vec<(Arc<str>, i64)>,
+    ) -> Result<Vec<ItemView>, EngineError> {
+        let now = now_ms();
+        let node = self.shards.hooks.get().map_or(0, |h| h.node_id);
+        let call = self.load_calls.fetch_add(1, Ordering::Relaxed);
+        let reqs = items
+            .into_iter()
+            .enumerate()
+            .map(|(i, (item, stock))| {
+                let key: Arc<str> = format!("~load:{node}:{}:{call}:{i}", self.node_tag).into();
+                let req = Request {
+                    shop: shop.clone(),
+                    item,
+                    key,
+                    op: Op::Load,
+                    qty: stock,
+                    submitted_at: now,
+                    seller: None,
+                    buyer: None,
+                    remarks: None,
+                    logged: false,
+                    log_pos: None,
+                    origin: None,
+                    epoch: 0,
+                };
+                (req, true)
+            })
+            .collect();
+        let admitted = self.submit(shop, reqs).await?;
+        let mut views = Vec::with_capacity(admitted.admissions.len());
+        for admission in admitted.admissions {
+            let outcome = match admission {
+                Admission::Decided(o) => o,
+                Admission::Wait(rx) => {
+                    match tokio::time::timeout(self.deps.reply_timeout, rx).await {
+                        Ok(Ok(o)) => o,
+                        Ok(Err(_)) => return Err(EngineError::ShuttingDown),
+                        Err(_) => return Err(EngineError::Timeout),
+                    }
+                }
+                Admission::Accepted => return Err(EngineError::Timeout),
+            };
+            views.push(ItemView {
+                shop: shop.clone(),
+                item: outcome.item.clone(),
+                stock: outcome.stock_after.unwrap_or(0),
+                reserved: 0,
+                seq: outcome.seq.unwrap_or(0),
+            });
+        }
+        Ok(views)
+    }
+
     /// The durable state of an item, `None` if unknown.
     pub async fn item(
         &self,
         shop: &Arc<str>,
         item: &Arc<str>,
     ) -> Result<Option<ItemView>, EngineError> {
+        if self.deps.shared_log && self.deps.journal.shared() {
+            // Its processor may be on another node: the journal has the durable state.
+            let journal = self.deps.journal.clone();
+            let key = [(shop.clone(), item.clone())];
+            let state = tokio::task::spawn_blocking(move || journal.item_states(&key))
+                .await
+                .map_err(|_| EngineError::ShuttingDown)??
+                .into_iter()
+                .next()
+                .flatten();
+            return Ok(state.map(|st| ItemView {
+                shop: shop.clone(),
+                item: item.clone(),
+                stock: st.stock,
+                reserved: st.reserved,
+                seq: st.seq,
+            }));
+        }
         let s = self.shards.shard_of(shop, item);
         let state = self.shards.shards[s]
             .send(GetItem {

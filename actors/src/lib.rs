@@ -15,6 +15,9 @@ pub mod work_manager;
 
 pub use engine::{Dispatcher, Engine, EngineConfig, EngineError};
 pub use metrics::Metrics;
-pub use ports::{AppendDone, Durable, Journal, JournaledHook, Recovered, RequestLog, StoreError};
+pub use ports::{
+    AppendDone, Durable, Journal, JournaledHook, LogHooks, Recovered, RemoteReplies, RequestLog,
+    StoreError,
+};
 pub use types::*;
 pub use work_manager::{Admission, Admitted, PollResult};

@@ -126,6 +126,8 @@ mod tests {
             remarks: None,
             logged: false,
             log_pos: None,
+            origin: None,
+            epoch: 0,
         })
     }
 

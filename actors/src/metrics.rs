@@ -1,8 +1,8 @@
 //! Prometheus metrics of the engine and the HTTP front.
 
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    exponential_buckets, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// One registry for the process; cheap to share behind an `Arc`.
@@ -21,6 +21,9 @@ pub struct Metrics {
     pub journal_write_seconds: Histogram,
     /// Decisions by status.
     pub decisions: IntCounterVec,
+    /// Requests that reached a processor with a key that already had an outcome (a
+    /// shared log: sent by two nodes, or delivered again after a crash or a rebalance).
+    pub repeats: IntCounter,
 }
 
 impl Metrics {
@@ -66,6 +69,11 @@ impl Metrics {
             &["status"],
         )
         .expect("static metric definition");
+        let repeats = IntCounter::new(
+            "nrtxn_repeats_total",
+            "Requests answered with their key's recorded outcome at the processor",
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -73,6 +81,7 @@ impl Metrics {
             Box::new(journal_txn_entries.clone()),
             Box::new(journal_write_seconds.clone()),
             Box::new(decisions.clone()),
+            Box::new(repeats.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -84,6 +93,7 @@ impl Metrics {
             journal_txn_entries,
             journal_write_seconds,
             decisions,
+            repeats,
         }
     }
 

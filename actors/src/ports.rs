@@ -12,6 +12,22 @@ use crate::types::{Entry, ItemState, LogPos, Outcome, Request};
 /// its offsets from this).
 pub type JournaledHook = Arc<dyn Fn(Vec<LogPos>) + Send + Sync>;
 
+/// Carries decided outcomes to the node (by id) whose WorkManager holds their reply
+/// handles.
+pub type RemoteReplies = Arc<dyn Fn(u32, Vec<Arc<Outcome>>) + Send + Sync>;
+
+/// What a log shared by several nodes (Kafka) attaches to the processors. With it, a
+/// processor no longer trusts that a request reaching it is new (another node's
+/// WorkManager may have sent the same key, or the log redelivers after a crash or a
+/// rebalance): it checks every key against the journal before applying, and answers a
+/// repeat with the recorded outcome.
+pub struct LogHooks {
+    /// This node's id; outcomes of requests from other nodes go through `remote`.
+    pub node_id: u32,
+    pub journaled: JournaledHook,
+    pub remote: RemoteReplies,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("storage error: {0}")]
@@ -46,6 +62,31 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Every item's state, rebuilt from the last snapshot and the journal after it.
     fn recover(&self) -> Result<Recovered, StoreError>;
+
+    /// Like [`Journal::outcomes`], but read from the store itself, never answered from a
+    /// filter that only knows this node's writes: the processors' duplicate check.
+    fn decided(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        self.outcomes(shop, keys)
+    }
+
+    /// Whether several nodes write this journal. Then an item's state is read back from
+    /// it whenever the item's partition comes (back) to this node, since another node
+    /// may have changed the item meanwhile.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// The state of each item as its last journal entry has it (`None`: no entry), in
+    /// the order asked. Needed only by a [`Journal::shared`] journal.
+    fn item_states(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<ItemState>>, StoreError> {
+        let _ = items;
+        Err(StoreError::Storage(
+            "this journal does not read single items".into(),
+        ))
+    }
 
     /// Waits for the writes in flight, writes a final snapshot, and closes.
     fn close(&self);

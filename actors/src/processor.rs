@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use crate::apply::{apply, apply_load};
 use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
 use crate::metrics::Metrics;
-use crate::ports::{Journal, JournaledHook, StoreError};
-use crate::types::{now_ms, Entry, ItemState, ItemView, Outcome, Request, Status};
+use crate::ports::{Journal, LogHooks, StoreError};
+use crate::types::{now_ms, Entry, ItemState, ItemView, LogPos, Op, Outcome, Request, Status};
 use crate::work_manager::{Decided, WorkManager};
 
 /// Journal appends a shard may have outstanding. Two lets applying batch N+1 overlap
@@ -33,8 +33,8 @@ pub struct ShardShared {
     /// Where outcomes go: the shops' WorkManagers.
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
-    /// Told the log positions of journaled entries, once a log sets it.
-    pub journaled: Arc<OnceLock<JournaledHook>>,
+    /// Set by a log that several nodes share (Kafka): see [`LogHooks`].
+    pub hooks: Arc<OnceLock<LogHooks>>,
 }
 
 /// Shops' WorkManagers by shop, shared with the engine that creates them.
@@ -46,6 +46,17 @@ pub type Registry = Arc<DashMap<Arc<str>, Addr<WorkManager>>>;
 struct Slot {
     live: ItemState,
     durable: ItemState,
+    /// The partition assignment epoch under which `live` was read or last checked
+    /// against the journal (a shared log and journal only).
+    epoch: u64,
+}
+
+/// A request whose key already has an outcome: it is answered with that outcome, once
+/// the batches before it are durable, and applied no more.
+struct Repeat {
+    origin: Option<u32>,
+    outcome: Arc<Outcome>,
+    pos: Option<LogPos>,
 }
 
 /// Where a load chunk's item states go, in the caller's order (index, state).
@@ -57,6 +68,9 @@ struct BatchInFlight {
     states: Vec<(Arc<str>, Arc<str>, ItemState)>,
     loads: Vec<(LoadReply, Vec<(usize, ItemView)>)>,
     weight: usize,
+    repeats: Vec<Repeat>,
+    /// Keys of this batch in `Processor::undurable` (a shared log only).
+    keys: Vec<(Arc<str>, Arc<str>)>,
 }
 
 pub struct Processor {
@@ -73,7 +87,15 @@ pub struct Processor {
     registry: Registry,
     metrics: Arc<Metrics>,
     depth_gauge: IntGauge,
-    journaled: Arc<OnceLock<JournaledHook>>,
+    hooks: Arc<OnceLock<LogHooks>>,
+    /// Outcomes of keys applied but not yet durable, by shop and key: a repeat of one of
+    /// them is found here, since the journal does not hold it yet (a shared log only;
+    /// bounded by the batches in flight).
+    undurable: HashMap<(Arc<str>, Arc<str>), Arc<Outcome>>,
+    /// The newest assignment epoch seen per partition; a request read under an older one
+    /// was read before its partition moved, and is dropped (the log delivers it again
+    /// to the partition's owner).
+    partition_epochs: HashMap<i32, u64>,
     flush_waiters: Vec<oneshot::Sender<()>>,
 }
 
@@ -89,7 +111,7 @@ impl Processor {
             journal,
             registry,
             metrics,
-            journaled,
+            hooks,
         } = shared;
         let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
         for (shop, item, state) in initial {
@@ -98,6 +120,7 @@ impl Processor {
                 Slot {
                     live: state,
                     durable: state,
+                    epoch: 0,
                 },
             );
         }
@@ -116,7 +139,9 @@ impl Processor {
             registry,
             metrics,
             depth_gauge,
-            journaled,
+            hooks,
+            undurable: HashMap::new(),
+            partition_epochs: HashMap::new(),
             flush_waiters: Vec::new(),
         }
     }
@@ -139,6 +164,17 @@ impl Processor {
             let works = self.mailbox.drain(self.batch_max);
             let batch = self.apply_batch(works);
             let BatchBuilt { entries, in_flight } = batch;
+            if entries.is_empty() {
+                // Only repeats: answered with the batch before them, or now.
+                match self.in_flight.back_mut() {
+                    Some(last) => last.repeats.extend(in_flight.repeats),
+                    None => {
+                        self.in_flight.push_back(in_flight);
+                        self.durable(Vec::new());
+                    }
+                }
+                continue;
+            }
             self.metrics.batch_entries.observe(entries.len() as f64);
             self.in_flight.push_back(in_flight);
             let addr = ctx.address();
@@ -151,13 +187,41 @@ impl Processor {
     }
 
     fn apply_batch(&mut self, works: Vec<Work>) -> BatchBuilt {
+        let shared_log = self.hooks.get().is_some();
+        let (works, mut journaled) = if shared_log {
+            self.screen(works)
+        } else {
+            (works, HashMap::new())
+        };
         let now = now_ms();
-        let weight: usize = works.iter().map(Work::weight).sum();
-        let mut entries = Vec::with_capacity(weight);
+        let mut entries = Vec::with_capacity(works.iter().map(Work::weight).sum());
         let mut touched: Vec<(Arc<str>, Arc<str>)> = Vec::new();
         let mut loads = Vec::new();
+        let mut repeats = Vec::new();
+        let mut keys = Vec::new();
         for work in works {
             match work {
+                Work::Txn(req) if shared_log => {
+                    let key = (req.shop.clone(), req.key.clone());
+                    let found = match self.undurable.get(&key) {
+                        Some(o) => Some(o.clone()),
+                        None => journaled.remove(&key),
+                    };
+                    if let Some(outcome) = found {
+                        repeats.push(Repeat {
+                            origin: req.origin,
+                            outcome,
+                            pos: req.log_pos,
+                        });
+                        continue;
+                    }
+                    let entry = self.apply_one(&req, now, &mut touched);
+                    if let Some(o) = entry.outcome() {
+                        self.undurable.insert(key.clone(), Arc::new(o));
+                        keys.push(key);
+                    }
+                    entries.push(entry);
+                }
                 Work::Txn(req) => {
                     let slot = self
                         .items
@@ -203,13 +267,167 @@ impl Processor {
                 (shop, item, live)
             })
             .collect();
+        let weight = entries.len();
         BatchBuilt {
             entries,
             in_flight: BatchInFlight {
                 states,
                 loads,
                 weight,
+                repeats,
+                keys,
             },
+        }
+    }
+
+    /// One request from a shared log: a load (an operator's, routed to the item's
+    /// owner through the log) or a stock change.
+    fn apply_one(
+        &mut self,
+        req: &Request,
+        now: i64,
+        touched: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Entry {
+        if req.op == Op::Load {
+            let slot = self
+                .items
+                .entry(req.shop.clone())
+                .or_default()
+                .entry(req.item.clone())
+                .or_insert_with(|| Slot {
+                    epoch: req.epoch,
+                    ..Slot::default()
+                });
+            let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, now);
+            entry.request_key = Some(req.key.clone());
+            entry.submitted_at = req.submitted_at;
+            entry.logged = req.logged;
+            entry.log_pos = req.log_pos;
+            entry.origin = req.origin;
+            touched.push((req.shop.clone(), req.item.clone()));
+            return entry;
+        }
+        let slot = self
+            .items
+            .get_mut(&req.shop)
+            .and_then(|items| items.get_mut(&req.item));
+        let known = slot.is_some();
+        let entry = apply(slot.map(|s| &mut s.live), req, now, self.request_ttl_ms);
+        if known {
+            touched.push((req.shop.clone(), req.item.clone()));
+        }
+        entry
+    }
+
+    /// Before a batch from a shared log is applied: drops requests read under an older
+    /// assignment of their partition, reads back from a shared journal the items whose
+    /// partition came to this node since they were last read, and looks up in the
+    /// journal every key not applied here in a batch still in flight. Returns the
+    /// requests to apply and the outcomes found.
+    #[allow(clippy::type_complexity)]
+    fn screen(
+        &mut self,
+        works: Vec<Work>,
+    ) -> (Vec<Work>, HashMap<(Arc<str>, Arc<str>), Arc<Outcome>>) {
+        let mut kept = Vec::with_capacity(works.len());
+        for work in works {
+            if let Work::Txn(req) = &work {
+                if let Some(pos) = req.log_pos {
+                    let newest = self.partition_epochs.entry(pos.partition).or_insert(0);
+                    if req.epoch < *newest {
+                        tracing::debug!(
+                            partition = pos.partition,
+                            offset = pos.offset,
+                            "request read before its partition moved; dropped"
+                        );
+                        continue;
+                    }
+                    *newest = req.epoch;
+                }
+            }
+            kept.push(work);
+        }
+        if self.journal.shared() {
+            self.reload(&kept);
+        }
+        let mut asked: HashMap<Arc<str>, Vec<Arc<str>>> = HashMap::new();
+        for work in &kept {
+            if let Work::Txn(req) = work {
+                if !self
+                    .undurable
+                    .contains_key(&(req.shop.clone(), req.key.clone()))
+                {
+                    asked
+                        .entry(req.shop.clone())
+                        .or_default()
+                        .push(req.key.clone());
+                }
+            }
+        }
+        let mut found = HashMap::new();
+        for (shop, keys) in asked {
+            let refs: Vec<&str> = keys.iter().map(|k| &**k).collect();
+            let outcomes = retry_read(self.shard, || self.journal.decided(&shop, &refs));
+            for (key, outcome) in keys.iter().zip(outcomes) {
+                if let Some(o) = outcome {
+                    found.insert((shop.clone(), key.clone()), Arc::new(o));
+                }
+            }
+        }
+        (kept, found)
+    }
+
+    /// Reads back from the shared journal the items of `works` not read under their
+    /// request's epoch: another node may have changed them while it owned the partition.
+    fn reload(&mut self, works: &[Work]) {
+        let mut stale: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+        let mut epochs: HashMap<(Arc<str>, Arc<str>), u64> = HashMap::new();
+        for work in works {
+            let Work::Txn(req) = work else { continue };
+            if req.log_pos.is_none() {
+                continue;
+            }
+            let current = self
+                .items
+                .get(&req.shop)
+                .and_then(|m| m.get(&req.item))
+                .map(|s| s.epoch);
+            if current != Some(req.epoch) {
+                let key = (req.shop.clone(), req.item.clone());
+                if epochs.insert(key.clone(), req.epoch).is_none() {
+                    stale.push(key);
+                }
+            }
+        }
+        if stale.is_empty() {
+            return;
+        }
+        let states = retry_read(self.shard, || self.journal.item_states(&stale));
+        for ((shop, item), state) in stale.into_iter().zip(states) {
+            let epoch = epochs[&(shop.clone(), item.clone())];
+            let shop_items = self.items.entry(shop).or_default();
+            match (shop_items.get_mut(&item), state) {
+                (Some(slot), Some(st)) => {
+                    // Ahead of the journal only by this node's own batches in flight.
+                    if st.seq >= slot.live.seq {
+                        slot.live = st;
+                        slot.durable = st;
+                    }
+                    slot.epoch = epoch;
+                }
+                (Some(slot), None) => slot.epoch = epoch,
+                (None, Some(st)) => {
+                    shop_items.insert(
+                        item,
+                        Slot {
+                            live: st,
+                            durable: st,
+                            epoch,
+                        },
+                    );
+                }
+                (None, None) => {}
+            }
         }
     }
 
@@ -222,6 +440,9 @@ impl Processor {
             return;
         };
         debug_assert_eq!(batch.weight, entries.len());
+        for key in &batch.keys {
+            self.undurable.remove(key);
+        }
         for (shop, item, state) in batch.states {
             if let Some(slot) = self.items.get_mut(&shop).and_then(|m| m.get_mut(&item)) {
                 // Paired with the apply step's assertion: what became durable is sane.
@@ -232,22 +453,46 @@ impl Processor {
         for (reply, views) in batch.loads {
             let _ = reply.send(views);
         }
-        if let Some(hook) = self.journaled.get() {
-            let positions: Vec<_> = entries.iter().filter_map(|e| e.log_pos).collect();
+        let hooks = self.hooks.get();
+        if let Some(hooks) = hooks {
+            let positions: Vec<_> = entries
+                .iter()
+                .filter_map(|e| e.log_pos)
+                .chain(batch.repeats.iter().filter_map(|r| r.pos))
+                .collect();
             if !positions.is_empty() {
-                hook(positions);
+                (hooks.journaled)(positions);
             }
         }
-        // Outcomes to the WorkManagers that hold the reply handles, one message per shop.
+        // Outcomes to the WorkManagers that hold the reply handles: this node's, one
+        // message per shop, and other nodes' through the log's hook.
         let mut by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>> = HashMap::new();
+        let mut remote: HashMap<u32, Vec<Arc<Outcome>>> = HashMap::new();
         let mut counts = [0u64; 5];
+        let mut route = |origin: Option<u32>, outcome: Arc<Outcome>| match (origin, hooks) {
+            (Some(node), Some(h)) if node != h.node_id => {
+                remote.entry(node).or_default().push(outcome)
+            }
+            _ => by_shop
+                .entry(outcome.shop.clone())
+                .or_default()
+                .push(outcome),
+        };
         for entry in &entries {
             if let Some(outcome) = entry.outcome() {
                 counts[status_index(outcome.status)] += 1;
-                by_shop
-                    .entry(outcome.shop.clone())
-                    .or_default()
-                    .push(Arc::new(outcome));
+                route(entry.origin, Arc::new(outcome));
+            }
+        }
+        if !batch.repeats.is_empty() {
+            self.metrics.repeats.inc_by(batch.repeats.len() as u64);
+        }
+        for r in batch.repeats {
+            route(r.origin, r.outcome);
+        }
+        if let Some(h) = hooks {
+            for (node, outcomes) in remote {
+                (h.remote)(node, outcomes);
             }
         }
         for (i, n) in counts.iter().enumerate() {
@@ -409,5 +654,27 @@ impl Handler<Flush> for Processor {
         Box::pin(async move {
             let _ = rx.await;
         })
+    }
+}
+
+/// A read the processor cannot go on without (a shared log's duplicate check or an
+/// item's state): retried a few times, then the process stops as it does when a journal
+/// write fails, since applying without the answer could apply a request twice.
+fn retry_read<T>(shard: usize, mut read: impl FnMut() -> Result<T, StoreError>) -> T {
+    const ATTEMPTS: u32 = 5;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match read() {
+            Ok(v) => return v,
+            Err(e) if attempt < ATTEMPTS => {
+                tracing::warn!(shard, error = %e, attempt, "journal read failed; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(100 * u64::from(attempt)));
+            }
+            Err(e) => {
+                tracing::error!(shard, error = %e, "journal read failed; exiting");
+                std::process::exit(70);
+            }
+        }
     }
 }

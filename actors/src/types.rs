@@ -129,6 +129,15 @@ pub struct Request {
     /// Set by a log reader when the request came through a partitioned log.
     #[serde(skip)]
     pub log_pos: Option<LogPos>,
+    /// The node whose WorkManager holds the reply handle, set by a log reader when
+    /// several nodes share the log; `None` is this node.
+    #[serde(skip)]
+    pub origin: Option<u32>,
+    /// The assignment epoch of the partition the request was read from: it changes each
+    /// time this node is (re)assigned the partition, and an item whose state was loaded
+    /// under an older epoch is reloaded from the journal before it is applied.
+    #[serde(skip)]
+    pub epoch: u64,
 }
 
 /// The durable state of one item.
@@ -181,6 +190,9 @@ pub struct Entry {
     /// Mirrors [`Request::log_pos`]: stored as `partition` and `offset`.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub log_pos: Option<LogPos>,
+    /// Mirrors [`Request::origin`]: where the outcome is answered. Not stored.
+    #[serde(skip)]
+    pub origin: Option<u32>,
 }
 
 impl Entry {
@@ -214,6 +226,7 @@ impl Entry {
             remarks: None,
             logged: false,
             log_pos: None,
+            origin: None,
         }
     }
 

@@ -20,6 +20,12 @@ pub struct Deps {
     pub journal: Arc<dyn Journal>,
     pub log: Arc<dyn RequestLog>,
     pub metrics: Arc<Metrics>,
+    /// The request log is shared by several nodes: an outcome may be decided on another
+    /// node and its reply lost with that node, so keys long in flight are looked up in
+    /// the journal (see [`WorkManager::sweep`]).
+    pub shared_log: bool,
+    /// Requests older than this when their processor reaches them are not applied.
+    pub request_ttl: Duration,
     /// Admitted, undecided requests across all shops; bounded by `inflight_max`. This one
     /// bound covers every queue behind admission: request log, mailboxes, journal queue.
     pub inflight_total: AtomicUsize,
@@ -79,7 +85,11 @@ struct InFlight {
     /// The request log holds the request durably (it was sent fire-and-forget).
     logged: bool,
     waiters: Vec<Waiter>,
+    since: Instant,
 }
+
+/// Keys long in flight looked up in the journal per sweep, at most.
+const STALE_LOOKUPS_MAX: usize = 1_000;
 
 pub struct WorkManager {
     shop: Arc<str>,
@@ -186,6 +196,7 @@ impl WorkManager {
             let mut flight = InFlight {
                 logged: !respond,
                 waiters: Vec::new(),
+                since: Instant::now(),
             };
             if respond {
                 flight.waiters.push(waiter);
@@ -246,13 +257,64 @@ impl WorkManager {
         }
     }
 
-    /// Drops reply handles whose caller has given up (timed out or disconnected).
+    /// Drops reply handles whose caller has given up (timed out or disconnected). With
+    /// a shared log, also settles keys in flight longer than the reply timeout: the node
+    /// that decided one may have died before its reply reached this node, so the journal
+    /// is asked. A key still unknown there after twice the request TTL can no longer be
+    /// applied as sent (it would expire), and is let go: a resubmission is checked
+    /// against the journal by the item's processor, so it is never applied twice.
     fn sweep(&mut self) {
         let now = Instant::now();
         for flight in self.in_flight.values_mut() {
             flight
                 .waiters
                 .retain(|w| w.deadline > now && !w.tx.is_closed());
+        }
+        if !self.deps.shared_log {
+            return;
+        }
+        let stale: Vec<Arc<str>> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| now.duration_since(f.since) > self.deps.reply_timeout)
+            .map(|(k, _)| k.clone())
+            .take(STALE_LOOKUPS_MAX)
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let refs: Vec<&str> = stale.iter().map(|k| &**k).collect();
+        let found = match self.deps.journal.decided(&self.shop, &refs) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(shop = %self.shop, error = %e, "stale keys not looked up");
+                return;
+            }
+        };
+        let give_up = self.deps.request_ttl * 2 + self.deps.reply_timeout;
+        let mut decided = Vec::new();
+        let mut dropped = 0;
+        for (key, outcome) in stale.iter().zip(found) {
+            match outcome {
+                Some(o) => decided.push(Arc::new(o)),
+                None => {
+                    if self
+                        .in_flight
+                        .get(key)
+                        .is_some_and(|f| now.duration_since(f.since) > give_up)
+                        && self.in_flight.remove(key).is_some()
+                    {
+                        dropped += 1;
+                    }
+                }
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(shop = %self.shop, dropped, "keys never decided let go");
+            self.deps.release(dropped);
+        }
+        if !decided.is_empty() {
+            self.decided(decided);
         }
     }
 }
@@ -358,6 +420,7 @@ impl Handler<Resume> for WorkManager {
                 InFlight {
                     logged: true,
                     waiters: Vec::new(),
+                    since: Instant::now(),
                 },
             );
         }
@@ -381,8 +444,21 @@ pub struct Poll(pub Arc<str>);
 impl Handler<Poll> for WorkManager {
     type Result = Result<PollResult, StoreError>;
     fn handle(&mut self, msg: Poll, _: &mut Self::Context) -> Self::Result {
-        if self.in_flight.contains_key(&msg.0) {
-            return Ok(PollResult::Pending);
+        if let Some(flight) = self.in_flight.get(&msg.0) {
+            if !(self.deps.shared_log && flight.since.elapsed() > self.deps.reply_timeout) {
+                return Ok(PollResult::Pending);
+            }
+            // Long in flight with a shared log: its reply may have been lost with the
+            // node that decided it.
+            let found = self.deps.journal.decided(&self.shop, &[&msg.0])?;
+            return Ok(match found.into_iter().next().flatten() {
+                Some(o) => {
+                    let o = Arc::new(o);
+                    self.decided(vec![o.clone()]);
+                    PollResult::Decided(o)
+                }
+                None => PollResult::Pending,
+            });
         }
         if !self.recent.contains_key(&msg.0) {
             self.look_up(&[&msg.0])?;

@@ -20,6 +20,9 @@ pub enum ApiError {
     /// 503 with `Retry-After`: shutting down or the store failed; nothing was applied.
     #[error("{0}")]
     Unavailable(String),
+    /// 504: no answer within the reply timeout; the change may still be applied.
+    #[error("{0}")]
+    Timeout(String),
 }
 
 impl ApiError {
@@ -37,6 +40,7 @@ impl From<EngineError> for ApiError {
             EngineError::ShuttingDown | EngineError::Store(_) => {
                 ApiError::Unavailable(e.to_string())
             }
+            EngineError::Timeout => ApiError::Timeout(e.to_string()),
         }
     }
 }
@@ -48,6 +52,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -57,6 +62,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(d) => ("not_found", d),
             ApiError::Overloaded(d) => ("overloaded", d),
             ApiError::Unavailable(d) => ("unavailable", d),
+            ApiError::Timeout(d) => ("timeout", d),
         };
         let mut res = HttpResponse::build(self.status_code());
         if matches!(self, ApiError::Overloaded(_) | ApiError::Unavailable(_)) {

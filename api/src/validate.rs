@@ -250,6 +250,8 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             remarks,
             logged: false,
             log_pos: None,
+            origin: None,
+            epoch: 0,
         },
         respond,
     ))

@@ -8,24 +8,33 @@
 //!   fetching while `undecided_max` messages are undecided (backpressure).
 //! - Offsets are committed only once every message below them is journaled: the
 //!   processors report the positions of journaled entries through the dispatcher's hook.
-//!   The journal records, per partition, the highest offset applied; a message at or
-//!   below it (redelivered after a restart) is skipped, not applied twice.
+//! - Several nodes share the topic through the group. A message may reach a processor
+//!   twice (redelivered after a crash or a rebalance, or one key sent by two nodes): the
+//!   processor checks every key against the journal and answers a repeat with the
+//!   recorded outcome, so nothing is applied twice.
+//! - Partitions move between nodes in rebalances. When one is taken from this node, its
+//!   reader waits (up to [`DRAIN_TIMEOUT`]) until every message of it already handed on
+//!   is journaled and commits, before the group may give it to another node. When one
+//!   is given to this node it gets a new assignment epoch; a processor reads an item's
+//!   state back from the journal the first time it sees the item under a new epoch.
+//! - Replies across nodes: the outcome of a request accepted by another node goes to
+//!   the responses topic, to the partition numbered by that node's id; each node reads
+//!   only its own partition and hands the outcomes to its WorkManagers.
 //! - Topics are created at start if missing.
-//!
-//! Not yet here: several nodes (partition takeover, replies across nodes over a responses
-//! topic, loads through the log). One node consumes every partition.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nrtxn_actors::{Dispatcher, Durable, LogPos, Request, RequestLog, StoreError};
+use nrtxn_actors::{
+    Dispatcher, Durable, LogHooks, LogPos, Outcome, Request, RequestLog, StoreError,
+};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -36,6 +45,13 @@ use tokio::sync::oneshot;
 /// Messages the producer may hold unacknowledged; above the engine's in-flight bound, so
 /// admission refuses first.
 const PRODUCER_QUEUE_MAX: usize = 1_000_000;
+
+/// Longest a reader holds up a rebalance to let the messages of a partition taken from
+/// it be journaled; below `max.poll.interval.ms`, which bounds a rebalance.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Most outcomes in one message of the responses topic (well under a message's 1 MB).
+const RESPONSES_PER_MESSAGE: usize = 500;
 
 /// The Kafka options of `nrtxn serve`.
 #[derive(Debug, Clone)]
@@ -55,6 +71,11 @@ pub struct KafkaSettings {
     pub group: String,
     /// Most messages read and not yet journaled; readers wait beyond it.
     pub undecided_max: usize,
+    /// Where outcomes travel to the node that accepted their request.
+    pub responses_topic: String,
+    /// Partitions of the responses topic when it is created: one per node id, so node
+    /// ids run from 0 to this minus one.
+    pub response_partitions: i32,
 }
 
 /// A message of the requests topic.
@@ -69,20 +90,25 @@ fn kafka_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(format!("kafka: {e}"))
 }
 
-/// Creates the requests topic if it is missing.
+/// Creates the requests and responses topics if they are missing.
 pub fn ensure_topics(s: &KafkaSettings) -> Result<(), StoreError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &s.brokers)
         .create()
         .map_err(kafka_err)?;
-    let topic = NewTopic::new(
+    let requests = NewTopic::new(
         &s.requests_topic,
         s.partitions,
         TopicReplication::Fixed(s.replication),
     );
+    let responses = NewTopic::new(
+        &s.responses_topic,
+        s.response_partitions,
+        TopicReplication::Fixed(s.replication),
+    );
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results =
-        futures::executor::block_on(admin.create_topics([&topic], &opts)).map_err(kafka_err)?;
+    let results = futures::executor::block_on(admin.create_topics([&requests, &responses], &opts))
+        .map_err(kafka_err)?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -181,6 +207,36 @@ impl Tracker {
         self.undecided.fetch_sub(n, Ordering::AcqRel);
     }
 
+    /// Messages of these partitions handed on and not yet journaled.
+    fn pending_in(&self, partitions: &[i32]) -> usize {
+        self.partitions
+            .lock()
+            .map(|parts| {
+                partitions
+                    .iter()
+                    .filter_map(|p| parts.get(p))
+                    .map(|p| p.pending.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Partitions taken from this node: whatever of them is still undecided is no longer
+    /// this node's to count (another node reads it again from the committed offset).
+    fn forget(&self, partitions: &[i32]) {
+        let mut n = 0;
+        if let Ok(mut parts) = self.partitions.lock() {
+            for p in partitions {
+                if let Some(progress) = parts.remove(p) {
+                    n += progress.pending.len();
+                }
+            }
+        }
+        if n > 0 {
+            self.undecided.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
     /// Offsets that may be committed now (the next offset to read: every message below
     /// it is journaled), for the given partitions, marked as committed.
     fn commit_points(&self, assigned: &[i32]) -> Vec<(i32, i64)> {
@@ -201,7 +257,7 @@ impl Tracker {
 }
 
 pub struct KafkaLog {
-    producer: ThreadedProducer<Delivery>,
+    producer: Arc<ThreadedProducer<Delivery>>,
     settings: KafkaSettings,
     tracker: Arc<Tracker>,
     stop: Arc<AtomicBool>,
@@ -211,13 +267,18 @@ pub struct KafkaLog {
 }
 
 impl KafkaLog {
-    /// Creates the topics if missing, starts the producer and the reader pool.
-    /// `applied`: the highest offset the journal holds per partition.
+    /// Creates the topics if missing, starts the producer, the reader pool and the
+    /// reader of this node's responses partition, and attaches to the processors.
     pub fn start(
         settings: KafkaSettings,
         dispatcher: Dispatcher,
-        applied: HashMap<i32, i64>,
     ) -> Result<Arc<KafkaLog>, StoreError> {
+        if settings.node_id as i64 >= i64::from(settings.response_partitions) {
+            return Err(kafka_err(format!(
+                "node id {} needs a responses topic with more than {} partitions",
+                settings.node_id, settings.response_partitions
+            )));
+        }
         ensure_topics(&settings)?;
         let producer: ThreadedProducer<Delivery> = ClientConfig::new()
             .set("bootstrap.servers", &settings.brokers)
@@ -236,11 +297,18 @@ impl KafkaLog {
             .set("message.timeout.ms", "30000")
             .create_with_context(Delivery)
             .map_err(kafka_err)?;
+        let producer = Arc::new(producer);
         let tracker = Arc::new(Tracker::default());
         let hook_tracker = tracker.clone();
-        dispatcher.on_journaled(Arc::new(move |positions| {
-            hook_tracker.journaled(&positions)
-        }));
+        let reply_producer = producer.clone();
+        let responses_topic = settings.responses_topic.clone();
+        dispatcher.attach(LogHooks {
+            node_id: settings.node_id,
+            journaled: Arc::new(move |positions| hook_tracker.journaled(&positions)),
+            remote: Arc::new(move |node, outcomes| {
+                send_responses(&reply_producer, &responses_topic, node, &outcomes)
+            }),
+        });
         let log = Arc::new(KafkaLog {
             producer,
             settings: settings.clone(),
@@ -249,24 +317,31 @@ impl KafkaLog {
             assigned: Arc::new(AtomicUsize::new(0)),
             readers: Mutex::new(Vec::new()),
         });
-        let applied = Arc::new(applied);
+        let epochs = Arc::new(AtomicU64::new(0));
         let mut handles = Vec::new();
         for i in 0..settings.readers.max(1) {
-            let consumer: BaseConsumer = ClientConfig::new()
+            let context = ReaderContext {
+                tracker: log.tracker.clone(),
+                next_epoch: epochs.clone(),
+                epochs: Mutex::new(HashMap::new()),
+                topic: settings.requests_topic.clone(),
+            };
+            let consumer: BaseConsumer<ReaderContext> = ClientConfig::new()
                 .set("bootstrap.servers", &settings.brokers)
                 .set("group.id", &settings.group)
                 .set("client.id", format!("nrtxn-{}-{i}", settings.node_id))
                 .set("enable.auto.commit", "false")
                 .set("enable.auto.offset.store", "false")
                 .set("auto.offset.reset", "earliest")
-                // A group join stalls on some brokers unless this is small.
+                // A group join stalls on some brokers unless this is small. It also
+                // bounds a rebalance, and so the drain of a partition taken away.
                 .set("max.poll.interval.ms", "30000")
                 .set("session.timeout.ms", "10000")
                 // The broker answers a fetch as soon as there is data or after this: with
                 // the default 500 ms an idle partition delays the next request that
                 // much (seen: p50 252 ms on the HTTP benchmark).
                 .set("fetch.wait.max.ms", "5")
-                .create()
+                .create_with_context(context)
                 .map_err(kafka_err)?;
             consumer
                 .subscribe(&[&settings.requests_topic])
@@ -275,7 +350,6 @@ impl KafkaLog {
                 consumer,
                 dispatcher: dispatcher.clone(),
                 tracker: log.tracker.clone(),
-                applied: applied.clone(),
                 stop: log.stop.clone(),
                 assigned: log.assigned.clone(),
                 topic: settings.requests_topic.clone(),
@@ -288,6 +362,11 @@ impl KafkaLog {
                     .map_err(kafka_err)?,
             );
         }
+        handles.push(start_responses_reader(
+            &settings,
+            dispatcher,
+            log.stop.clone(),
+        )?);
         if let Ok(mut r) = log.readers.lock() {
             *r = handles;
         }
@@ -295,11 +374,166 @@ impl KafkaLog {
     }
 }
 
+/// Sends outcomes to the responses partition of the node that holds their reply
+/// handles. Not acknowledged to anyone: if one is lost (this node dies first), that
+/// node's WorkManager finds the outcome in the journal once the key has been in flight
+/// longer than the reply timeout.
+fn send_responses(
+    producer: &ThreadedProducer<Delivery>,
+    topic: &str,
+    node: u32,
+    outcomes: &[Arc<Outcome>],
+) {
+    for chunk in outcomes.chunks(RESPONSES_PER_MESSAGE) {
+        let refs: Vec<&Outcome> = chunk.iter().map(|o| &**o).collect();
+        let payload = match serde_json::to_vec(&refs) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "responses not encoded");
+                continue;
+            }
+        };
+        let record = BaseRecord::<(), [u8], _>::with_opaque_to(topic, Box::new(None))
+            .partition(node as i32)
+            .payload(&payload);
+        if let Err((e, _)) = producer.send(record) {
+            tracing::warn!(error = %e, node, "responses not sent; that node reads the journal");
+        }
+    }
+}
+
+/// Reads this node's partition of the responses topic from its end (outcomes sent while
+/// this node was down have no waiting caller here) and hands what it reads to the
+/// WorkManagers.
+fn start_responses_reader(
+    settings: &KafkaSettings,
+    dispatcher: Dispatcher,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, StoreError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &settings.brokers)
+        .set(
+            "group.id",
+            format!("{}.responses.{}", settings.group, settings.node_id),
+        )
+        .set("client.id", format!("nrtxn-{}-responses", settings.node_id))
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()
+        .map_err(kafka_err)?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(
+        &settings.responses_topic,
+        settings.node_id as i32,
+        Offset::End,
+    )
+    .map_err(kafka_err)?;
+    consumer.assign(&tpl).map_err(kafka_err)?;
+    std::thread::Builder::new()
+        .name("kafka-responses".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                match consumer.poll(Duration::from_millis(50)) {
+                    Some(Ok(msg)) => {
+                        match msg.payload().map(serde_json::from_slice::<Vec<Outcome>>) {
+                            Some(Ok(outcomes)) => dispatcher.deliver(outcomes),
+                            other => tracing::error!(?other, "unreadable responses skipped"),
+                        }
+                    }
+                    Some(Err(e)) => tracing::warn!(error = %e, "kafka poll (responses)"),
+                    None => {}
+                }
+            }
+        })
+        .map_err(kafka_err)
+}
+
+/// A reader's part in rebalances: drains a partition taken away, and gives each
+/// partition assigned a new epoch.
+struct ReaderContext {
+    tracker: Arc<Tracker>,
+    /// Shared by the pool: epochs only grow, across readers.
+    next_epoch: Arc<AtomicU64>,
+    epochs: Mutex<HashMap<i32, u64>>,
+    topic: String,
+}
+
+impl ReaderContext {
+    fn epoch(&self, partition: i32) -> u64 {
+        self.epochs
+            .lock()
+            .ok()
+            .and_then(|e| e.get(&partition).copied())
+            .unwrap_or(0)
+    }
+}
+
+impl ClientContext for ReaderContext {}
+
+impl ConsumerContext for ReaderContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        if partitions.is_empty() {
+            return;
+        }
+        // Until this returns, the group gives these partitions to nobody: let what was
+        // handed on be journaled, so the next owner reads the items' states after it.
+        let started = Instant::now();
+        let mut left = self.tracker.pending_in(&partitions);
+        while left > 0 && started.elapsed() < DRAIN_TIMEOUT {
+            std::thread::sleep(Duration::from_millis(5));
+            left = self.tracker.pending_in(&partitions);
+        }
+        if left > 0 {
+            // The next owner may apply them too; the journal's unique indexes refuse
+            // the second writer of a key or sequence, which then stops.
+            tracing::error!(?partitions, left, "partitions revoked before they drained");
+        }
+        let points = self.tracker.commit_points(&partitions);
+        if !points.is_empty() {
+            let mut commit = TopicPartitionList::new();
+            for (p, offset) in points {
+                let _ = commit.add_partition_offset(&self.topic, p, Offset::Offset(offset));
+            }
+            if let Err(e) = consumer.commit(&commit, CommitMode::Sync) {
+                tracing::warn!(error = %e, "offset commit on revocation failed");
+            }
+        }
+        self.tracker.forget(&partitions);
+        if let Ok(mut epochs) = self.epochs.lock() {
+            for p in &partitions {
+                epochs.remove(p);
+            }
+        }
+        tracing::info!(
+            ?partitions,
+            waited_ms = started.elapsed().as_millis() as u64,
+            "partitions revoked"
+        );
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Assign(tpl) = rebalance else {
+            return;
+        };
+        let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        if let Ok(mut epochs) = self.epochs.lock() {
+            for p in &partitions {
+                let epoch = self.next_epoch.fetch_add(1, Ordering::AcqRel) + 1;
+                epochs.insert(*p, epoch);
+            }
+        }
+        tracing::info!(?partitions, "partitions assigned");
+    }
+}
+
 struct Reader {
-    consumer: BaseConsumer<DefaultConsumerContext>,
+    consumer: BaseConsumer<ReaderContext>,
     dispatcher: Dispatcher,
     tracker: Arc<Tracker>,
-    applied: Arc<HashMap<i32, i64>>,
     stop: Arc<AtomicBool>,
     assigned: Arc<AtomicUsize>,
     topic: String,
@@ -350,12 +584,6 @@ impl Reader {
 
     fn handle(&self, partition: i32, offset: i64, payload: Option<&[u8]>) {
         let pos = LogPos { partition, offset };
-        if self.applied.get(&partition).is_some_and(|a| offset <= *a) {
-            // Journaled before a restart, redelivered because its offset was not yet
-            // committed: applying it again would apply it twice.
-            self.tracker.passed(pos);
-            return;
-        }
         let msg = match payload.map(serde_json::from_slice::<RequestMsg>) {
             Some(Ok(msg)) => msg,
             other => {
@@ -371,6 +599,8 @@ impl Reader {
         };
         let mut req = msg.request;
         req.log_pos = Some(pos);
+        req.origin = Some(msg.origin);
+        req.epoch = self.consumer.context().epoch(partition);
         self.tracker.dispatched(pos);
         self.dispatcher.dispatch(vec![req]);
     }

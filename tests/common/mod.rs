@@ -202,7 +202,9 @@ pub fn kafka_flags(test: &str) -> Option<Vec<String>> {
                 "--kafka-requests-topic".into(),
                 name.clone(),
                 "--kafka-group".into(),
-                name,
+                name.clone(),
+                "--kafka-responses-topic".into(),
+                format!("{name}.responses"),
                 "--kafka-partitions".into(),
                 "4".into(),
             ])
