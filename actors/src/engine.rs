@@ -314,7 +314,11 @@ impl Engine {
         let Some(wm) = self.registry.get(shop).map(|w| w.clone()) else {
             // No WorkManager yet: nothing is in flight for this shop in this process,
             // so the journal alone knows the answer.
-            let found = self.deps.journal.outcomes(shop, &[&key])?;
+            let found = if self.deps.shared_log {
+                self.deps.journal.decided(shop, &[&key])?
+            } else {
+                self.deps.journal.outcomes(shop, &[&key])?
+            };
             return Ok(match found.into_iter().next().flatten() {
                 Some(o) => PollResult::Decided(Arc::new(o)),
                 None => PollResult::Unknown,

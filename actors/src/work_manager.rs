@@ -138,11 +138,18 @@ impl WorkManager {
     }
 
     /// Outcomes recorded in the journal for keys that are neither in flight nor cached.
-    fn look_up(&mut self, keys: &[&str]) -> Result<(), StoreError> {
+    /// `exact`: read the store itself, not a filter that knows only this node's writes
+    /// (a poll must find a key another node decided; a submission need not, since the
+    /// item's processor checks every key against the journal anyway).
+    fn look_up(&mut self, keys: &[&str], exact: bool) -> Result<(), StoreError> {
         if keys.is_empty() {
             return Ok(());
         }
-        let found = self.deps.journal.outcomes(&self.shop, keys)?;
+        let found = if exact {
+            self.deps.journal.decided(&self.shop, keys)?
+        } else {
+            self.deps.journal.outcomes(&self.shop, keys)?
+        };
         for outcome in found.into_iter().flatten() {
             self.remember(Arc::new(outcome));
         }
@@ -161,7 +168,8 @@ impl WorkManager {
         };
         let unknown: Vec<String> = unknown.into_iter().map(str::to_owned).collect();
         let unknown_refs: Vec<&str> = unknown.iter().map(String::as_str).collect();
-        self.look_up(&unknown_refs).map_err(SubmitError::Store)?;
+        self.look_up(&unknown_refs, false)
+            .map_err(SubmitError::Store)?;
 
         // Admission: count what is new, reserve room for all of it or refuse all of it.
         let mut new_keys = std::collections::HashSet::new();
@@ -392,7 +400,7 @@ impl Handler<Resume> for WorkManager {
         // stands, and it must not be applied again.
         let keys: Vec<String> = msg.0.iter().map(|r| r.key.to_string()).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        if let Err(e) = self.look_up(&refs) {
+        if let Err(e) = self.look_up(&refs, false) {
             // Without the journal's answer nothing can be resumed safely; the requests
             // stay in the log for the next start.
             tracing::error!(shop = %self.shop, error = %e, "cannot resume requests");
@@ -461,7 +469,7 @@ impl Handler<Poll> for WorkManager {
             });
         }
         if !self.recent.contains_key(&msg.0) {
-            self.look_up(&[&msg.0])?;
+            self.look_up(&[&msg.0], self.deps.shared_log)?;
         }
         Ok(match self.recent.get(&msg.0) {
             Some(o) => PollResult::Decided(o.clone()),

@@ -1,0 +1,395 @@
+//! Two nodes sharing one Kafka group and one MongoDB database, against the test servers
+//! `scripts/test.sh` starts on loopback: the partitions (and so the items) are shared,
+//! every caller is answered by the node it called, and when one node is killed the other
+//! takes its partitions over without losing or repeating anything.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use futures::TryStreamExt;
+use mongodb::bson::{doc, Document};
+use serde_json::{json, Value};
+
+const ITEMS: usize = 20;
+
+fn item(i: usize) -> String {
+    format!("sku-{}", i % ITEMS)
+}
+
+/// Flags of node `node` of the two-node group of `test`: one topic, group and database
+/// per test, shared by the two nodes.
+fn node_flags(test: &str, node: u32) -> Option<Vec<String>> {
+    let mut flags = kafka_flags(test)?;
+    flags.extend([
+        "--mongo-uri".to_string(),
+        mongo_uri(test)?,
+        "--node-id".to_string(),
+        node.to_string(),
+        "--shards".to_string(),
+        "4".to_string(),
+        // The takeover waits for the group to notice the dead node (10 s).
+        "--reply-timeout-ms".to_string(),
+        "20000".to_string(),
+    ]);
+    Some(flags)
+}
+
+struct Nodes {
+    _dirs: [tempfile::TempDir; 2],
+    nodes: [Server; 2],
+    mongo: String,
+}
+
+/// Starts node 0, then node 1, and waits until both hold partitions.
+async fn start_two(test: &str) -> Option<Nodes> {
+    let flags: Vec<Vec<String>> = vec![node_flags(test, 0)?, node_flags(test, 1)?];
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let c = client();
+    let start = |i: usize| {
+        let f: Vec<&str> = flags[i].iter().map(String::as_str).collect();
+        Server::start(dirs[i].path(), &f)
+    };
+    let started = std::time::Instant::now();
+    let n0 = start(0);
+    wait_ready(&c, &n0).await;
+    let n1 = start(1);
+    wait_ready(&c, &n1).await;
+    // Node 1's join took partitions from node 0 in a rebalance.
+    wait_ready(&c, &n0).await;
+    eprintln!(
+        "both nodes ready after {} ms",
+        started.elapsed().as_millis()
+    );
+    Some(Nodes {
+        _dirs: dirs,
+        nodes: [n0, n1],
+        mongo: mongo_uri(test)?,
+    })
+}
+
+/// Decisions this node's processors made, from its metrics.
+async fn decisions(c: &reqwest::Client, server: &Server) -> u64 {
+    let text = c
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("nrtxn_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_nodes_share_the_items_and_answer_their_own_callers() {
+    let Some(two) = start_two("two").await else {
+        return;
+    };
+    let c = client();
+    let [n0, n1] = &two.nodes;
+    // Loaded through node 0; each load travels to the node that owns its item.
+    let items: Vec<(String, i64)> = (0..ITEMS).map(|i| (item(i), 30)).collect();
+    let items: Vec<(&str, i64)> = items.iter().map(|(i, s)| (i.as_str(), *s)).collect();
+    load(&c, n0, "shop", &items).await;
+
+    // 60 decrements per item, sent alternately to the two nodes; one in ten is
+    // fire-and-forget and polled on the other node.
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let tasks = (0..24).map(|t| {
+        let (c, results) = (c.clone(), results.clone());
+        let bases = [n0.base.clone(), n1.base.clone()];
+        tokio::spawn(async move {
+            for k in 0..50 {
+                let i = t * 50 + k;
+                let node = i % 2;
+                let respond = i % 10 != 0;
+                let key = format!("k{i}");
+                let body = json!({"seller": "s", "item": item(i), "qty": 1,
+                                  "request_id": key, "respond": respond});
+                let url = format!("{}/v1/shops/shop/txns", bases[node]);
+                let (status, body) = post(&c, &url, body).await;
+                results
+                    .lock()
+                    .unwrap()
+                    .push((i, node, respond, status, body));
+            }
+        })
+    });
+    for t in futures::future::join_all(tasks).await {
+        t.unwrap();
+    }
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    assert_eq!(results.len(), 1200);
+    let mut ok_per_item: BTreeMap<String, i64> = BTreeMap::new();
+    for (i, node, respond, status, body) in results {
+        let key = format!("k{i}");
+        let outcome = if respond {
+            assert_eq!(status, 200, "{key} on node {node}: {body}");
+            body
+        } else {
+            assert_eq!(status, 202, "{key} on node {node}: {body}");
+            let other = &two.nodes[1 - node];
+            let (status, polled) = poll_decided(&c, other, "shop", &key).await;
+            assert_eq!(status, 200, "{key} polled on node {}: {polled}", 1 - node);
+            polled
+        };
+        assert_eq!(outcome["request_key"], key.as_str());
+        assert_eq!(outcome["item"], item(i).as_str());
+        match outcome["status"].as_str() {
+            Some("ok") => *ok_per_item.entry(item(i)).or_default() += 1,
+            Some("insufficient_stock") => {}
+            other => panic!("{key}: {other:?} in {outcome}"),
+        }
+    }
+    for i in 0..ITEMS {
+        assert_eq!(
+            ok_per_item.get(&item(i)),
+            Some(&30),
+            "{}: no oversell",
+            item(i)
+        );
+        for node in [n0, n1] {
+            let (_, state) = get(&c, &node.url(&format!("/v1/shops/shop/items/{}", item(i)))).await;
+            assert_eq!(
+                (state["stock"].as_i64(), state["seq"].as_u64()),
+                (Some(0), Some(61)),
+                "{} read on {}",
+                item(i),
+                node.base
+            );
+        }
+    }
+    // The partitions really are shared: both nodes' processors decided, and together
+    // exactly once per key (20 loads and 1,200 requests).
+    let (d0, d1) = (decisions(&c, n0).await, decisions(&c, n1).await);
+    eprintln!(
+        "decided by node 0: {d0} ({:.0}%), by node 1: {d1} ({:.0}%)",
+        100.0 * d0 as f64 / (d0 + d1) as f64,
+        100.0 * d1 as f64 / (d0 + d1) as f64
+    );
+    assert!(d0 > 0 && d1 > 0, "one node decided everything: {d0} / {d1}");
+    assert_eq!(d0 + d1, 1220);
+}
+
+/// What the clients of the takeover test saw, by key.
+#[derive(Default)]
+struct Seen {
+    /// Every key sent: item, op, qty.
+    sent: HashMap<String, (String, &'static str, i64)>,
+    outcomes: HashMap<String, Value>,
+    accepted: Vec<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn node_0_takes_over_when_node_1_is_killed_under_load() {
+    const LOADED: i64 = 1_000;
+    let Some(mut two) = start_two("takeover").await else {
+        return;
+    };
+    let c = client();
+    let items: Vec<(String, i64)> = (0..ITEMS).map(|i| (item(i), LOADED)).collect();
+    let items: Vec<(&str, i64)> = items.iter().map(|(i, s)| (i.as_str(), *s)).collect();
+    load(&c, &two.nodes[0], "shop", &items).await;
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let (c, seen, stop) = (c.clone(), seen.clone(), stop.clone());
+            // Half the clients call each node; node 1's stop when it dies.
+            let base = two.nodes[t % 2].base.clone();
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let i = n * 16 + t;
+                    let op = if n % 10 == 0 {
+                        "increment"
+                    } else {
+                        "decrement"
+                    };
+                    let qty = (n % 3 + 1) as i64;
+                    let key = format!("c{t}-{n}");
+                    seen.lock()
+                        .unwrap()
+                        .sent
+                        .insert(key.clone(), (item(i), op, qty));
+                    let body = json!({"seller": "s", "item": item(i), "qty": qty, "op": op,
+                                      "request_id": key, "respond": n % 2 == 0});
+                    let Ok(res) = c
+                        .post(format!("{base}/v1/shops/shop/txns"))
+                        .json(&body)
+                        .send()
+                        .await
+                    else {
+                        break;
+                    };
+                    let status = res.status().as_u16();
+                    let Ok(body) = res.json::<Value>().await else {
+                        break;
+                    };
+                    let mut s = seen.lock().unwrap();
+                    match status {
+                        200 => {
+                            s.outcomes.insert(key, body);
+                        }
+                        202 => s.accepted.push(key),
+                        429 | 503 | 504 => {}
+                        other => panic!("unexpected {other}: {body}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let enough = |s: &Seen| s.outcomes.len() >= 300 && s.accepted.len() >= 300;
+    for _ in 0..1200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if enough(&seen.lock().unwrap()) {
+            break;
+        }
+    }
+    two.nodes[1].kill();
+    let killed = std::time::Instant::now();
+    let at_kill = seen.lock().unwrap().outcomes.len();
+    // Node 0's clients keep going while the group notices (10 s) and node 0 takes over,
+    // until node 0 has answered 200 more.
+    let after = |s: &Seen| s.outcomes.len() >= at_kill + 200;
+    while killed.elapsed() < Duration::from_secs(90) && !after(&seen.lock().unwrap()) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    eprintln!(
+        "node 0 answered 200 more {} ms after the kill",
+        killed.elapsed().as_millis()
+    );
+    for t in futures::future::join_all(tasks).await {
+        t.unwrap();
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(enough(&seen), "load too small to test");
+    assert!(after(&seen), "node 0 stopped deciding after the kill");
+    let n0 = &two.nodes[0];
+    // Every item is answered by node 0 now, each after everything sent before it.
+    let mut sent = seen.sent.clone();
+    let mut decided: HashMap<String, Value> = HashMap::new();
+    for i in 0..ITEMS {
+        let key = format!("barrier-{i}");
+        let body = json!({"seller": "s", "item": item(i), "qty": 1, "request_id": key});
+        let (status, outcome) = post(&c, &n0.url("/v1/shops/shop/txns"), body).await;
+        assert_eq!(status, 200, "barrier on {}: {outcome}", item(i));
+        sent.insert(key.clone(), (item(i), "decrement", 1));
+        decided.insert(key, outcome);
+    }
+    eprintln!(
+        "sent {}, 200s {} ({at_kill} before the kill), 202s {}",
+        seen.sent.len(),
+        seen.outcomes.len(),
+        seen.accepted.len()
+    );
+    for (key, outcome) in &seen.outcomes {
+        let (status, polled) = poll_decided(&c, n0, "shop", key).await;
+        assert_eq!((status, &polled), (200, outcome), "{key}");
+        decided.insert(key.clone(), polled);
+    }
+    for key in &seen.accepted {
+        let (status, polled) = poll_decided(&c, n0, "shop", key).await;
+        assert_eq!(status, 200, "{key} was accepted (202) but is now {status}");
+        decided.insert(key.clone(), polled);
+    }
+    // Keys whose answer died with node 1: decided or unknown, nothing in between.
+    for key in sent.keys() {
+        if !decided.contains_key(key) {
+            let (status, polled) = poll_decided(&c, n0, "shop", key).await;
+            match status {
+                200 => {
+                    decided.insert(key.clone(), polled);
+                }
+                404 => {}
+                other => panic!("{key}: {other}"),
+            }
+        }
+    }
+
+    // The journal itself: per item, one entry per seq from 1 (the load) on, each taking
+    // the stock the one before left, one entry per key, and every decided key in it.
+    let client = mongodb::Client::with_uri_str(&two.mongo).await.unwrap();
+    let db = client.default_database().unwrap();
+    let docs: Vec<Document> = db
+        .collection::<Document>("journal")
+        .find(doc! { "shop": "shop" })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut per_item: BTreeMap<String, Vec<&Document>> = BTreeMap::new();
+    let mut keys: HashMap<&str, &Document> = HashMap::new();
+    for d in &docs {
+        if let Ok(key) = d.get_str("request_key") {
+            assert!(keys.insert(key, d).is_none(), "{key} journaled twice");
+        }
+        per_item
+            .entry(d.get_str("item").unwrap().to_string())
+            .or_default()
+            .push(d);
+    }
+    for (key, outcome) in &decided {
+        let d = keys
+            .get(key.as_str())
+            .unwrap_or_else(|| panic!("{key} not journaled"));
+        assert_eq!(
+            d.get_str("status").unwrap(),
+            outcome["status"].as_str().unwrap()
+        );
+        assert_eq!(
+            d.get_i64("seq").unwrap() as u64,
+            outcome["seq"].as_u64().unwrap()
+        );
+    }
+    for i in 0..ITEMS {
+        let name = item(i);
+        let entries = per_item.get_mut(&name).unwrap();
+        entries.sort_by_key(|d| d.get_i64("seq").unwrap());
+        let mut stock = 0;
+        let mut delta = 0;
+        for (n, d) in entries.iter().enumerate() {
+            assert_eq!(d.get_i64("seq").unwrap(), n as i64 + 1, "{name}: seq gap");
+            assert_eq!(
+                d.get_i64("stock_before").unwrap(),
+                stock,
+                "{name}: fork at {d}"
+            );
+            stock = d.get_i64("stock_after").unwrap();
+            assert!(stock >= 0, "{name}: oversold at {d}");
+            if let Ok(key) = d.get_str("request_key") {
+                if !key.starts_with("~load:") && d.get_str("status").unwrap() == "ok" {
+                    let (_, op, qty) = &sent[key];
+                    delta += if *op == "increment" { *qty } else { -qty };
+                }
+            }
+        }
+        assert_eq!(stock, LOADED + delta, "{name}: stock does not conserve");
+        let (_, state) = get(&c, &n0.url(&format!("/v1/shops/shop/items/{name}"))).await;
+        assert_eq!(
+            (state["stock"].as_i64(), state["seq"].as_u64()),
+            (Some(stock), Some(entries.len() as u64)),
+            "{name}"
+        );
+    }
+    // Nothing accepted or decided is missing from the journal, and nothing in it was
+    // never sent.
+    for key in keys.keys() {
+        assert!(
+            key.starts_with("~load:") || sent.contains_key(*key),
+            "{key} journaled but never sent"
+        );
+    }
+}
