@@ -211,7 +211,7 @@ async fn node_0_takes_over_when_node_1_is_killed_under_load() {
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
                     let i = n * 16 + t;
-                    let op = if n % 10 == 0 {
+                    let op = if n.is_multiple_of(10) {
                         "increment"
                     } else {
                         "decrement"
@@ -223,7 +223,7 @@ async fn node_0_takes_over_when_node_1_is_killed_under_load() {
                         .sent
                         .insert(key.clone(), (item(i), op, qty));
                     let body = json!({"seller": "s", "item": item(i), "qty": qty, "op": op,
-                                      "request_id": key, "respond": n % 2 == 0});
+                                      "request_id": key, "respond": n.is_multiple_of(2)});
                     let Ok(res) = c
                         .post(format!("{base}/v1/shops/shop/txns"))
                         .json(&body)
