@@ -3,7 +3,8 @@
 # test servers of scripts/services.sh (started if not running): decrements on 20 items,
 # respond=true or fire-and-forget, driven by one wrk per node with half the connections
 # each. Reports per node throughput and latency, the share of decisions each node's
-# processors made, and journal writes per decision.
+# processors made, and journal writes per decision. NRTXN_BENCH_SERVER_FLAGS adds server
+# flags (e.g. --shards 2).
 #   scripts/bench-cluster.sh [nodes=1|2] [respond|forget] [connections=64] [seconds=15]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,17 +17,25 @@ case $mode in respond) respond=true ;; forget) respond=false ;; *) echo "mode: r
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 scripts/services.sh start > /dev/null
 cargo build --release --quiet
-run="bench$(date +%s)"
+run="bench$(date +%s)-$$"
 dir=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$dir"' EXIT
+# The test MongoDB server (secantus) slows down as its stored data grows: the run's
+# database is dropped at the end.
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  .services/venv/bin/python -c "import pymongo; pymongo.MongoClient('mongodb://127.0.0.1:${NRTXN_MONGO_PORT:-27018}/?directConnection=true').drop_database('$run')" || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
 bases=()
 for n in $(seq 0 $((nodes - 1))); do
+  # shellcheck disable=SC2086 # flags are meant to split
   RUST_LOG=warn ./target/release/nrtxn serve --listen 127.0.0.1:0 --data-dir "$dir/data$n" \
     --kafka-brokers "127.0.0.1:${NRTXN_KAFKA_PORT:-19092}" --kafka-requests-topic "$run" \
     --kafka-responses-topic "$run.responses" --kafka-group "$run" --kafka-partitions 8 \
     --mongo-uri "mongodb://127.0.0.1:${NRTXN_MONGO_PORT:-27018}/$run?directConnection=true" \
-    --node-id "$n" > "$dir/out$n" 2> "$dir/err$n" &
+    --node-id "$n" ${NRTXN_BENCH_SERVER_FLAGS:-} > "$dir/out$n" 2> "$dir/err$n" &
   pids+=($!)
   for _ in $(seq 100); do grep -q listening "$dir/out$n" && break; sleep 0.1; done
   base=$(sed -n 's/^nrtxn listening on //p' "$dir/out$n")

@@ -54,6 +54,9 @@ pub struct MongoJournal {
     db: Database,
     tx: mpsc::Sender<Command>,
     keys: Arc<KeyFilter>,
+    /// Per log partition, the offset from which entries may appear that the key filter
+    /// has not seen (see `learn_partition`); absent: from the start.
+    learned_from: Mutex<HashMap<i32, i64>>,
     closed: Mutex<bool>,
 }
 
@@ -128,6 +131,7 @@ impl MongoJournal {
             db,
             tx,
             keys,
+            learned_from: Mutex::new(HashMap::new()),
             closed: Mutex::new(false),
         }))
     }
@@ -218,6 +222,15 @@ async fn create_indexes(db: &Database) -> Result<(), StoreError> {
                 ))
                 .build(),
             IndexModel::builder().keys(doc! { "batch": 1 }).build(),
+            // A node taking a log partition over learns the keys journaled for it.
+            IndexModel::builder()
+                .keys(doc! { "partition": 1, "offset": 1 })
+                .options(
+                    IndexOptions::builder()
+                        .name("partition_offset".to_string())
+                        .build(),
+                )
+                .build(),
         ])
         .await
         .map_err(storage)?;
@@ -465,6 +478,40 @@ impl Journal for MongoJournal {
             .map(|k| k.to_string())
             .collect();
         self.find_outcomes(shop, keys, maybe)
+    }
+
+    fn learn_partition(&self, partition: i32, from: i64) -> Result<(), StoreError> {
+        let start = self
+            .learned_from
+            .lock()
+            .map_err(|_| StoreError::Closed)?
+            .get(&partition)
+            .copied()
+            .unwrap_or(i64::MIN);
+        let coll = journal(&self.db);
+        let keys = self.keys.clone();
+        self.wait(async move {
+            // Through the index on partition and offset.
+            let mut cursor = coll
+                .find(doc! {
+                    "partition": partition,
+                    "offset": { "$gte": start },
+                    "request_key": { "$type": "string" },
+                })
+                .projection(doc! { "_id": 0, "shop": 1, "request_key": 1 })
+                .await
+                .map_err(storage)?;
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                if let (Ok(shop), Ok(key)) = (d.get_str("shop"), d.get_str("request_key")) {
+                    keys.insert(shop, key);
+                }
+            }
+            Ok(())
+        })?;
+        let mut learned = self.learned_from.lock().map_err(|_| StoreError::Closed)?;
+        let at = learned.entry(partition).or_insert(from);
+        *at = (*at).max(from);
+        Ok(())
     }
 
     fn decided(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {

@@ -17,6 +17,7 @@ async fn mongo_journal_keeps_every_answer_across_a_sigkill() {
     let (_dir, server, seen) = load_then_stop(&flags, 16, enough, Server::kill).await;
     assert!(enough(&seen), "load too small to test");
     check_after_restart(&server, &seen).await;
+    drop_database(&uri).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,8 @@ assert key_index["unique"] and "partialFilterExpression" in key_index, key_index
 seq_index = indexes["shop_item_seq_unique"]
 assert list(seq_index["key"].items()) == [("shop", 1), ("item", 1), ("seq", 1)], seq_index
 assert seq_index["unique"], seq_index
+offset_index = indexes["partition_offset"]
+assert list(offset_index["key"].items()) == [("partition", 1), ("offset", 1)], offset_index
 
 item_indexes = {i["name"]: i for i in db.items.list_indexes()}
 assert item_indexes["shop_item_unique"]["unique"], item_indexes

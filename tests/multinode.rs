@@ -88,6 +88,21 @@ async fn decisions(c: &reqwest::Client, server: &Server) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// Requests this node's processors answered with an outcome recorded before.
+async fn repeats(c: &reqwest::Client, server: &Server) -> u64 {
+    let text = c
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("nrtxn_repeats_total ")?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_nodes_share_the_items_and_answer_their_own_callers() {
     let Some(two) = start_two("two").await else {
@@ -149,6 +164,19 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
             other => panic!("{key}: {other:?} in {outcome}"),
         }
     }
+    // One key sent to both nodes at once: both WorkManagers take it as new, both send
+    // it, and the item's processor applies it once and answers the other as a repeat.
+    for i in 0..ITEMS {
+        let key = format!("both-{i}");
+        let body = json!({"seller": "s", "item": item(i), "qty": 1, "request_id": key});
+        let (u0, u1) = (n0.url("/v1/shops/shop/txns"), n1.url("/v1/shops/shop/txns"));
+        let (a, b) = tokio::join!(post(&c, &u0, body.clone()), post(&c, &u1, body));
+        assert_eq!((a.0, b.0), (200, 200), "{key}: {} / {}", a.1, b.1);
+        assert_eq!(a.1, b.1, "{key} answered differently by the two nodes");
+        assert_eq!(a.1["seq"], 62, "{key}");
+    }
+    let repeats = repeats(&c, n0).await + repeats(&c, n1).await;
+    eprintln!("keys sent to both nodes at once that reached a processor twice: {repeats}");
     for i in 0..ITEMS {
         assert_eq!(
             ok_per_item.get(&item(i)),
@@ -160,7 +188,7 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
             let (_, state) = get(&c, &node.url(&format!("/v1/shops/shop/items/{}", item(i)))).await;
             assert_eq!(
                 (state["stock"].as_i64(), state["seq"].as_u64()),
-                (Some(0), Some(61)),
+                (Some(0), Some(62)),
                 "{} read on {}",
                 item(i),
                 node.base
@@ -168,7 +196,7 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
         }
     }
     // The partitions really are shared: both nodes' processors decided, and together
-    // exactly once per key (20 loads and 1,200 requests).
+    // exactly once per key (20 loads, 1,200 requests and the 20 sent to both).
     let (d0, d1) = (decisions(&c, n0).await, decisions(&c, n1).await);
     eprintln!(
         "decided by node 0: {d0} ({:.0}%), by node 1: {d1} ({:.0}%)",
@@ -176,7 +204,8 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
         100.0 * d1 as f64 / (d0 + d1) as f64
     );
     assert!(d0 > 0 && d1 > 0, "one node decided everything: {d0} / {d1}");
-    assert_eq!(d0 + d1, 1220);
+    assert_eq!(d0 + d1, 1240);
+    drop_database(&two.mongo).await;
 }
 
 /// What the clients of the takeover test saw, by key.
@@ -392,4 +421,5 @@ async fn node_0_takes_over_when_node_1_is_killed_under_load() {
             "{key} journaled but never sent"
         );
     }
+    drop_database(&two.mongo).await;
 }

@@ -69,6 +69,18 @@ pub trait Journal: Send + Sync + 'static {
         self.outcomes(shop, keys)
     }
 
+    /// Makes [`Journal::outcomes`] know every key journaled so far for requests read
+    /// from log partition `partition`, by any node. Called by a processor when the
+    /// partition comes (back) to this node, before it checks that partition's keys: the
+    /// node that had it before has journaled all it read (its readers drain on
+    /// revocation), and entries below offset `from` will from now on come from this node
+    /// only, so the next call may start there. A journal that only this node writes
+    /// knows its keys already.
+    fn learn_partition(&self, partition: i32, from: i64) -> Result<(), StoreError> {
+        let _ = (partition, from);
+        Ok(())
+    }
+
     /// Whether several nodes write this journal. Then an item's state is read back from
     /// it whenever the item's partition comes (back) to this node, since another node
     /// may have changed the item meanwhile.

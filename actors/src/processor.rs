@@ -96,6 +96,9 @@ pub struct Processor {
     /// was read before its partition moved, and is dropped (the log delivers it again
     /// to the partition's owner).
     partition_epochs: HashMap<i32, u64>,
+    /// Per partition, the epoch under which this shard last had the journal learn the
+    /// partition's keys ([`Journal::learn_partition`]).
+    learned: HashMap<i32, u64>,
     flush_waiters: Vec<oneshot::Sender<()>>,
 }
 
@@ -142,6 +145,7 @@ impl Processor {
             hooks,
             undurable: HashMap::new(),
             partition_epochs: HashMap::new(),
+            learned: HashMap::new(),
             flush_waiters: Vec::new(),
         }
     }
@@ -322,8 +326,10 @@ impl Processor {
     /// Before a batch from a shared log is applied: drops requests read under an older
     /// assignment of their partition, reads back from a shared journal the items whose
     /// partition came to this node since they were last read, and looks up in the
-    /// journal every key not applied here in a batch still in flight. Returns the
-    /// requests to apply and the outcomes found.
+    /// journal every key not applied here in a batch still in flight (through the
+    /// journal's key filter, which knows every key of the partitions this node reads:
+    /// see [`Journal::learn_partition`]). Returns the requests to apply and the outcomes
+    /// found.
     #[allow(clippy::type_complexity)]
     fn screen(
         &mut self,
@@ -350,6 +356,7 @@ impl Processor {
         if self.journal.shared() {
             self.reload(&kept);
         }
+        self.learn(&kept);
         let mut asked: HashMap<Arc<str>, Vec<Arc<str>>> = HashMap::new();
         for work in &kept {
             if let Work::Txn(req) = work {
@@ -367,7 +374,7 @@ impl Processor {
         let mut found = HashMap::new();
         for (shop, keys) in asked {
             let refs: Vec<&str> = keys.iter().map(|k| &**k).collect();
-            let outcomes = retry_read(self.shard, || self.journal.decided(&shop, &refs));
+            let outcomes = retry_read(self.shard, || self.journal.outcomes(&shop, &refs));
             for (key, outcome) in keys.iter().zip(outcomes) {
                 if let Some(o) = outcome {
                     found.insert((shop.clone(), key.clone()), Arc::new(o));
@@ -375,6 +382,27 @@ impl Processor {
             }
         }
         (kept, found)
+    }
+
+    /// Has the journal learn the keys of partitions seen under a new epoch, so that its
+    /// key lookups are exact for them (from the lowest offset of each in this batch).
+    fn learn(&mut self, works: &[Work]) {
+        let mut from: HashMap<i32, (u64, i64)> = HashMap::new();
+        for work in works {
+            let Work::Txn(req) = work else { continue };
+            let Some(pos) = req.log_pos else { continue };
+            if self.learned.get(&pos.partition) == Some(&req.epoch) {
+                continue;
+            }
+            let f = from.entry(pos.partition).or_insert((req.epoch, pos.offset));
+            f.1 = f.1.min(pos.offset);
+        }
+        for (partition, (epoch, offset)) in from {
+            retry_read(self.shard, || {
+                self.journal.learn_partition(partition, offset)
+            });
+            self.learned.insert(partition, epoch);
+        }
     }
 
     /// Reads back from the shared journal the items of `works` not read under their

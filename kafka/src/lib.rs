@@ -402,9 +402,9 @@ fn send_responses(
     }
 }
 
-/// Reads this node's partition of the responses topic from its end (outcomes sent while
-/// this node was down have no waiting caller here) and hands what it reads to the
-/// WorkManagers.
+/// Reads this node's partition of the responses topic from its end as of now (outcomes
+/// sent while this node was down have no waiting caller here) and hands what it reads
+/// to the WorkManagers.
 fn start_responses_reader(
     settings: &KafkaSettings,
     dispatcher: Dispatcher,
@@ -421,13 +421,19 @@ fn start_responses_reader(
         .set("fetch.wait.max.ms", "5")
         .create()
         .map_err(kafka_err)?;
+    // The end offset is read before anything is sent (not left to `Offset::End`, which
+    // is resolved later): a reply to any request of this process comes after it.
+    let partition = settings.node_id as i32;
+    let (_, end) = consumer
+        .fetch_watermarks(
+            &settings.responses_topic,
+            partition,
+            Duration::from_secs(30),
+        )
+        .map_err(kafka_err)?;
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(
-        &settings.responses_topic,
-        settings.node_id as i32,
-        Offset::End,
-    )
-    .map_err(kafka_err)?;
+    tpl.add_partition_offset(&settings.responses_topic, partition, Offset::Offset(end))
+        .map_err(kafka_err)?;
     consumer.assign(&tpl).map_err(kafka_err)?;
     std::thread::Builder::new()
         .name("kafka-responses".into())

@@ -177,6 +177,18 @@ pub fn mongo_uri(test: &str) -> Option<String> {
     }
 }
 
+/// Drops a test's database: the MongoDB-protocol test server slows down as the data it
+/// stores grows, so each test cleans up after itself when it passes.
+pub async fn drop_database(uri: &str) {
+    let client = mongodb::Client::with_uri_str(uri).await.expect("mongo uri");
+    client
+        .default_database()
+        .expect("a test uri names its database")
+        .drop()
+        .await
+        .expect("drop the test database");
+}
+
 /// Waits until `/readyz` answers 200 (a Kafka reader pool has joined its group), for up
 /// to 90 s.
 pub async fn wait_ready(client: &reqwest::Client, server: &Server) {
