@@ -25,13 +25,13 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   .services/venv/bin/python -c "import pymongo; pymongo.MongoClient('mongodb://127.0.0.1:${NRTXN_MONGO_PORT:-27018}/?directConnection=true').drop_database('$run')" || true
-  rm -rf "$dir"
+  [ -z "${NRTXN_BENCH_KEEP:-}" ] && rm -rf "$dir"; [ -z "${NRTXN_BENCH_KEEP:-}" ] || echo "kept $dir"
 }
 trap cleanup EXIT
 bases=()
 for n in $(seq 0 $((nodes - 1))); do
   # shellcheck disable=SC2086 # flags are meant to split
-  RUST_LOG=warn ./target/release/nrtxn serve --listen 127.0.0.1:0 --data-dir "$dir/data$n" \
+  RUST_LOG=${RUST_LOG:-warn} ./target/release/nrtxn serve --listen 127.0.0.1:0 --data-dir "$dir/data$n" \
     --kafka-brokers "127.0.0.1:${NRTXN_KAFKA_PORT:-19092}" --kafka-requests-topic "$run" \
     --kafka-responses-topic "$run.responses" --kafka-group "$run" --kafka-partitions 8 \
     --mongo-uri "mongodb://127.0.0.1:${NRTXN_MONGO_PORT:-27018}/$run?directConnection=true" \
@@ -82,7 +82,10 @@ for n in $(seq 0 $((nodes - 1))); do
   d=$(curl -s "${bases[$n]}/metrics" | awk 'index($1, "nrtxn_decisions_total") == 1 { s += $2 } END { printf "%d", s }')
   echo "node $n processors decided $d ($(awk -v a="$d" -v b="$(metric nrtxn_decisions_total)" 'BEGIN { printf "%.0f", 100 * a / b }')%, loads included)"
 done
+wsecs=$(for base in "${bases[@]}"; do curl -s "$base/metrics"; done |
+  awk 'index($1, "nrtxn_journal_write_seconds_sum") == 1 { s += $2 } END { printf "%.3f", s }')
 writes=$(metric nrtxn_journal_txn_entries_count)
+awk -v w="$writes" -v s="$wsecs" 'BEGIN { printf "journal write mean %.1f ms\n", 1000 * s / w }'
 entries=$(metric nrtxn_journal_txn_entries_sum)
 awk -v w="$writes" -v e="$entries" -v d="$(metric nrtxn_decisions_total)" 'BEGIN {
   printf "journal writes %d for %d decisions: 1 per %.1f; mean %.1f entries per write\n", w, d, d / w, e / w }'

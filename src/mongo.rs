@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
@@ -35,8 +35,8 @@ use crate::keyfilter::KeyFilter;
 const TXN_ENTRIES_MAX: usize = 16_384;
 /// Batches waiting for the writer; processors have at most two outstanding each.
 const QUEUE_MAX: usize = 1024;
-/// Snapshot updates in flight at once after a batch.
-const SNAPSHOT_CONCURRENCY: usize = 32;
+/// Statements per `update` command (the server's limit is 100,000).
+const UPDATES_PER_COMMAND: usize = 10_000;
 /// A failed batch write is retried this many times (duplicates of a retry are skipped
 /// by the unique indexes) before the journal gives up and the process stops.
 const WRITE_ATTEMPTS: u32 = 3;
@@ -272,21 +272,51 @@ async fn write_offsets(db: &Database, batches: &[Vec<Entry>]) -> Result<(), Stor
         let o = offsets.entry(pos.partition).or_insert(pos.offset);
         *o = (*o).max(pos.offset);
     }
-    for (partition, offset) in offsets {
-        db.collection::<Document>("offsets")
-            .update_one(
-                doc! { "_id": partition },
-                doc! { "$max": { "offset": offset } },
-            )
-            .upsert(true)
-            .await
-            .map_err(storage)?;
-    }
-    Ok(())
+    let updates: Vec<Document> = offsets
+        .into_iter()
+        .map(|(partition, offset)| {
+            doc! {
+                "q": { "_id": partition },
+                "u": { "$max": { "offset": offset } },
+                "upsert": true,
+            }
+        })
+        .collect();
+    update_all(db, "offsets", updates).await
 }
 
-fn is_duplicate(e: &mongodb::error::Error) -> bool {
-    matches!(e.kind.as_ref(), ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) if w.code == 11000)
+/// Runs `updates` (statements of the `update` command) in as few commands as possible,
+/// with the database's write concern: one round trip instead of one per document (13 ms
+/// each on the test server). A statement that fails only because its upsert hit a
+/// unique index (code 11000) is not an error: callers use a filter that does not match
+/// when the stored document is already newer.
+async fn update_all(
+    db: &Database,
+    collection: &str,
+    updates: Vec<Document>,
+) -> Result<(), StoreError> {
+    for chunk in updates.chunks(UPDATES_PER_COMMAND) {
+        let mut cmd = doc! { "update": collection, "updates": chunk.to_vec(), "ordered": false };
+        if let Some(wc) = db.write_concern() {
+            cmd.insert(
+                "writeConcern",
+                mongodb::bson::to_document(wc).map_err(storage)?,
+            );
+        }
+        let reply = db.run_command(cmd).await.map_err(storage)?;
+        if let Ok(wc) = reply.get_document("writeConcernError") {
+            return Err(storage(format!("{collection}: write concern: {wc}")));
+        }
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            for e in errors {
+                let code = e.as_document().and_then(|d| d.get_i32("code").ok());
+                if code != Some(11000) {
+                    return Err(storage(format!("{collection}: {e}")));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn write_snapshots(
@@ -294,32 +324,20 @@ async fn write_snapshots(
     states: HashMap<(Arc<str>, Arc<str>), ItemState>,
     batch: i64,
 ) -> Result<(), StoreError> {
-    let coll = items(db);
-    futures::stream::iter(states)
+    // Each only ever moves a snapshot forward: with several nodes, one that owned the
+    // item before may write an older state after a newer one, and then the upsert's
+    // insert hits the unique index on shop and item, which is fine.
+    let updates: Vec<Document> = states
+        .into_iter()
         .map(|((shop, item), s)| {
-            let coll = coll.clone();
-            async move {
-                // Only ever moved forward: with several nodes, one that owned the item
-                // before may write an older state after a newer one.
-                let result = coll
-                    .update_one(
-                        doc! { "shop": &*shop, "item": &*item, "seq": { "$lt": s.seq as i64 } },
-                        doc! { "$set": { "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64 } },
-                    )
-                    .upsert(true)
-                    .await;
-                match result {
-                    Ok(_) => Ok(()),
-                    // The snapshot is already newer: the upsert's insert hit the unique
-                    // index on shop and item.
-                    Err(e) if is_duplicate(&e) => Ok(()),
-                    Err(e) => Err(storage(e)),
-                }
+            doc! {
+                "q": { "shop": &*shop, "item": &*item, "seq": { "$lt": s.seq as i64 } },
+                "u": { "$set": { "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64 } },
+                "upsert": true,
             }
         })
-        .buffer_unordered(SNAPSHOT_CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
+        .collect();
+    update_all(db, "items", updates).await?;
     db.collection::<Document>("meta")
         .update_one(
             doc! { "_id": "snapshot" },
