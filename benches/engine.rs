@@ -74,6 +74,8 @@ fn main() {
                                 seller: Some("seller".into()),
                                 buyer: None,
                                 remarks: None,
+                                hold_id: None,
+                                ttl_ms: 0,
                                 logged: false,
                                 log_pos: None,
                                 origin: None,

@@ -103,6 +103,10 @@ pub struct ServeArgs {
     /// Most shops one process serves; beyond it 429 [default: 100000].
     #[arg(long, env = "NRTXN_SHOPS_MAX")]
     pub shops_max: Option<usize>,
+    /// Most pending holds one processor shard keeps; beyond it a hold is refused
+    /// (limit_exceeded) [default: 1000000].
+    #[arg(long, env = "NRTXN_HOLDS_MAX")]
+    pub holds_max: Option<usize>,
 }
 
 /// The resolved, checked configuration of `serve`.
@@ -185,6 +189,7 @@ impl ServeArgs {
                 100_000_000,
             )?,
             shops_max: in_range("shops_max", pick!(shops_max, d.shops_max), 1, 100_000_000)?,
+            holds_max: in_range("holds_max", pick!(holds_max, d.holds_max), 1, 100_000_000)?,
         };
         Ok(Settings {
             listen: pick!(listen, "127.0.0.1:8080".to_string()),

@@ -8,6 +8,8 @@
 //! - `items`: the snapshot of each item (`shop, item, stock, reserved, seq`), unique on
 //!   `(shop, item)`, updated after each batch.
 //! - `meta`: `{_id: "snapshot", batch}`: every batch up to this one is in `items`.
+//! - `holds`: one document per hold (`shop, hold_id, item, qty, expires_at, status,
+//!   seq`), unique on `(shop, hold_id)`, updated with the snapshots.
 //!
 //! One writer task takes the waiting batches (up to [`TXN_ENTRIES_MAX`] entries) into one
 //! unordered `insert_many`, then updates the snapshots, then `meta`, then answers. A crash
@@ -25,7 +27,8 @@ use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 use nrtxn_actors::{
-    AppendDone, Entry, ItemState, Journal, Metrics, Outcome, Recovered, StoreError,
+    AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Metrics, Outcome,
+    Recovered, StoreError,
 };
 use tokio::sync::mpsc;
 
@@ -80,6 +83,69 @@ fn to_doc(entry: &Entry, batch: i64) -> Result<Document, StoreError> {
 
 fn from_doc(doc: Document) -> Result<Entry, StoreError> {
     mongodb::bson::from_document(doc).map_err(storage)
+}
+
+fn holds(db: &Database) -> Collection<Document> {
+    db.collection("holds")
+}
+
+fn hold_from_doc(d: &Document) -> Result<HoldView, StoreError> {
+    let status = d.get_str("status").map_err(storage)?;
+    Ok(HoldView {
+        hold_id: d.get_str("hold_id").map_err(storage)?.into(),
+        status: HoldStatus::parse(status)
+            .ok_or_else(|| storage(format!("hold status {status}")))?,
+        shop: d.get_str("shop").map_err(storage)?.into(),
+        item: d.get_str("item").map_err(storage)?.into(),
+        qty: d.get_i64("qty").map_err(storage)?,
+        expires_at: d.get_i64("expires_at").map_err(storage)?,
+        seq: d.get_i64("seq").map_err(storage)? as u64,
+    })
+}
+
+/// Reads all documents of `filter` in `coll`.
+async fn find_all(
+    coll: Collection<Document>,
+    filter: Document,
+) -> Result<Vec<Document>, StoreError> {
+    coll.find(filter)
+        .await
+        .map_err(storage)?
+        .try_collect()
+        .await
+        .map_err(storage)
+}
+
+/// The `holds` updates of a run of entries: each hold's last state in it, one statement
+/// per hold (an unordered command would not keep two statements of one hold in order).
+/// Like snapshots, a hold document only moves forward (`seq` filter).
+fn hold_updates<'a>(entries: impl Iterator<Item = &'a Entry>) -> Vec<Document> {
+    let mut set: HashMap<(Arc<str>, Arc<str>), Document> = HashMap::new();
+    for e in entries {
+        let (nrtxn_actors::Status::Ok, Some(status), Some(id), Some(seq)) =
+            (e.status, HoldStatus::after(e.op), &e.hold_id, e.seq)
+        else {
+            continue;
+        };
+        let d = set.entry((e.shop.clone(), id.clone())).or_default();
+        if status == HoldStatus::Held {
+            d.insert("item", &*e.item);
+            d.insert("qty", e.qty);
+            d.insert("expires_at", e.expires_at.unwrap_or(0));
+        }
+        d.insert("status", status.as_str());
+        d.insert("seq", seq as i64);
+    }
+    set.into_iter()
+        .map(|((shop, hold_id), d)| {
+            let seq = d.get_i64("seq").unwrap_or(0);
+            doc! {
+                "q": { "shop": &*shop, "hold_id": &*hold_id, "seq": { "$lt": seq } },
+                "u": { "$set": d },
+                "upsert": true,
+            }
+        })
+        .collect()
 }
 
 impl MongoJournal {
@@ -230,6 +296,24 @@ async fn create_indexes(db: &Database) -> Result<(), StoreError> {
                         .name("partition_offset".to_string())
                         .build(),
                 )
+                .build(),
+        ])
+        .await
+        .map_err(storage)?;
+    holds(db)
+        .create_indexes([
+            IndexModel::builder()
+                .keys(doc! { "shop": 1, "hold_id": 1 })
+                .options(
+                    IndexOptions::builder()
+                        .name("shop_hold_id_unique".to_string())
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+            // A node taking an item over re-arms its pending holds through this one.
+            IndexModel::builder()
+                .keys(doc! { "shop": 1, "item": 1, "status": 1 })
                 .build(),
         ])
         .await
@@ -429,6 +513,7 @@ impl Writer {
             }
         }
         write_offsets(&self.db, batches).await?;
+        update_all(&self.db, "holds", hold_updates(batches.iter().flatten())).await?;
         write_snapshots(&self.db, last_states(batches.iter().flatten()), batch).await
     }
 
@@ -569,6 +654,58 @@ impl Journal for MongoJournal {
         })
     }
 
+    fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
+        let filter = doc! { "shop": shop, "hold_id": { "$in": hold_ids.to_vec() } };
+        let found = self.wait(find_all(holds(&self.db), filter))?;
+        let mut by_id = HashMap::new();
+        for d in &found {
+            let h = hold_from_doc(d)?;
+            by_id.insert(h.hold_id.to_string(), h);
+        }
+        Ok(hold_ids.iter().map(|id| by_id.remove(*id)).collect())
+    }
+
+    fn pending_holds(&self, wanted: &[(Arc<str>, Arc<str>)]) -> Result<Vec<HoldView>, StoreError> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let any: Vec<Document> = wanted
+            .iter()
+            .map(|(shop, item)| doc! { "shop": &**shop, "item": &**item, "status": "held" })
+            .collect();
+        self.wait(find_all(holds(&self.db), doc! { "$or": any }))?
+            .iter()
+            .map(hold_from_doc)
+            .collect()
+    }
+
+    fn events(
+        &self,
+        shop: &str,
+        item: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        let coll = journal(&self.db);
+        let filter = doc! { "shop": shop, "item": item, "seq": { "$gt": after as i64 } };
+        let docs = self.wait(async move {
+            // Through the unique index on shop, item and seq.
+            coll.find(filter)
+                .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
+                .limit(limit as i64)
+                .await
+                .map_err(storage)?
+                .try_collect::<Vec<Document>>()
+                .await
+                .map_err(storage)
+        })?;
+        let mut out = Vec::with_capacity(docs.len());
+        for d in docs {
+            out.extend(from_doc(d)?.event());
+        }
+        Ok(out)
+    }
+
     fn recover(&self) -> Result<Recovered, StoreError> {
         let db = self.db.clone();
         self.wait(async move {
@@ -599,9 +736,13 @@ impl Journal for MongoJournal {
                 .map_err(storage)?;
             let mut touched = HashMap::new();
             let mut last_batch = upto;
+            let mut hold_changes = Vec::new();
             while let Some(d) = tail.try_next().await.map_err(storage)? {
                 last_batch = last_batch.max(d.get_i64("batch").unwrap_or(upto));
                 let entry = from_doc(d)?;
+                if entry.hold_id.is_some() {
+                    hold_changes.push(entry.clone());
+                }
                 let Some(after) = entry.state_after() else {
                     continue;
                 };
@@ -625,8 +766,14 @@ impl Journal for MongoJournal {
                     items = touched.len(),
                     "rebuilding snapshots from the journal"
                 );
+                update_all(&db, "holds", hold_updates(hold_changes.iter())).await?;
                 write_snapshots(&db, touched, last_batch).await?;
             }
+            let pending = find_all(holds(&db), doc! { "status": "held" })
+                .await?
+                .iter()
+                .map(hold_from_doc)
+                .collect::<Result<Vec<_>, _>>()?;
             tracing::info!(items = states.len(), "journal recovered");
             let mut log_offsets = HashMap::new();
             let mut cursor = db
@@ -645,6 +792,7 @@ impl Journal for MongoJournal {
                     .map(|((shop, item), state)| (shop, item, state))
                     .collect(),
                 log_offsets,
+                holds: pending,
             })
         })
     }

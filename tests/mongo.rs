@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::holds::*;
 use common::load::*;
 use common::*;
 use serde_json::json;
@@ -59,4 +60,44 @@ async fn journal_documents_and_indexes_are_as_documented_to_another_client() {
     assert!(out.status.success(), "pymongo check failed:\n{text}");
     // Two loads and five requests.
     assert!(text.contains("journal: 7 documents checked"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongo_journal_keeps_holds_and_expires_them_after_a_sigkill() {
+    let Some(uri) = mongo_uri("holds") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--mongo-uri", uri.as_str()];
+    let mut server = Server::start(dir.path(), &flags);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    assert_eq!(hold(&c, &server, "s", "sold", "a", 2, 60_000).await.0, 200);
+    let (status, body) = post(&c, &holds_url(&server, "s", "/sold/confirm"), json!({})).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("confirmed")),
+        "{body}"
+    );
+    let (_, pending) = hold(&c, &server, "s", "pending", "a", 3, 3_000).await;
+    assert_eq!(pending["status"], "held", "{pending}");
+    server.kill();
+    let server = Server::start(dir.path(), &flags);
+    let restarted = now_ms();
+    assert_eq!(item_state(&c, &server, "s", "a").await, (5, 3));
+    assert_eq!(
+        wait_ended(&c, &server, "s", "pending").await["status"],
+        "expired"
+    );
+    assert_eq!(item_state(&c, &server, "s", "a").await, (8, 0));
+    let all = events(&c, &server, "s", "a", 1000).await;
+    let kinds: Vec<&str> = all.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["load", "hold", "confirm", "hold", "expire"]);
+    let expires_at = pending["expires_at"].as_i64().unwrap();
+    let late = lateness_ms(&all, "pending", expires_at);
+    assert!(late >= 0, "expired early");
+    if expires_at > restarted {
+        assert!(late <= 50, "expired {late} ms late");
+    }
+    drop_database(&uri).await;
 }

@@ -19,7 +19,10 @@ pub fn apply(
     now: Millis,
     request_ttl_ms: i64,
 ) -> Entry {
-    debug_assert!(req.op != Op::Load, "loads go through apply_load");
+    debug_assert!(
+        req.op != Op::Load && !req.op.ends_hold(),
+        "loads and hold endings have their own steps"
+    );
     let mut entry = Entry {
         request_key: Some(req.key.clone()),
         seller: req.seller.clone(),
@@ -81,7 +84,23 @@ pub fn apply(
                     ));
                 }
             },
-            Op::Load => unreachable!("checked above"),
+            Op::Hold => {
+                // Like a sale, but the quantity is set aside rather than gone: it stays
+                // the item's until the hold is confirmed, or comes back when it is not.
+                if req.qty <= before.stock {
+                    after.stock = before.stock - req.qty;
+                    after.reserved = before.reserved + req.qty;
+                    entry.hold_id = Some(req.key.clone());
+                    entry.expires_at = Some(now.saturating_add(req.ttl_ms));
+                } else {
+                    entry.status = Status::InsufficientStock;
+                    entry.reason =
+                        Some(format!("requested {}, available {}", req.qty, before.stock));
+                }
+            }
+            Op::Load | Op::Confirm | Op::Release | Op::Expire => {
+                unreachable!("checked above")
+            }
         }
     }
     // Invariants 1 and 5, asserted before the entry can reach the journal.
@@ -93,6 +112,84 @@ pub fn apply(
     );
     assert_eq!(after.seq, before.seq + 1, "sequence must advance by one");
     *state = after;
+    fill_states(&mut entry, before, after);
+    entry
+}
+
+/// Refuses `req` on a known item without changing its stock, for a reason found outside
+/// the item's state (a bound of the processor's): still the item's next entry.
+pub fn reject(
+    state: &mut ItemState,
+    req: &Request,
+    now: Millis,
+    status: Status,
+    reason: String,
+) -> Entry {
+    let before = *state;
+    let after = ItemState {
+        seq: before.seq + 1,
+        ..before
+    };
+    *state = after;
+    let mut entry = Entry {
+        request_key: Some(req.key.clone()),
+        seller: req.seller.clone(),
+        buyer: req.buyer.clone(),
+        remarks: req.remarks.clone(),
+        logged: req.logged,
+        log_pos: req.log_pos,
+        origin: req.origin,
+        status,
+        reason: Some(reason),
+        ..Entry::decided(
+            req.shop.clone(),
+            req.item.clone(),
+            req.op,
+            req.qty,
+            req.submitted_at,
+            now,
+        )
+    };
+    fill_states(&mut entry, before, after);
+    entry
+}
+
+/// Ends a pending hold of `qty` on the item: `Confirm` sells the reserved quantity,
+/// `Release` and `Expire` give it back to the stock. The caller (the processor, which
+/// keeps the pending holds) has checked that the hold is pending and that `qty` is its
+/// quantity; the request TTL does not apply, since the stock was taken when the hold
+/// was made and an ending must never be lost to a queue's delay.
+pub fn apply_hold_end(state: &mut ItemState, req: &Request, qty: i64, now: Millis) -> Entry {
+    assert!(req.op.ends_hold(), "not a hold ending: {:?}", req.op);
+    let before = *state;
+    let mut after = before;
+    after.seq = before.seq + 1;
+    after.reserved = before.reserved - qty;
+    if req.op != Op::Confirm {
+        after.stock = before.stock + qty;
+    }
+    // Invariants 1 and 2: a hold never gives back more than it set aside.
+    assert!(
+        after.reserved >= 0 && after.stock >= 0,
+        "hold ending below zero: {before:?} -> {after:?}"
+    );
+    *state = after;
+    let mut entry = Entry {
+        request_key: Some(req.key.clone()),
+        hold_id: req.hold_id.clone(),
+        seller: req.seller.clone(),
+        logged: req.logged,
+        log_pos: req.log_pos,
+        origin: req.origin,
+        ..Entry::decided(
+            req.shop.clone(),
+            req.item.clone(),
+            req.op,
+            qty,
+            req.submitted_at,
+            now,
+        )
+    };
     fill_states(&mut entry, before, after);
     entry
 }
@@ -145,6 +242,8 @@ mod tests {
             seller: None,
             buyer: None,
             remarks: None,
+            hold_id: None,
+            ttl_ms: 0,
             logged: false,
             log_pos: None,
             origin: None,
@@ -250,6 +349,54 @@ mod tests {
         let e = apply(items.get_mut(&item), &req("k", Op::Increment, 1, 0), 0, TTL);
         assert_eq!(e.status, Status::LimitExceeded);
         assert_eq!(items[&item].stock, STOCK_MAX);
+    }
+
+    #[test]
+    fn hold_moves_stock_to_reserved_and_its_endings_sell_or_return_it() {
+        let (mut items, item) = loaded(10);
+        let mut hold = req("h1", Op::Hold, 4, 0);
+        hold.ttl_ms = 200;
+        let e = apply(items.get_mut(&item), &hold, 5, TTL);
+        assert_eq!(e.status, Status::Ok);
+        assert_eq!(
+            (e.hold_id.as_deref(), e.expires_at),
+            (Some("h1"), Some(205))
+        );
+        let st = items[&item];
+        assert_eq!((st.stock, st.reserved, st.seq), (6, 4, 2));
+        let mut confirm = req("~end:h1", Op::Confirm, 0, 0);
+        confirm.hold_id = Some("h1".into());
+        let e = apply_hold_end(items.get_mut(&item).unwrap(), &confirm, 4, 6);
+        assert_eq!(
+            (e.qty, e.stock_after, e.reserved_after),
+            (4, Some(6), Some(0))
+        );
+        assert_eq!((e.prev_seq, e.seq), (Some(2), Some(3)));
+        let e = apply(items.get_mut(&item), &hold_of("h2", 6), 7, TTL);
+        assert_eq!(e.status, Status::Ok);
+        for (op, stock) in [(Op::Release, 3), (Op::Expire, 6)] {
+            let mut end = req("~end:h2", op, 0, 0);
+            end.hold_id = Some("h2".into());
+            let e = apply_hold_end(items.get_mut(&item).unwrap(), &end, 3, 8);
+            assert_eq!(e.stock_after, Some(stock), "{op:?} gives the quantity back");
+        }
+        // The stock never counted the reserved part: conservation holds throughout.
+        assert_eq!(items[&item].stock + items[&item].reserved, 6);
+    }
+
+    fn hold_of(key: &str, qty: i64) -> Request {
+        let mut r = req(key, Op::Hold, qty, 0);
+        r.ttl_ms = 1_000;
+        r
+    }
+
+    #[test]
+    fn hold_beyond_stock_is_rejected_and_reserves_nothing() {
+        let (mut items, item) = loaded(3);
+        let e = apply(items.get_mut(&item), &hold_of("h", 4), 0, TTL);
+        assert_eq!(e.status, Status::InsufficientStock);
+        assert_eq!((items[&item].stock, items[&item].reserved), (3, 0));
+        assert_eq!((e.hold_id, e.expires_at), (None, None));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
 use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, Registry, ShardShared};
-use crate::types::{now_ms, ItemView, Op, Outcome, Request};
+use crate::types::{now_ms, Event, HoldView, ItemView, Op, Outcome, Request};
 use crate::work_manager::{
     Admission, Admitted, Decided, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager,
 };
@@ -43,6 +43,8 @@ pub struct EngineConfig {
     pub outcome_cache_per_shop: usize,
     /// Most shops (WorkManagers) one process serves.
     pub shops_max: usize,
+    /// Most pending holds one shard keeps; beyond it a hold is `limit_exceeded`.
+    pub holds_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +59,7 @@ impl Default for EngineConfig {
             shop_pending_max: 100_000,
             outcome_cache_per_shop: 100_000,
             shops_max: 100_000,
+            holds_max: 1_000_000,
         }
     }
 }
@@ -186,25 +189,35 @@ impl Engine {
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
         let registry: Registry = Arc::new(DashMap::new());
         let shard_count = cfg.shards.max(1);
-        let mut initial: Vec<Vec<_>> = (0..shard_count).map(|_| Vec::new()).collect();
+        let mut initial: Vec<(Vec<_>, Vec<HoldView>)> =
+            (0..shard_count).map(|_| (Vec::new(), Vec::new())).collect();
         for (shop, item, state) in std::mem::take(&mut recovered.items) {
-            initial[shard_of(&shop, &item, shard_count)].push((shop, item, state));
+            initial[shard_of(&shop, &item, shard_count)]
+                .0
+                .push((shop, item, state));
+        }
+        for hold in std::mem::take(&mut recovered.holds) {
+            initial[shard_of(&hold.shop, &hold.item, shard_count)]
+                .1
+                .push(hold);
         }
         let hooks: Arc<OnceLock<LogHooks>> = Arc::new(OnceLock::new());
         let shards: Vec<Addr<Processor>> = initial
             .into_iter()
             .enumerate()
-            .map(|(i, items)| {
+            .map(|(i, (items, holds))| {
                 let p = Processor::new(
                     i,
                     cfg.batch_max,
                     cfg.request_ttl_ms,
                     items,
+                    holds,
                     ShardShared {
                         journal: journal.clone(),
                         registry: registry.clone(),
                         metrics: metrics.clone(),
                         hooks: hooks.clone(),
+                        holds_max: cfg.holds_max,
                     },
                 );
                 Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
@@ -406,6 +419,8 @@ impl Engine {
                     seller: None,
                     buyer: None,
                     remarks: None,
+                    hold_id: None,
+                    ttl_ms: 0,
                     logged: false,
                     log_pos: None,
                     origin: None,
@@ -437,6 +452,35 @@ impl Engine {
             });
         }
         Ok(views)
+    }
+
+    /// A hold as durable, `None` if there is no such hold.
+    pub async fn hold(
+        &self,
+        shop: &Arc<str>,
+        hold_id: &Arc<str>,
+    ) -> Result<Option<HoldView>, EngineError> {
+        let (journal, shop, hold_id) = (self.deps.journal.clone(), shop.clone(), hold_id.clone());
+        let found = tokio::task::spawn_blocking(move || journal.holds(&shop, &[&hold_id]))
+            .await
+            .map_err(|_| EngineError::ShuttingDown)??;
+        Ok(found.into_iter().next().flatten())
+    }
+
+    /// An item's durable events after `after`, in seq order, at most `limit`.
+    pub async fn events(
+        &self,
+        shop: &Arc<str>,
+        item: &Arc<str>,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, EngineError> {
+        let (journal, shop, item) = (self.deps.journal.clone(), shop.clone(), item.clone());
+        Ok(
+            tokio::task::spawn_blocking(move || journal.events(&shop, &item, after, limit))
+                .await
+                .map_err(|_| EngineError::ShuttingDown)??,
+        )
     }
 
     /// The durable state of an item, `None` if unknown.

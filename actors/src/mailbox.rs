@@ -1,6 +1,7 @@
 //! The processor's priority mailbox: two FIFO lanes, drained high lane first.
 //!
-//! Returns (increments) and loads wait in the high lane: stock that comes back must be
+//! Returns (increments), loads and the endings of holds (confirm, cancel, expiry) wait
+//! in the high lane: stock that comes back must be
 //! available to the decrements queued behind it, and an operator's load sets the stock
 //! those decrements are judged against. Within a lane, arrival order is kept, so one
 //! seller's decrements on an item are applied in the order they arrived.
@@ -61,7 +62,9 @@ impl PriorityMailbox {
     pub fn push(&mut self, work: Work) {
         self.weight += work.weight();
         let high = match &work {
-            Work::Txn(r) => r.op != Op::Decrement,
+            // Holds take stock like sales; endings of holds give it back (or sell what is
+            // already set aside), and go first like returns.
+            Work::Txn(r) => !matches!(r.op, Op::Decrement | Op::Hold),
             Work::Load(_) => true,
         };
         if high {
@@ -124,6 +127,8 @@ mod tests {
             seller: None,
             buyer: None,
             remarks: None,
+            hold_id: None,
+            ttl_ms: 0,
             logged: false,
             log_pos: None,
             origin: None,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::types::{Entry, ItemState, LogPos, Outcome, Request};
+use crate::types::{Entry, Event, HoldView, ItemState, LogPos, Outcome, Request};
 
 /// Told the log positions of entries once they are journaled (a partitioned log commits
 /// its offsets from this).
@@ -26,6 +26,9 @@ pub struct LogHooks {
     pub node_id: u32,
     pub journaled: JournaledHook,
     pub remote: RemoteReplies,
+    /// Sends requests a processor makes itself (a hold's expiry) through the log, so
+    /// they reach whichever node owns the item now.
+    pub resubmit: Arc<dyn Fn(Vec<Request>) + Send + Sync>,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -49,6 +52,9 @@ pub struct Recovered {
     /// The highest request-log offset applied, per partition: a redelivered message at
     /// or below it is skipped, not applied again.
     pub log_offsets: std::collections::HashMap<i32, i64>,
+    /// Holds still pending (`held`), to be re-armed; those already past `expires_at`
+    /// expire at once.
+    pub holds: Vec<HoldView>,
 }
 
 /// The durable record of every decision.
@@ -99,6 +105,25 @@ pub trait Journal: Send + Sync + 'static {
             "this journal does not read single items".into(),
         ))
     }
+
+    /// Holds by id, as durable (`None`: no such hold), in the order asked.
+    fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError>;
+
+    /// The pending (`held`) holds of these items, as durable. Needed only by a
+    /// [`Journal::shared`] journal: a node taking an item over re-arms its holds.
+    fn pending_holds(&self, items: &[(Arc<str>, Arc<str>)]) -> Result<Vec<HoldView>, StoreError> {
+        let _ = items;
+        Ok(Vec::new())
+    }
+
+    /// The item's durable events with `seq > after`, in seq order, at most `limit`.
+    fn events(
+        &self,
+        shop: &str,
+        item: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError>;
 
     /// Waits for the writes in flight, writes a final snapshot, and closes.
     fn close(&self);

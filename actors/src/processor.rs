@@ -6,25 +6,37 @@
 //! written the next is applied, so the journal's fsync overlaps the work in memory; at
 //! most [`BATCHES_IN_FLIGHT_MAX`] batches are in flight, so under load the waiting
 //! requests pile into larger batches instead of more writes.
+//!
+//! Holds are the processor's too: it keeps each pending hold of its items and a timing
+//! wheel ([`crate::wheel`]) of their expiries, and wakes when the next one is due (tick
+//! [`WHEEL_TICK_MS`]) to release it through the mailbox's high lane, like a return.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use actix::prelude::*;
 use dashmap::DashMap;
 use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
-use crate::apply::{apply, apply_load};
+use crate::apply::{apply, apply_hold_end, apply_load, reject};
 use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, StoreError};
-use crate::types::{now_ms, Entry, ItemState, ItemView, LogPos, Op, Outcome, Request, Status};
+use crate::types::{
+    hold_end_key, now_ms, Entry, HoldView, ItemState, ItemView, LogPos, Millis, Op, Outcome,
+    Request, Status,
+};
+use crate::wheel::{TimerId, TimingWheel};
 use crate::work_manager::{Decided, WorkManager};
 
 /// Journal appends a shard may have outstanding. Two lets applying batch N+1 overlap
 /// writing batch N; more would only add latency, since one journal writer serializes them.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
+/// The hold-expiry wheel's tick: a hold is released within one tick of `expires_at`
+/// (plus the wait for the shard's next batch).
+pub const WHEEL_TICK_MS: u64 = 1;
 
 /// What every shard shares with the others.
 #[derive(Clone)]
@@ -35,6 +47,30 @@ pub struct ShardShared {
     pub metrics: Arc<Metrics>,
     /// Set by a log that several nodes share (Kafka): see [`LogHooks`].
     pub hooks: Arc<OnceLock<LogHooks>>,
+    /// Pending holds one shard keeps at most; a hold beyond it is refused
+    /// (`limit_exceeded`), so the holds map and the wheel stay bounded.
+    pub holds_max: usize,
+}
+
+/// A hold the processor keeps until it is confirmed, cancelled or expires.
+struct PendingHold {
+    item: Arc<str>,
+    qty: i64,
+    expires_at: Millis,
+    timer: TimerId,
+}
+
+/// What the processor makes of one request.
+// Returned and matched at once, never stored: boxing the entry would only add an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Decision {
+    /// A new journal entry.
+    Apply(Entry),
+    /// An outcome that already stands (a hold ended before this request reached it).
+    Answer(Arc<Outcome>),
+    /// Nothing to do: an expiry for a hold that is no longer pending here.
+    Drop,
 }
 
 /// Shops' WorkManagers by shop, shared with the engine that creates them.
@@ -55,7 +91,8 @@ struct Slot {
 /// the batches before it are durable, and applied no more.
 struct Repeat {
     origin: Option<u32>,
-    outcome: Arc<Outcome>,
+    /// `None`: nobody is answered, only the log position is reported journaled.
+    outcome: Option<Arc<Outcome>>,
     pos: Option<LogPos>,
 }
 
@@ -71,6 +108,8 @@ struct BatchInFlight {
     repeats: Vec<Repeat>,
     /// Keys of this batch in `Processor::undurable` (a shared log only).
     keys: Vec<(Arc<str>, Arc<str>)>,
+    /// Holds this batch ended, in `Processor::ended`.
+    ended: Vec<(Arc<str>, Arc<str>)>,
 }
 
 pub struct Processor {
@@ -100,6 +139,17 @@ pub struct Processor {
     /// partition's keys ([`Journal::learn_partition`]).
     learned: HashMap<i32, u64>,
     flush_waiters: Vec<oneshot::Sender<()>>,
+    /// Pending holds of this shard's items by shop and hold id; at most `holds_max`.
+    holds: HashMap<(Arc<str>, Arc<str>), PendingHold>,
+    holds_max: usize,
+    /// The expiry of every pending hold, by shop and hold id.
+    wheel: TimingWheel<(Arc<str>, Arc<str>)>,
+    /// When the actor wakes next for the wheel, and the handle to move that wake-up.
+    wake: Option<(u64, SpawnHandle)>,
+    /// The endings of holds in batches not yet durable: a confirm or cancel that comes
+    /// after one is answered with it (the journal does not have it yet). Bounded by the
+    /// batches in flight.
+    ended: HashMap<(Arc<str>, Arc<str>), Arc<Outcome>>,
 }
 
 impl Processor {
@@ -108,6 +158,7 @@ impl Processor {
         batch_max: usize,
         request_ttl_ms: i64,
         initial: Vec<(Arc<str>, Arc<str>, ItemState)>,
+        holds: Vec<HoldView>,
         shared: ShardShared,
     ) -> Processor {
         let ShardShared {
@@ -115,6 +166,7 @@ impl Processor {
             registry,
             metrics,
             hooks,
+            holds_max,
         } = shared;
         let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
         for (shop, item, state) in initial {
@@ -130,7 +182,7 @@ impl Processor {
         let depth_gauge = metrics
             .queue_depth
             .with_label_values(&[&format!("shard_{shard}")]);
-        Processor {
+        let mut processor = Processor {
             shard,
             batch_max: batch_max.max(1),
             request_ttl_ms,
@@ -147,7 +199,107 @@ impl Processor {
             partition_epochs: HashMap::new(),
             learned: HashMap::new(),
             flush_waiters: Vec::new(),
+            holds: HashMap::new(),
+            holds_max,
+            wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
+            wake: None,
+            ended: HashMap::new(),
+        };
+        // Re-armed from the journal; those already past their expiry go at the first
+        // tick, which `started` runs.
+        for h in holds {
+            processor.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at);
         }
+        processor
+    }
+
+    fn arm_hold(
+        &mut self,
+        shop: Arc<str>,
+        hold_id: Arc<str>,
+        item: Arc<str>,
+        qty: i64,
+        expires_at: Millis,
+    ) {
+        let key = (shop, hold_id);
+        let timer = self.wheel.insert(expires_at.max(0) as u64, key.clone());
+        if let Some(old) = self.holds.insert(
+            key,
+            PendingHold {
+                item,
+                qty,
+                expires_at,
+                timer,
+            },
+        ) {
+            self.wheel.cancel(old.timer);
+        }
+    }
+
+    /// Expires the holds that are due, through the mailbox's high lane, and sleeps until
+    /// the next one.
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        self.wake = None;
+        let now = now_ms();
+        let mut fired = Vec::new();
+        self.wheel.advance(now.max(0) as u64, &mut fired);
+        let mut via_log = Vec::new();
+        let resubmit = self
+            .hooks
+            .get()
+            .filter(|_| self.journal.shared())
+            .map(|h| h.resubmit.clone());
+        for (_, (shop, hold_id)) in fired {
+            let Some(h) = self.holds.get(&(shop.clone(), hold_id.clone())) else {
+                continue;
+            };
+            let req = Request {
+                item: h.item.clone(),
+                key: hold_end_key(&hold_id),
+                op: Op::Expire,
+                qty: h.qty,
+                submitted_at: now,
+                seller: None,
+                buyer: None,
+                remarks: None,
+                hold_id: Some(hold_id),
+                ttl_ms: 0,
+                logged: false,
+                log_pos: None,
+                origin: None,
+                epoch: 0,
+                shop,
+            };
+            if resubmit.is_some() {
+                via_log.push(req);
+            } else {
+                self.mailbox.push(Work::Txn(req));
+            }
+        }
+        if let (Some(send), false) = (resubmit, via_log.is_empty()) {
+            // With several nodes the item may have moved to another node since this one
+            // armed the timer: the expiry goes to whoever owns the item now, through
+            // the log, and its key makes every copy of it one decision.
+            send(via_log);
+        }
+        self.schedule(ctx);
+        self.arm_wake(ctx);
+    }
+
+    /// Sets the wake-up for the wheel's next expiry, if it is earlier than the one set.
+    fn arm_wake(&mut self, ctx: &mut Context<Self>) {
+        let Some(next) = self.wheel.next_deadline_hint() else {
+            return;
+        };
+        if let Some((at, handle)) = self.wake {
+            if at <= next {
+                return;
+            }
+            ctx.cancel_future(handle);
+        }
+        let delay = next.saturating_sub(now_ms().max(0) as u64);
+        let handle = ctx.run_later(Duration::from_millis(delay), |p, ctx| p.tick(ctx));
+        self.wake = Some((next, handle));
     }
 
     fn schedule(&mut self, ctx: &mut Context<Self>) {
@@ -167,6 +319,7 @@ impl Processor {
         while self.in_flight.len() < BATCHES_IN_FLIGHT_MAX && !self.mailbox.is_empty() {
             let works = self.mailbox.drain(self.batch_max);
             let batch = self.apply_batch(works);
+            self.arm_wake(ctx);
             let BatchBuilt { entries, in_flight } = batch;
             if entries.is_empty() {
                 // Only repeats: answered with the batch before them, or now.
@@ -203,40 +356,54 @@ impl Processor {
         let mut loads = Vec::new();
         let mut repeats = Vec::new();
         let mut keys = Vec::new();
+        let mut ended = Vec::new();
         for work in works {
             match work {
-                Work::Txn(req) if shared_log => {
-                    let key = (req.shop.clone(), req.key.clone());
-                    let found = match self.undurable.get(&key) {
-                        Some(o) => Some(o.clone()),
-                        None => journaled.remove(&key),
-                    };
-                    if let Some(outcome) = found {
-                        repeats.push(Repeat {
-                            origin: req.origin,
-                            outcome,
-                            pos: req.log_pos,
-                        });
-                        continue;
-                    }
-                    let entry = self.apply_one(&req, now, &mut touched);
-                    if let Some(o) = entry.outcome() {
-                        self.undurable.insert(key.clone(), Arc::new(o));
-                        keys.push(key);
-                    }
-                    entries.push(entry);
-                }
                 Work::Txn(req) => {
-                    let slot = self
-                        .items
-                        .get_mut(&req.shop)
-                        .and_then(|items| items.get_mut(&req.item));
-                    let known = slot.is_some();
-                    let entry = apply(slot.map(|s| &mut s.live), &req, now, self.request_ttl_ms);
-                    if known {
-                        touched.push((req.shop, req.item));
+                    if shared_log {
+                        let key = (req.shop.clone(), req.key.clone());
+                        let found = match self.undurable.get(&key) {
+                            Some(o) => Some(o.clone()),
+                            None => journaled.remove(&key),
+                        };
+                        if let Some(outcome) = found {
+                            repeats.push(Repeat {
+                                origin: req.origin,
+                                outcome: Some(outcome),
+                                pos: req.log_pos,
+                            });
+                            continue;
+                        }
                     }
-                    entries.push(entry);
+                    match self.decide(&req, now, &mut touched) {
+                        Decision::Apply(entry) => {
+                            if shared_log {
+                                if let Some(o) = entry.outcome() {
+                                    let key = (req.shop.clone(), req.key.clone());
+                                    self.undurable.insert(key.clone(), Arc::new(o));
+                                    keys.push(key);
+                                }
+                            }
+                            if let (true, Some(hold_id)) = (entry.op.ends_hold(), &entry.hold_id) {
+                                if let Some(o) = entry.outcome() {
+                                    let key = (entry.shop.clone(), hold_id.clone());
+                                    self.ended.insert(key.clone(), Arc::new(o));
+                                    ended.push(key);
+                                }
+                            }
+                            entries.push(entry);
+                        }
+                        Decision::Answer(outcome) => repeats.push(Repeat {
+                            origin: req.origin,
+                            outcome: Some(outcome),
+                            pos: req.log_pos,
+                        }),
+                        Decision::Drop => repeats.push(Repeat {
+                            origin: None,
+                            outcome: None,
+                            pos: req.log_pos,
+                        }),
+                    }
                 }
                 Work::Load(LoadChunk { shop, items, reply }) => {
                     let shop_items = self.items.entry(shop.clone()).or_default();
@@ -280,18 +447,19 @@ impl Processor {
                 weight,
                 repeats,
                 keys,
+                ended,
             },
         }
     }
 
-    /// One request from a shared log: a load (an operator's, routed to the item's
-    /// owner through the log) or a stock change.
-    fn apply_one(
+    /// Decides one request: a stock change, a hold or a hold's ending, or (from a shared
+    /// log) an operator's load routed to the item's owner.
+    fn decide(
         &mut self,
         req: &Request,
-        now: i64,
+        now: Millis,
         touched: &mut Vec<(Arc<str>, Arc<str>)>,
-    ) -> Entry {
+    ) -> Decision {
         if req.op == Op::Load {
             let slot = self
                 .items
@@ -309,18 +477,118 @@ impl Processor {
             entry.log_pos = req.log_pos;
             entry.origin = req.origin;
             touched.push((req.shop.clone(), req.item.clone()));
-            return entry;
+            return Decision::Apply(entry);
+        }
+        if req.op.ends_hold() {
+            return self.end_hold(req, now, touched);
         }
         let slot = self
             .items
             .get_mut(&req.shop)
             .and_then(|items| items.get_mut(&req.item));
         let known = slot.is_some();
-        let entry = apply(slot.map(|s| &mut s.live), req, now, self.request_ttl_ms);
+        let entry = match slot {
+            Some(slot) if req.op == Op::Hold && self.holds.len() >= self.holds_max => reject(
+                &mut slot.live,
+                req,
+                now,
+                Status::LimitExceeded,
+                format!(
+                    "this shard already keeps {} pending holds, its limit",
+                    self.holds_max
+                ),
+            ),
+            slot => apply(slot.map(|s| &mut s.live), req, now, self.request_ttl_ms),
+        };
         if known {
             touched.push((req.shop.clone(), req.item.clone()));
         }
-        entry
+        if let (Op::Hold, Status::Ok, Some(expires_at)) = (entry.op, entry.status, entry.expires_at)
+        {
+            self.arm_hold(
+                req.shop.clone(),
+                req.key.clone(),
+                req.item.clone(),
+                req.qty,
+                expires_at,
+            );
+        }
+        Decision::Apply(entry)
+    }
+
+    /// Confirms, cancels or expires a hold. A hold past its `expires_at` expires
+    /// whatever the request was, so a confirm that comes too late is answered with the
+    /// expiry; a hold that already ended answers every later request with its ending.
+    fn end_hold(
+        &mut self,
+        req: &Request,
+        now: Millis,
+        touched: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Decision {
+        let Some(hold_id) = req.hold_id.clone() else {
+            tracing::error!(key = %req.key, "hold ending without a hold id; dropped");
+            return Decision::Drop;
+        };
+        let key = (req.shop.clone(), hold_id.clone());
+        let due = self.holds.get(&key).map(|h| h.expires_at <= now);
+        match due {
+            // An expiry that is not due yet: sent by a node whose clock runs ahead.
+            Some(false) if req.op == Op::Expire => Decision::Drop,
+            Some(due) => {
+                let Some(hold) = self.holds.remove(&key) else {
+                    return Decision::Drop;
+                };
+                self.wheel.cancel(hold.timer);
+                let Some(slot) = self
+                    .items
+                    .get_mut(&req.shop)
+                    .and_then(|m| m.get_mut(&hold.item))
+                else {
+                    tracing::error!(hold = %hold_id, "pending hold of an unknown item");
+                    return Decision::Drop;
+                };
+                let mut end = req.clone();
+                end.item = hold.item.clone();
+                if due {
+                    end.op = Op::Expire;
+                }
+                let entry = apply_hold_end(&mut slot.live, &end, hold.qty, now);
+                touched.push((req.shop.clone(), hold.item));
+                Decision::Apply(entry)
+            }
+            None => {
+                if let Some(o) = self.ended.get(&key) {
+                    return Decision::Answer(o.clone());
+                }
+                let found =
+                    retry_read(self.shard, || self.journal.outcomes(&req.shop, &[&req.key]));
+                match found.into_iter().next().flatten() {
+                    Some(o) => Decision::Answer(Arc::new(o)),
+                    None if req.op == Op::Expire => Decision::Drop,
+                    None => {
+                        let mut entry = Entry {
+                            request_key: Some(req.key.clone()),
+                            hold_id: Some(hold_id.clone()),
+                            status: Status::UnknownHold,
+                            reason: Some(format!("no hold {hold_id} in shop {}", req.shop)),
+                            logged: req.logged,
+                            log_pos: req.log_pos,
+                            origin: req.origin,
+                            ..Entry::decided(
+                                req.shop.clone(),
+                                req.item.clone(),
+                                req.op,
+                                req.qty,
+                                req.submitted_at,
+                                now,
+                            )
+                        };
+                        entry.qty = req.qty;
+                        Decision::Apply(entry)
+                    }
+                }
+            }
+        }
     }
 
     /// Before a batch from a shared log is applied: drops requests read under an older
@@ -431,6 +699,24 @@ impl Processor {
             return;
         }
         let states = retry_read(self.shard, || self.journal.item_states(&stale));
+        // The holds of these items as the journal has them replace any armed here: the
+        // node that owned them meanwhile may have made, confirmed or expired some.
+        let holds = retry_read(self.shard, || self.journal.pending_holds(&stale));
+        let moved: std::collections::HashSet<&(Arc<str>, Arc<str>)> = stale.iter().collect();
+        let gone: Vec<(Arc<str>, Arc<str>)> = self
+            .holds
+            .iter()
+            .filter(|((shop, _), h)| moved.contains(&(shop.clone(), h.item.clone())))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            if let Some(h) = self.holds.remove(&key) {
+                self.wheel.cancel(h.timer);
+            }
+        }
+        for h in holds {
+            self.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at);
+        }
         for ((shop, item), state) in stale.into_iter().zip(states) {
             let epoch = epochs[&(shop.clone(), item.clone())];
             let shop_items = self.items.entry(shop).or_default();
@@ -471,6 +757,9 @@ impl Processor {
         for key in &batch.keys {
             self.undurable.remove(key);
         }
+        for key in &batch.ended {
+            self.ended.remove(key);
+        }
         for (shop, item, state) in batch.states {
             if let Some(slot) = self.items.get_mut(&shop).and_then(|m| m.get_mut(&item)) {
                 // Paired with the apply step's assertion: what became durable is sane.
@@ -496,7 +785,7 @@ impl Processor {
         // message per shop, and other nodes' through the log's hook.
         let mut by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>> = HashMap::new();
         let mut remote: HashMap<u32, Vec<Arc<Outcome>>> = HashMap::new();
-        let mut counts = [0u64; 5];
+        let mut counts = [0u64; STATUSES.len()];
         let mut route = |origin: Option<u32>, outcome: Arc<Outcome>| match (origin, hooks) {
             (Some(node), Some(h)) if node != h.node_id => {
                 remote.entry(node).or_default().push(outcome)
@@ -512,11 +801,14 @@ impl Processor {
                 route(entry.origin, Arc::new(outcome));
             }
         }
-        if !batch.repeats.is_empty() {
-            self.metrics.repeats.inc_by(batch.repeats.len() as u64);
+        let answered = batch.repeats.iter().filter(|r| r.outcome.is_some()).count();
+        if answered > 0 {
+            self.metrics.repeats.inc_by(answered as u64);
         }
         for r in batch.repeats {
-            route(r.origin, r.outcome);
+            if let Some(outcome) = r.outcome {
+                route(r.origin, outcome);
+            }
         }
         if let Some(h) = hooks {
             for (node, outcomes) in remote {
@@ -550,12 +842,13 @@ impl Processor {
     }
 }
 
-const STATUSES: [Status; 5] = [
+const STATUSES: [Status; 6] = [
     Status::Ok,
     Status::InsufficientStock,
     Status::UnknownItem,
     Status::Expired,
     Status::LimitExceeded,
+    Status::UnknownHold,
 ];
 
 fn status_index(s: Status) -> usize {
@@ -571,6 +864,11 @@ struct BatchBuilt {
 /// control in front (the WorkManagers' in-flight bound) is what bounds it.
 impl Actor for Processor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Holds re-armed at start that are already due expire now.
+        self.tick(ctx);
+    }
 }
 
 /// Requests for this shard, in arrival order.

@@ -20,6 +20,21 @@ pub const REMARKS_LEN_MAX: usize = 1024;
 pub const LOAD_ITEMS_MAX: usize = 10_000;
 /// Most entries one batch call may carry.
 pub const BATCH_TXNS_MAX: usize = 1_000;
+/// Longest a hold may last before it expires: a week covers any payment flow, and a
+/// bound keeps the timing wheel's horizon and the pending holds finite.
+pub const HOLD_TTL_MAX_MS: i64 = 7 * 24 * 3600 * 1000;
+/// Most events one read of an item's event stream returns.
+pub const EVENTS_LIMIT_MAX: usize = 1_000;
+/// Prefix of the request key under which a hold's one ending (confirm, cancel or
+/// expiry) is journaled: a hold ends once, so the at-most-once rule on keys is what
+/// makes a second confirm answer the first, and a confirm after an expiry answer the
+/// expiry. Callers' keys may not start with `~`.
+pub const HOLD_END_PREFIX: &str = "~end:";
+
+/// The request key of the ending of hold `hold_id`.
+pub fn hold_end_key(hold_id: &str) -> Arc<str> {
+    format!("{HOLD_END_PREFIX}{hold_id}").into()
+}
 
 /// The wall clock in [`Millis`].
 pub fn now_ms() -> Millis {
@@ -39,6 +54,15 @@ pub enum Op {
     Increment,
     /// An operator's load: sets the available stock to `qty`, creating the item.
     Load,
+    /// A hold: moves `qty` from the available stock to `reserved`, only if that much is
+    /// available, until it is confirmed, cancelled or expires.
+    Hold,
+    /// A hold confirmed: its reserved quantity is sold.
+    Confirm,
+    /// A hold cancelled: its reserved quantity returns to the stock.
+    Release,
+    /// A hold that reached `expires_at` unconfirmed: its quantity returns to the stock.
+    Expire,
 }
 
 impl Op {
@@ -47,7 +71,16 @@ impl Op {
             Op::Decrement => "decrement",
             Op::Increment => "increment",
             Op::Load => "load",
+            Op::Hold => "hold",
+            Op::Confirm => "confirm",
+            Op::Release => "release",
+            Op::Expire => "expire",
         }
+    }
+
+    /// Whether this op ends a hold (and so names one in [`Request::hold_id`]).
+    pub fn ends_hold(self) -> bool {
+        matches!(self, Op::Confirm | Op::Release | Op::Expire)
     }
 
     pub fn parse(s: &str) -> Option<Op> {
@@ -55,6 +88,10 @@ impl Op {
             "decrement" => Some(Op::Decrement),
             "increment" => Some(Op::Increment),
             "load" => Some(Op::Load),
+            "hold" => Some(Op::Hold),
+            "confirm" => Some(Op::Confirm),
+            "release" => Some(Op::Release),
+            "expire" => Some(Op::Expire),
             _ => None,
         }
     }
@@ -72,6 +109,8 @@ pub enum Status {
     /// quantities inside their limits short of billions of returns, but an outcome
     /// rather than an overflow all the same.
     LimitExceeded,
+    /// A confirm or cancel of a hold that does not exist.
+    UnknownHold,
 }
 
 impl Status {
@@ -82,6 +121,7 @@ impl Status {
             Status::UnknownItem => "unknown_item",
             Status::Expired => "expired",
             Status::LimitExceeded => "limit_exceeded",
+            Status::UnknownHold => "unknown_hold",
         }
     }
 
@@ -92,6 +132,7 @@ impl Status {
             "unknown_item" => Some(Status::UnknownItem),
             "expired" => Some(Status::Expired),
             "limit_exceeded" => Some(Status::LimitExceeded),
+            "unknown_hold" => Some(Status::UnknownHold),
             _ => None,
         }
     }
@@ -122,6 +163,13 @@ pub struct Request {
     pub seller: Option<Arc<str>>,
     pub buyer: Option<Arc<str>>,
     pub remarks: Option<Arc<str>>,
+    /// The hold a confirm, cancel or expiry ends (its key is then
+    /// [`hold_end_key`]`(hold_id)`); a hold's own id is its request key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_id: Option<Arc<str>>,
+    /// How long a hold lasts from its decision, in ms (holds only; 0 otherwise).
+    #[serde(default)]
+    pub ttl_ms: i64,
     /// True when the request log holds this request durably (fire-and-forget), so its
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
@@ -184,6 +232,12 @@ pub struct Entry {
     pub seller: Option<Arc<str>>,
     pub buyer: Option<Arc<str>>,
     pub remarks: Option<Arc<str>>,
+    /// The hold this entry creates (its request key) or ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_id: Option<Arc<str>>,
+    /// When the hold this entry creates expires (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Millis>,
     /// Mirrors [`Request::logged`]: the adapter retires the request log's record.
     #[serde(skip)]
     pub logged: bool,
@@ -224,6 +278,8 @@ impl Entry {
             seller: None,
             buyer: None,
             remarks: None,
+            hold_id: None,
+            expires_at: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -255,8 +311,52 @@ impl Entry {
             prev_seq: self.prev_seq,
             submitted_at: self.submitted_at,
             completed_at: self.completed_at,
+            hold_id: self.hold_id.clone(),
+            expires_at: self.expires_at,
         })
     }
+
+    /// The entry as an event of its item's stream (`None` for an unknown item's
+    /// decision, which has no sequence).
+    pub fn event(&self) -> Option<Event> {
+        Some(Event {
+            shop: self.shop.clone(),
+            item: self.item.clone(),
+            seq: self.seq?,
+            prev_seq: self.prev_seq?,
+            kind: self.op,
+            status: self.status,
+            request_key: self.request_key.clone(),
+            qty: self.qty,
+            stock_after: self.stock_after?,
+            reserved_after: self.reserved_after?,
+            at: self.completed_at,
+            hold_id: self.hold_id.clone(),
+        })
+    }
+}
+
+/// One change of an item, as its sequenced event stream shows it: every journal entry of
+/// a known item is one, accepted or not, so `seq` is gapless and `prev_seq = seq - 1`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Event {
+    pub shop: Arc<str>,
+    pub item: Arc<str>,
+    pub seq: u64,
+    pub prev_seq: u64,
+    /// What the change was (`decrement`, `increment`, `load`, `hold`, `confirm`,
+    /// `release`, `expire`).
+    pub kind: Op,
+    /// Its decision: a rejected request is still an event (it took a sequence number).
+    pub status: Status,
+    pub request_key: Option<Arc<str>>,
+    pub qty: i64,
+    pub stock_after: i64,
+    pub reserved_after: i64,
+    /// When it was decided (ms since the epoch).
+    pub at: Millis,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_id: Option<Arc<str>>,
 }
 
 /// What a caller is told about a request. Field names are the HTTP API's.
@@ -275,4 +375,65 @@ pub struct Outcome {
     pub prev_seq: Option<u64>,
     pub submitted_at: Millis,
     pub completed_at: Millis,
+    /// Holds only: the hold created or ended, and when a created one expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_id: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Millis>,
+}
+
+/// Where a hold stands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldStatus {
+    Held,
+    Confirmed,
+    Released,
+    Expired,
+}
+
+impl HoldStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldStatus::Held => "held",
+            HoldStatus::Confirmed => "confirmed",
+            HoldStatus::Released => "released",
+            HoldStatus::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<HoldStatus> {
+        match s {
+            "held" => Some(HoldStatus::Held),
+            "confirmed" => Some(HoldStatus::Confirmed),
+            "released" => Some(HoldStatus::Released),
+            "expired" => Some(HoldStatus::Expired),
+            _ => None,
+        }
+    }
+
+    /// The state an `ok` entry of `op` leaves its hold in.
+    pub fn after(op: Op) -> Option<HoldStatus> {
+        match op {
+            Op::Hold => Some(HoldStatus::Held),
+            Op::Confirm => Some(HoldStatus::Confirmed),
+            Op::Release => Some(HoldStatus::Released),
+            Op::Expire => Some(HoldStatus::Expired),
+            _ => None,
+        }
+    }
+}
+
+/// A hold as the journal's store keeps it and the API shows it. Field names are the
+/// HTTP API's.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct HoldView {
+    pub hold_id: Arc<str>,
+    pub status: HoldStatus,
+    pub shop: Arc<str>,
+    pub item: Arc<str>,
+    pub qty: i64,
+    pub expires_at: Millis,
+    /// The item's sequence number of the hold's latest transition.
+    pub seq: u64,
 }

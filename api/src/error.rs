@@ -14,6 +14,10 @@ pub enum ApiError {
     /// 404.
     #[error("{0}")]
     NotFound(String),
+    /// 409: the request contradicts the state it found (a hold that already ended
+    /// otherwise); the body carries that state beside the error.
+    #[error("{0}")]
+    Conflict(String, serde_json::Value),
     /// 429 with `Retry-After`: a bounded queue is full; nothing was applied.
     #[error("{0}")]
     Overloaded(String),
@@ -50,6 +54,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -57,9 +62,19 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
+        if let ApiError::Conflict(detail, state) = self {
+            let mut body = match state {
+                serde_json::Value::Object(m) => m.clone(),
+                _ => serde_json::Map::new(),
+            };
+            body.insert("error".into(), json!("conflict"));
+            body.insert("detail".into(), json!(detail));
+            return HttpResponse::Conflict().json(body);
+        }
         let (code, detail) = match self {
             ApiError::Invalid(d) => ("invalid_request", d),
             ApiError::NotFound(d) => ("not_found", d),
+            ApiError::Conflict(d, _) => ("conflict", d),
             ApiError::Overloaded(d) => ("overloaded", d),
             ApiError::Unavailable(d) => ("unavailable", d),
             ApiError::Timeout(d) => ("timeout", d),

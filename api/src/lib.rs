@@ -11,7 +11,9 @@ use nrtxn_actors::Engine;
 use serde_json::json;
 
 pub mod error;
+pub mod events;
 pub mod health;
+pub mod holds;
 pub mod items;
 pub mod txns;
 pub mod validate;
@@ -41,6 +43,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/v1/shops/{shop}/txns/{request_key}",
             web::get().to(txns::get_txn),
+        )
+        .route(
+            "/v1/shops/{shop}/items/{item}/events",
+            web::get().to(events::get_events),
+        )
+        .route("/v1/shops/{shop}/holds", web::post().to(holds::post_hold))
+        .route(
+            "/v1/shops/{shop}/holds/{hold_id}",
+            web::get().to(holds::get_hold),
+        )
+        .route(
+            "/v1/shops/{shop}/holds/{hold_id}/confirm",
+            web::post().to(holds::confirm_hold),
+        )
+        .route(
+            "/v1/shops/{shop}/holds/{hold_id}/cancel",
+            web::post().to(holds::cancel_hold),
         )
         .default_service(web::to(not_found));
 }

@@ -165,6 +165,18 @@ pub fn array<'a>(
     }
 }
 
+/// A caller's `request_id`: a name that does not start with `~`, which marks the keys
+/// nrtxn makes itself (loads, the endings of holds).
+pub fn request_id(obj: &Map<String, Value>, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
+    let id = name(obj, "request_id", prefix)?;
+    if id.as_deref().is_some_and(|id| id.starts_with('~')) {
+        return Err(ApiError::invalid(format!(
+            "{prefix}request_id: must not start with '~' (reserved)"
+        )));
+    }
+    Ok(id)
+}
+
 /// A transaction body, validated: the request and whether the caller waits (`respond`).
 /// `prefix` locates the entry in a batch (`txns[3].`).
 pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), ApiError> {
@@ -213,7 +225,7 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             )))
         }
     };
-    let request_id = name(obj, "request_id", prefix)?;
+    let request_id = request_id(obj, prefix)?;
     let remarks = match obj.get("remarks") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.len() <= REMARKS_LEN_MAX => Some(s.as_str().into()),
@@ -248,6 +260,8 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             seller: Some(seller),
             buyer,
             remarks,
+            hold_id: None,
+            ttl_ms: 0,
             logged: false,
             log_pos: None,
             origin: None,

@@ -302,7 +302,15 @@ impl KafkaLog {
         let hook_tracker = tracker.clone();
         let reply_producer = producer.clone();
         let responses_topic = settings.responses_topic.clone();
+        let (expiry_producer, requests_topic, node_id) = (
+            producer.clone(),
+            settings.requests_topic.clone(),
+            settings.node_id,
+        );
         dispatcher.attach(LogHooks {
+            resubmit: Arc::new(move |reqs| {
+                send_requests(&expiry_producer, &requests_topic, node_id, reqs, None)
+            }),
             node_id: settings.node_id,
             journaled: Arc::new(move |positions| hook_tracker.journaled(&positions)),
             remote: Arc::new(move |node, outcomes| {
@@ -371,6 +379,48 @@ impl KafkaLog {
             *r = handles;
         }
         Ok(log)
+    }
+}
+
+/// Queues requests on the requests topic, keyed by `{shop}:{item}`; `ack` (the call's
+/// fire-and-forget group) is told of each `logged` one's delivery.
+fn send_requests(
+    producer: &ThreadedProducer<Delivery>,
+    topic: &str,
+    origin: u32,
+    reqs: Vec<Request>,
+    ack: Option<Arc<AckGroup>>,
+) {
+    for req in reqs {
+        let key = format!("{}:{}", req.shop, req.item);
+        let ack = if req.logged { ack.clone() } else { None };
+        let msg = RequestMsg {
+            origin,
+            request: req,
+        };
+        let payload = match serde_json::to_vec(&msg) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "request not encoded");
+                if let Some(group) = ack {
+                    group.done(false);
+                }
+                continue;
+            }
+        };
+        let record = BaseRecord::with_opaque_to(topic, Box::new(ack))
+            .key(&key)
+            .payload(&payload);
+        if let Err((e, record)) = producer.send(record) {
+            // Refused locally after the caller's room check (an unknown topic, say). The
+            // others of the call are queued already, so the call stands; this one's
+            // fire-and-forget caller gets a 503, and it stays in flight at its
+            // WorkManager (a repeat of its key waits rather than sending it twice).
+            tracing::error!(error = %e, key = %key, "request not sent");
+            if let Some(group) = *record.delivery_opaque {
+                group.done(false);
+            }
+        }
     }
 }
 
@@ -648,37 +698,13 @@ impl RequestLog for KafkaLog {
         if self.producer.in_flight_count() as usize + reqs.len() > PRODUCER_QUEUE_MAX {
             return Err(StoreError::Full);
         }
-        for req in reqs {
-            let key = format!("{}:{}", req.shop, req.item);
-            let ack = if req.logged { group.clone() } else { None };
-            let msg = RequestMsg {
-                origin: self.settings.node_id,
-                request: req,
-            };
-            let payload = match serde_json::to_vec(&msg) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::error!(error = %e, "request not encoded");
-                    if let Some(group) = ack {
-                        group.done(false);
-                    }
-                    continue;
-                }
-            };
-            let record = BaseRecord::with_opaque_to(&self.settings.requests_topic, Box::new(ack))
-                .key(&key)
-                .payload(&payload);
-            if let Err((e, record)) = self.producer.send(record) {
-                // Refused locally after the check above (an unknown topic, say). The
-                // others of the call are queued already, so the call stands; this one's
-                // fire-and-forget caller gets a 503, and it stays in flight at its
-                // WorkManager (a repeat of its key waits rather than sending it twice).
-                tracing::error!(error = %e, key = %key, "request not sent");
-                if let Some(group) = *record.delivery_opaque {
-                    group.done(false);
-                }
-            }
-        }
+        send_requests(
+            &self.producer,
+            &self.settings.requests_topic,
+            self.settings.node_id,
+            reqs,
+            group,
+        );
         Ok(rx)
     }
 

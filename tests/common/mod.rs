@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod holds;
 pub mod load;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,210 @@
+//! `POST /v1/shops/{shop}/holds`, `POST .../holds/{hold_id}/confirm`,
+//! `POST .../holds/{hold_id}/cancel`, `GET .../holds/{hold_id}`.
+//!
+//! A hold's id is the `request_id` that made it. Each of its endings (confirm, cancel,
+//! expiry) is a request under one key, [`hold_end_key`], so a hold ends once: a second
+//! confirm is answered with the first, and a confirm after a cancel or an expiry with
+//! that ending (409, and the hold's state).
+
+use std::sync::Arc;
+
+use actix_web::{web, HttpResponse};
+use nrtxn_actors::{
+    hold_end_key, now_ms, HoldStatus, Op, Outcome, Request, Status, HOLD_TTL_MAX_MS, QTY_MAX,
+};
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::validate::{integer, json_object, name, path_segment, request_id};
+use crate::AppState;
+
+/// Largest body of a hold: four short fields.
+pub const HOLD_BODY_MAX: usize = 4 * 1024;
+
+/// A hold as the routes answer it.
+#[derive(serde::Serialize)]
+struct HoldBody<'a> {
+    hold_id: &'a str,
+    status: &'a str,
+    item: &'a str,
+    qty: i64,
+    expires_at: Option<i64>,
+    seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+/// Submits one request that waits for its outcome; 504 if none comes in time.
+async fn decide(state: &AppState, shop: &Arc<str>, req: Request) -> Result<Arc<Outcome>, ApiError> {
+    let timeout = std::time::Duration::from_millis(state.engine.config().reply_timeout_ms);
+    let key = req.key.clone();
+    let admitted = state.engine.submit(shop, vec![(req, true)]).await?;
+    let pending = || ApiError::Timeout(format!("request_key: {key} is still pending"));
+    match admitted.admissions.into_iter().next() {
+        Some(nrtxn_actors::Admission::Decided(o)) => Ok(o),
+        Some(nrtxn_actors::Admission::Wait(rx)) => match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(o)) => Ok(o),
+            _ => Err(pending()),
+        },
+        _ => Err(pending()),
+    }
+}
+
+pub async fn post_hold(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let body = json_object(payload, HOLD_BODY_MAX).await?;
+    let item = name(&body, "item", "")?.ok_or_else(|| ApiError::invalid("item: required"))?;
+    let qty = integer(&body, "qty", "", 1, QTY_MAX)?;
+    let ttl_ms = integer(&body, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)?;
+    let key = request_id(&body, "")?.ok_or_else(|| {
+        ApiError::invalid("request_id: required (it makes the hold idempotent and is its id)")
+    })?;
+    let seller = name(&body, "seller", "")?;
+    let req = Request {
+        shop: shop.clone(),
+        item,
+        key: key.clone(),
+        op: Op::Hold,
+        qty,
+        submitted_at: now_ms(),
+        seller,
+        buyer: None,
+        remarks: None,
+        hold_id: None,
+        ttl_ms,
+        logged: false,
+        log_pos: None,
+        origin: None,
+        epoch: 0,
+    };
+    let o = decide(&state, &shop, req).await?;
+    if o.op != Op::Hold {
+        return Err(ApiError::Conflict(
+            format!(
+                "request_id: {key} was already used by a {} request",
+                o.op.as_str()
+            ),
+            json!({ "request_key": &*key }),
+        ));
+    }
+    let (hold_id, status) = match o.status {
+        Status::Ok => (&*key, HoldStatus::Held.as_str()),
+        other => (&*key, other.as_str()),
+    };
+    Ok(HttpResponse::Ok().json(HoldBody {
+        hold_id,
+        status,
+        item: &o.item,
+        qty: o.qty,
+        expires_at: o.expires_at,
+        seq: o.seq,
+        reason: o.reason.as_deref(),
+    }))
+}
+
+pub async fn confirm_hold(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    end_hold(state, path, Op::Confirm).await
+}
+
+pub async fn cancel_hold(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    end_hold(state, path, Op::Release).await
+}
+
+async fn end_hold(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    op: Op,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, hold_id) = path.into_inner();
+    let shop = path_segment(&shop, "shop")?;
+    let hold_id = path_segment(&hold_id, "hold_id")?;
+    // The hold's item routes the request to its processor. A hold is answered to its
+    // maker only once durable, so the store has every hold a caller can know of.
+    let Some(hold) = state.engine.hold(&shop, &hold_id).await? else {
+        return Err(ApiError::NotFound(format!(
+            "hold_id: no hold {hold_id} in shop {shop}"
+        )));
+    };
+    let req = Request {
+        shop: shop.clone(),
+        item: hold.item.clone(),
+        key: hold_end_key(&hold_id),
+        op,
+        qty: hold.qty,
+        submitted_at: now_ms(),
+        seller: None,
+        buyer: None,
+        remarks: None,
+        hold_id: Some(hold_id.clone()),
+        ttl_ms: 0,
+        logged: false,
+        log_pos: None,
+        origin: None,
+        epoch: 0,
+    };
+    let o = decide(&state, &shop, req).await?;
+    if o.status == Status::UnknownHold {
+        return Err(ApiError::NotFound(format!(
+            "hold_id: no hold {hold_id} in shop {shop}"
+        )));
+    }
+    let status = HoldStatus::after(o.op).unwrap_or(HoldStatus::Held);
+    let body = HoldBody {
+        hold_id: &hold_id,
+        status: status.as_str(),
+        item: &hold.item,
+        qty: hold.qty,
+        expires_at: Some(hold.expires_at),
+        seq: o.seq,
+        reason: None,
+    };
+    if o.op == op {
+        // This ending, or the same ending asked for again.
+        return Ok(HttpResponse::Ok().json(body));
+    }
+    Err(ApiError::Conflict(
+        format!(
+            "hold_id: hold {hold_id} is {}, it cannot be {}",
+            status.as_str(),
+            if op == Op::Confirm {
+                "confirmed"
+            } else {
+                "cancelled"
+            }
+        ),
+        serde_json::to_value(&body).unwrap_or(Value::Null),
+    ))
+}
+
+pub async fn get_hold(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, hold_id) = path.into_inner();
+    let shop = path_segment(&shop, "shop")?;
+    let hold_id = path_segment(&hold_id, "hold_id")?;
+    match state.engine.hold(&shop, &hold_id).await? {
+        Some(h) => Ok(HttpResponse::Ok().json(HoldBody {
+            hold_id: &h.hold_id,
+            status: h.status.as_str(),
+            item: &h.item,
+            qty: h.qty,
+            expires_at: Some(h.expires_at),
+            seq: Some(h.seq),
+            reason: None,
+        })),
+        None => Err(ApiError::NotFound(format!(
+            "hold_id: no hold {hold_id} in shop {shop}"
+        ))),
+    }
+}
