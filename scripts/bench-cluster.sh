@@ -48,7 +48,13 @@ for base in "${bases[@]}"; do
   for _ in $(seq 900); do curl -sf "$base/readyz" > /dev/null && break; sleep 0.1; done
 done
 items=$(seq 0 19 | sed 's/.*/{"item":"i&","stock":1000000000}/' | paste -sd,)
-curl -sf -XPUT "${bases[0]}/v1/shops/flash/items" -d "{\"items\":[$items]}" > /dev/null
+# /readyz is up once a reader has partitions; the others may still be joining, and a
+# load waits for every item's owner: retried (a load sets absolute stock, so a repeat
+# changes nothing).
+for _ in $(seq 30); do
+  curl -sf -XPUT "${bases[0]}/v1/shops/flash/items" -d "{\"items\":[$items]}" > /dev/null && break
+  sleep 1
+done
 metric() { # sum of a metric's samples on every node
   for base in "${bases[@]}"; do curl -s "$base/metrics"; done |
     awk -v m="$1" 'index($1, m) == 1 { s += $2 } END { printf "%d", s }'

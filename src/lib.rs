@@ -1,8 +1,9 @@
 //! The `nrtxn` binary's library: configuration, the embedded adapters (SQLite journal,
-//! in-process request log) and the wiring of `serve`.
+//! in-process request log), the wiring of `serve`, and the event follower of `follow`.
 
 pub mod config;
 pub mod embedded_log;
+pub mod follow;
 pub mod keyfilter;
 pub mod mongo;
 pub mod server;

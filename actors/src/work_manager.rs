@@ -281,10 +281,20 @@ impl WorkManager {
         if !self.deps.shared_log {
             return;
         }
+        // A key with a caller waiting is looked up once it has been in flight longer
+        // than the reply timeout; one without (fire-and-forget, or its caller gave up)
+        // only after the request TTL: nobody waits for it, polls look it up themselves,
+        // and under a backlog of accepted requests thousands of lookups per sweep would
+        // compete with the journal's own writes (seen on the test MongoDB server:
+        // decisions fell to a few hundred per second behind them).
+        let (reply_timeout, request_ttl) = (self.deps.reply_timeout, self.deps.request_ttl);
         let stale: Vec<Arc<str>> = self
             .in_flight
             .iter()
-            .filter(|(_, f)| now.duration_since(f.since) > self.deps.reply_timeout)
+            .filter(|(_, f)| {
+                let age = now.duration_since(f.since);
+                age > reply_timeout && (!f.waiters.is_empty() || age > request_ttl)
+            })
             .map(|(k, _)| k.clone())
             .take(STALE_LOOKUPS_MAX)
             .collect();
