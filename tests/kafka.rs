@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::holds::*;
 use common::load::*;
 use common::*;
 use serde_json::json;
@@ -75,4 +76,42 @@ async fn kafka_log_keeps_every_answer_and_applies_nothing_twice_across_a_sigkill
     // Redelivered messages (read, journaled, offset not yet committed) must be skipped:
     // the sequence check in here fails if any were applied twice.
     check_after_restart(&server, &seen).await;
+}
+
+/// With a shared journal (Kafka and MongoDB) a hold's expiry travels through the log to
+/// the item's owner, and confirm and cancel travel like any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_through_kafka_and_mongo_expire_through_the_log() {
+    let (Some(flags), Some(uri)) = (kafka_flags("holds"), mongo_uri("kafka_holds")) else {
+        return;
+    };
+    let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    flags.extend(["--mongo-uri", uri.as_str()]);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &flags);
+    let c = client();
+    wait_ready(&c, &server).await;
+    load(&c, &server, "s", &[("a", 10)]).await;
+    let (status, body) = hold(&c, &server, "s", "kept", "a", 2, 60_000).await;
+    assert_eq!((status, &body["status"]), (200, &json!("held")), "{body}");
+    let (status, body) = post(&c, &holds_url(&server, "s", "/kept/cancel"), json!({})).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("released")),
+        "{body}"
+    );
+    let (_, short) = hold(&c, &server, "s", "short", "a", 3, 300).await;
+    assert_eq!(short["status"], "held", "{short}");
+    assert_eq!(item_state(&c, &server, "s", "a").await, (7, 3));
+    assert_eq!(
+        wait_ended(&c, &server, "s", "short").await["status"],
+        "expired"
+    );
+    assert_eq!(item_state(&c, &server, "s", "a").await, (10, 0));
+    let all = events(&c, &server, "s", "a", 1000).await;
+    let kinds: Vec<&str> = all.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["load", "hold", "release", "hold", "expire"]);
+    let late = lateness_ms(&all, "short", short["expires_at"].as_i64().unwrap());
+    assert!(late >= 0, "expired early");
+    drop_database(&uri).await;
 }

@@ -23,23 +23,7 @@ pub fn apply(
         req.op != Op::Load && !req.op.ends_hold(),
         "loads and hold endings have their own steps"
     );
-    let mut entry = Entry {
-        request_key: Some(req.key.clone()),
-        seller: req.seller.clone(),
-        buyer: req.buyer.clone(),
-        remarks: req.remarks.clone(),
-        logged: req.logged,
-        log_pos: req.log_pos,
-        origin: req.origin,
-        ..Entry::decided(
-            req.shop.clone(),
-            req.item.clone(),
-            req.op,
-            req.qty,
-            req.submitted_at,
-            now,
-        )
-    };
+    let mut entry = Entry::of_request(req, now);
     // Expiry first: a request that waited too long is not applied, whatever the item.
     let age_ms = now.saturating_sub(req.submitted_at);
     let expired = age_ms > request_ttl_ms;
@@ -132,23 +116,9 @@ pub fn reject(
     };
     *state = after;
     let mut entry = Entry {
-        request_key: Some(req.key.clone()),
-        seller: req.seller.clone(),
-        buyer: req.buyer.clone(),
-        remarks: req.remarks.clone(),
-        logged: req.logged,
-        log_pos: req.log_pos,
-        origin: req.origin,
         status,
         reason: Some(reason),
-        ..Entry::decided(
-            req.shop.clone(),
-            req.item.clone(),
-            req.op,
-            req.qty,
-            req.submitted_at,
-            now,
-        )
+        ..Entry::of_request(req, now)
     };
     fill_states(&mut entry, before, after);
     entry
@@ -175,20 +145,8 @@ pub fn apply_hold_end(state: &mut ItemState, req: &Request, qty: i64, now: Milli
     );
     *state = after;
     let mut entry = Entry {
-        request_key: Some(req.key.clone()),
-        hold_id: req.hold_id.clone(),
-        seller: req.seller.clone(),
-        logged: req.logged,
-        log_pos: req.log_pos,
-        origin: req.origin,
-        ..Entry::decided(
-            req.shop.clone(),
-            req.item.clone(),
-            req.op,
-            qty,
-            req.submitted_at,
-            now,
-        )
+        qty,
+        ..Entry::of_request(req, now)
     };
     fill_states(&mut entry, before, after);
     entry

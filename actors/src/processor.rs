@@ -565,27 +565,11 @@ impl Processor {
                 match found.into_iter().next().flatten() {
                     Some(o) => Decision::Answer(Arc::new(o)),
                     None if req.op == Op::Expire => Decision::Drop,
-                    None => {
-                        let mut entry = Entry {
-                            request_key: Some(req.key.clone()),
-                            hold_id: Some(hold_id.clone()),
-                            status: Status::UnknownHold,
-                            reason: Some(format!("no hold {hold_id} in shop {}", req.shop)),
-                            logged: req.logged,
-                            log_pos: req.log_pos,
-                            origin: req.origin,
-                            ..Entry::decided(
-                                req.shop.clone(),
-                                req.item.clone(),
-                                req.op,
-                                req.qty,
-                                req.submitted_at,
-                                now,
-                            )
-                        };
-                        entry.qty = req.qty;
-                        Decision::Apply(entry)
-                    }
+                    None => Decision::Apply(Entry {
+                        status: Status::UnknownHold,
+                        reason: Some(format!("no hold {hold_id} in shop {}", req.shop)),
+                        ..Entry::of_request(req, now)
+                    }),
                 }
             }
         }

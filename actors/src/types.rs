@@ -286,6 +286,29 @@ impl Entry {
         }
     }
 
+    /// An `ok` entry answering `req`, carrying its key, caller details and log position;
+    /// the apply step fills in the states its decision found.
+    pub fn of_request(req: &Request, now: Millis) -> Entry {
+        Entry {
+            request_key: Some(req.key.clone()),
+            seller: req.seller.clone(),
+            buyer: req.buyer.clone(),
+            remarks: req.remarks.clone(),
+            hold_id: req.hold_id.clone(),
+            logged: req.logged,
+            log_pos: req.log_pos,
+            origin: req.origin,
+            ..Entry::decided(
+                req.shop.clone(),
+                req.item.clone(),
+                req.op,
+                req.qty,
+                req.submitted_at,
+                now,
+            )
+        }
+    }
+
     /// The item's state after this entry, when the item exists.
     pub fn state_after(&self) -> Option<ItemState> {
         Some(ItemState {
