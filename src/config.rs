@@ -5,21 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use nrtxn_actors::EngineConfig;
 use serde::Deserialize;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "nrtxn",
-    version,
-    about = "Near-realtime inventory transactions"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
+/// The server's commands; the binary's parser (`src/main.rs`) flattens them beside the
+/// clients' (`follow`).
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the server (embedded journal and request log in --data-dir).
