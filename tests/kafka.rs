@@ -107,7 +107,7 @@ async fn holds_through_kafka_and_mongo_expire_through_the_log() {
         wait_ended(&c, &server, "s", "short").await["status"],
         "expired"
     );
-    assert_eq!(item_state(&c, &server, "s", "a").await, (10, 0));
+    wait_item_state(&c, &server, "s", "a", (10, 0)).await;
     let all = events(&c, &server, "s", "a", 1000).await;
     let kinds: Vec<&str> = all.iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["load", "hold", "release", "hold", "expire"]);

@@ -89,7 +89,7 @@ async fn mongo_journal_keeps_holds_and_expires_them_after_a_sigkill() {
         wait_ended(&c, &server, "s", "pending").await["status"],
         "expired"
     );
-    assert_eq!(item_state(&c, &server, "s", "a").await, (8, 0));
+    wait_item_state(&c, &server, "s", "a", (8, 0)).await;
     let all = events(&c, &server, "s", "a", 1000).await;
     let kinds: Vec<&str> = all.iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["load", "hold", "confirm", "hold", "expire"]);

@@ -99,3 +99,25 @@ pub fn now_ms() -> i64 {
         .unwrap()
         .as_millis() as i64
 }
+
+/// Waits until an item's durable state is `expected`, for up to 5 s. A hold's state is
+/// read from the store, an item's from its processor, which learns that a write is
+/// durable a moment after the store has it: right after a hold ends, the item may show
+/// the state before it for that moment.
+pub async fn wait_item_state(
+    client: &reqwest::Client,
+    server: &Server,
+    shop: &str,
+    item: &str,
+    expected: (i64, i64),
+) {
+    let mut last = (0, 0);
+    for _ in 0..500 {
+        last = item_state(client, server, shop, item).await;
+        if last == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{shop}/{item} is {last:?}, not {expected:?}, after 5 s");
+}
