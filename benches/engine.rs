@@ -65,21 +65,15 @@ fn main() {
                     .map(|i| {
                         (
                             Request {
-                                shop: shop.clone(),
-                                item: item.clone(),
-                                key: format!("seller:hot:{i}").into(),
-                                op: Op::Decrement,
-                                qty: 1,
-                                submitted_at: now_ms(),
                                 seller: Some("seller".into()),
-                                buyer: None,
-                                remarks: None,
-                                hold_id: None,
-                                ttl_ms: 0,
-                                logged: false,
-                                log_pos: None,
-                                origin: None,
-                                epoch: 0,
+                                ..Request::new(
+                                    shop.clone(),
+                                    item.clone(),
+                                    format!("seller:hot:{i}").into(),
+                                    Op::Decrement,
+                                    1,
+                                    now_ms(),
+                                )
                             },
                             true,
                         )

@@ -67,21 +67,15 @@ fn main() {
                     x ^= x >> 7;
                     x ^= x << 17;
                     let req = Request {
-                        shop: shop.clone(),
-                        item: items[n % ITEMS].clone(),
-                        key: format!("h{n}").into(),
-                        op: Op::Hold,
-                        qty: 1,
-                        submitted_at: now_ms(),
-                        seller: None,
-                        buyer: None,
-                        remarks: None,
-                        hold_id: None,
                         ttl_ms: ttl_min + (x % ttl_spread as u64) as i64,
-                        logged: false,
-                        log_pos: None,
-                        origin: None,
-                        epoch: 0,
+                        ..Request::new(
+                            shop.clone(),
+                            items[n % ITEMS].clone(),
+                            format!("h{n}").into(),
+                            Op::Hold,
+                            1,
+                            now_ms(),
+                        )
                     };
                     (req, true)
                 })

@@ -190,23 +190,7 @@ mod tests {
     const TTL: i64 = 1_000;
 
     fn req(key: &str, op: Op, qty: i64, submitted_at: Millis) -> Request {
-        Request {
-            shop: "s".into(),
-            item: "i".into(),
-            key: key.into(),
-            op,
-            qty,
-            submitted_at,
-            seller: None,
-            buyer: None,
-            remarks: None,
-            hold_id: None,
-            ttl_ms: 0,
-            logged: false,
-            log_pos: None,
-            origin: None,
-            epoch: 0,
-        }
+        Request::new("s".into(), "i".into(), key.into(), op, qty, submitted_at)
     }
 
     fn loaded(stock: i64) -> (HashMap<Arc<str>, ItemState>, Arc<str>) {

@@ -409,23 +409,7 @@ impl Engine {
             .enumerate()
             .map(|(i, (item, stock))| {
                 let key: Arc<str> = format!("~load:{node}:{}:{call}:{i}", self.node_tag).into();
-                let req = Request {
-                    shop: shop.clone(),
-                    item,
-                    key,
-                    op: Op::Load,
-                    qty: stock,
-                    submitted_at: now,
-                    seller: None,
-                    buyer: None,
-                    remarks: None,
-                    hold_id: None,
-                    ttl_ms: 0,
-                    logged: false,
-                    log_pos: None,
-                    origin: None,
-                    epoch: 0,
-                };
+                let req = Request::new(shop.clone(), item, key, Op::Load, stock, now);
                 (req, true)
             })
             .collect();

@@ -117,23 +117,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn txn(key: &str, op: Op, qty: i64) -> Work {
-        Work::Txn(Request {
-            shop: "s".into(),
-            item: "i".into(),
-            key: key.into(),
-            op,
-            qty,
-            submitted_at: 0,
-            seller: None,
-            buyer: None,
-            remarks: None,
-            hold_id: None,
-            ttl_ms: 0,
-            logged: false,
-            log_pos: None,
-            origin: None,
-            epoch: 0,
-        })
+        Work::Txn(Request::new("s".into(), "i".into(), key.into(), op, qty, 0))
     }
 
     fn keys(works: &[Work]) -> Vec<String> {

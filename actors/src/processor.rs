@@ -253,22 +253,10 @@ impl Processor {
             let Some(h) = self.holds.get(&(shop.clone(), hold_id.clone())) else {
                 continue;
             };
+            let key = hold_end_key(&hold_id);
             let req = Request {
-                item: h.item.clone(),
-                key: hold_end_key(&hold_id),
-                op: Op::Expire,
-                qty: h.qty,
-                submitted_at: now,
-                seller: None,
-                buyer: None,
-                remarks: None,
                 hold_id: Some(hold_id),
-                ttl_ms: 0,
-                logged: false,
-                log_pos: None,
-                origin: None,
-                epoch: 0,
-                shop,
+                ..Request::new(shop, h.item.clone(), key, Op::Expire, h.qty, now)
             };
             if resubmit.is_some() {
                 via_log.push(req);

@@ -188,6 +188,37 @@ pub struct Request {
     pub epoch: u64,
 }
 
+impl Request {
+    /// A request with no caller details, hold fields or log position: the fields every
+    /// request has, for callers to add the rest with struct update syntax.
+    pub fn new(
+        shop: Arc<str>,
+        item: Arc<str>,
+        key: Arc<str>,
+        op: Op,
+        qty: i64,
+        submitted_at: Millis,
+    ) -> Request {
+        Request {
+            shop,
+            item,
+            key,
+            op,
+            qty,
+            submitted_at,
+            seller: None,
+            buyer: None,
+            remarks: None,
+            hold_id: None,
+            ttl_ms: 0,
+            logged: false,
+            log_pos: None,
+            origin: None,
+            epoch: 0,
+        }
+    }
+}
+
 /// The durable state of one item.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ItemState {

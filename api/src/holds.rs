@@ -65,21 +65,9 @@ pub async fn post_hold(
     })?;
     let seller = name(&body, "seller", "")?;
     let req = Request {
-        shop: shop.clone(),
-        item,
-        key: key.clone(),
-        op: Op::Hold,
-        qty,
-        submitted_at: now_ms(),
         seller,
-        buyer: None,
-        remarks: None,
-        hold_id: None,
         ttl_ms,
-        logged: false,
-        log_pos: None,
-        origin: None,
-        epoch: 0,
+        ..Request::new(shop.clone(), item, key.clone(), Op::Hold, qty, now_ms())
     };
     let o = decide(&state, &shop, req).await?;
     if o.op != Op::Hold {
@@ -136,21 +124,15 @@ async fn end_hold(
         )));
     };
     let req = Request {
-        shop: shop.clone(),
-        item: hold.item.clone(),
-        key: hold_end_key(&hold_id),
-        op,
-        qty: hold.qty,
-        submitted_at: now_ms(),
-        seller: None,
-        buyer: None,
-        remarks: None,
         hold_id: Some(hold_id.clone()),
-        ttl_ms: 0,
-        logged: false,
-        log_pos: None,
-        origin: None,
-        epoch: 0,
+        ..Request::new(
+            shop.clone(),
+            hold.item.clone(),
+            hold_end_key(&hold_id),
+            op,
+            hold.qty,
+            now_ms(),
+        )
     };
     let o = decide(&state, &shop, req).await?;
     if o.status == Status::UnknownHold {

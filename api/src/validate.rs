@@ -251,21 +251,10 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
     };
     Ok((
         Request {
-            shop: shop.clone(),
-            item,
-            key,
-            op,
-            qty,
-            submitted_at: now_ms(),
             seller: Some(seller),
             buyer,
             remarks,
-            hold_id: None,
-            ttl_ms: 0,
-            logged: false,
-            log_pos: None,
-            origin: None,
-            epoch: 0,
+            ..Request::new(shop.clone(), item, key, op, qty, now_ms())
         },
         respond,
     ))
