@@ -37,6 +37,11 @@ pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
 /// The hold-expiry wheel's tick: a hold is released within one tick of `expires_at`
 /// (plus the wait for the shard's next batch).
 pub const WHEEL_TICK_MS: u64 = 1;
+/// With a shared log, how long after sending a hold's expiry through the log it is sent
+/// again if the hold is still pending here.
+const EXPIRY_RESEND_MS: u64 = 1_000;
+/// Copies of one hold's expiry sent through the log before this node lets the hold go.
+const EXPIRY_SENDS_MAX: u8 = 5;
 
 /// What every shard shares with the others.
 #[derive(Clone)]
@@ -58,6 +63,8 @@ struct PendingHold {
     qty: i64,
     expires_at: Millis,
     timer: TimerId,
+    /// Copies of its expiry sent through a shared log so far.
+    expiries_sent: u8,
 }
 
 /// What the processor makes of one request.
@@ -230,6 +237,7 @@ impl Processor {
                 qty,
                 expires_at,
                 timer,
+                expiries_sent: 0,
             },
         ) {
             self.wheel.cancel(old.timer);
@@ -259,6 +267,26 @@ impl Processor {
                 ..Request::new(shop, h.item.clone(), key, Op::Expire, h.qty, now)
             };
             if resubmit.is_some() {
+                // Armed again, in case this copy is lost on its way (the producer refuses
+                // it, say): sent once more a second later while the hold is still pending
+                // here, a few times. Every copy has the same key, so it is one decision.
+                // A hold still here after the last copy belongs to an item another node
+                // owns now (which re-armed it from the journal), or its copies were all
+                // lost: either way this node lets it go, and a restart or takeover re-arms
+                // it from the journal.
+                let key = (req.shop.clone(), req.hold_id.clone().unwrap_or_default());
+                let retry_at = (now.max(0) as u64).saturating_add(EXPIRY_RESEND_MS);
+                let sent = self.holds.get(&key).map_or(0, |h| h.expiries_sent);
+                if sent >= EXPIRY_SENDS_MAX {
+                    self.holds.remove(&key);
+                    tracing::warn!(shop = %key.0, hold = %key.1, "hold's expiry sent {sent} times and still pending here; let go");
+                    continue;
+                }
+                let timer = self.wheel.insert(retry_at, key.clone());
+                if let Some(h) = self.holds.get_mut(&key) {
+                    h.timer = timer;
+                    h.expiries_sent += 1;
+                }
                 via_log.push(req);
             } else {
                 self.mailbox.push(Work::Txn(req));
