@@ -25,7 +25,18 @@ curl -sf -XPUT "$base/v1/shops/flash/items" \
   -d '{"items":[{"item":"hot","stock":1000000000}]}' > /dev/null
 echo "wrk: $conns connections, 2 threads, ${secs}s, respond=true decrements on one hot item"
 wrk -t2 -c"$conns" -d"${secs}s" --latency -s bench/txn.lua "$base"
-echo "server: $(curl -s "$base/v1/shops/flash/items/hot")"
+item=$(curl -s "$base/v1/shops/flash/items/hot")
+echo "server: $item"
+relayed() { curl -s "$base/metrics" | awk '/^nrtxn_events_relayed_total/ { print $2 }'; }
+if [[ " ${NRTXN_BENCH_SERVER_FLAGS:-} " == *" --kafka-brokers "* ]]; then
+  # The outbox relay: how far behind the journal it was when the load stopped, and how
+  # long it took to publish the rest (the hot item's seq counts its events).
+  events=$(sed 's/.*"seq":\([0-9]*\).*/\1/' <<< "$item")
+  behind=$((events - $(relayed)))
+  start=$(date +%s%N)
+  until [ "$(relayed)" -ge "$events" ]; do sleep 0.01; done
+  echo "relay: $events events, $behind unpublished when the load stopped, all published $(( ($(date +%s%N) - start) / 1000000 )) ms later"
+fi
 curl -s "$base/metrics" | awk '
   /^nrtxn_batch_entries_(sum|count)/ { b[$1] = $2 }
   /^nrtxn_journal_txn_entries_(sum|count)/ { t[$1] = $2 }

@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// run from 0 to this minus one [default: 16].
     #[arg(long, env = "NRTXN_KAFKA_RESPONSE_PARTITIONS")]
     pub kafka_response_partitions: Option<i32>,
+    /// Events topic: the outbox relay publishes every committed event there, keyed
+    /// `{shop}:{item}` [default: nrtxn.events].
+    #[arg(long, env = "NRTXN_KAFKA_EVENTS_TOPIC")]
+    pub kafka_events_topic: Option<String>,
     /// Processor shards items are hashed to [default: 8].
     #[arg(long, env = "NRTXN_SHARDS")]
     pub shards: Option<usize>,
@@ -219,6 +223,7 @@ impl ServeArgs {
                         }
                         n
                     },
+                    events_topic: pick!(kafka_events_topic, "nrtxn.events".to_string()),
                 }),
             },
             http_workers: in_range("http_workers", pick!(http_workers, cores), 1, 256)?,

@@ -7,7 +7,14 @@ use clap::{Args, Parser, Subcommand};
 use nrtxn::config::{Command, ServeArgs};
 use nrtxn::follow::{FollowError, Follower, HttpBackfill};
 use nrtxn_actors::EVENTS_LIMIT_MAX;
+use nrtxn_kafka::EventsTopic;
 use tracing_subscriber::EnvFilter;
+
+/// mimalloc instead of glibc's malloc: every request allocates its JSON, its `Arc<str>`s
+/// and its journal entry, and glibc's allocator was about a sixth of the server's CPU on
+/// the batch route (`perf record`: `_int_malloc`, `malloc_consolidate`, `_int_free`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The binary's commands: the server's (declared with its configuration in
 /// `nrtxn::config`) and the clients' (declared here, beside the code that runs them).
@@ -30,8 +37,9 @@ struct Cli {
 enum MainCommand {
     #[command(flatten)]
     Server(Command),
-    /// Print an item's events as JSON lines, gapless and in seq order, following new
-    /// ones as they come (polls the server's events route).
+    /// Print events as JSON lines, gapless and in seq order per item, following new ones
+    /// as they come: a shop's (or one item's) from the events topic with
+    /// `--kafka-brokers`, else one item's by polling the server's events route.
     Follow(FollowArgs),
 }
 
@@ -44,15 +52,23 @@ struct FollowArgs {
     /// Shop of the item.
     #[arg(long)]
     shop: String,
-    /// Item to follow. Required: with no events topic, `follow` polls the events route,
-    /// which serves one item at a time.
+    /// Item to follow. Required without `--kafka-brokers` (the events route serves one
+    /// item at a time); with it, every item of the shop is followed when absent.
     #[arg(long)]
-    item: String,
-    /// Print the events after this seq (0: the item's whole history). To resume, pass the
-    /// last seq printed.
-    #[arg(long, default_value_t = 0)]
+    item: Option<String>,
+    /// Print the item's events after this seq (0: its whole history). To resume, pass
+    /// the last seq printed. Needs `--item`.
+    #[arg(long, default_value_t = 0, requires = "item")]
     after: u64,
-    /// Wait between polls that found nothing new, in ms (1 to 60000).
+    /// Read the events topic on these Kafka brokers (`host:port,...`), where the outbox
+    /// relay of `nrtxn serve --kafka-brokers` publishes; gaps are filled from `--url`.
+    #[arg(long)]
+    kafka_brokers: Option<String>,
+    /// The events topic.
+    #[arg(long, default_value = "nrtxn.events", requires = "kafka_brokers")]
+    kafka_events_topic: String,
+    /// Wait between polls that found nothing new, in ms (1 to 60000; without
+    /// `--kafka-brokers`).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     poll_ms: u64,
     /// Stop after printing this many events [default: follow until interrupted].
@@ -101,28 +117,53 @@ async fn follow(args: FollowArgs) -> anyhow::Result<()> {
     let backfill = HttpBackfill::new(&args.url, Duration::from_millis(args.request_timeout_ms))
         .context("--url")?;
     // The poller reads the same route the follower fills gaps from; clones share a pool.
-    let source = backfill.clone();
+    let source = match &args.kafka_brokers {
+        Some(brokers) => {
+            let (shop, item) = (args.shop.clone(), args.item.clone());
+            let topic = EventsTopic::open(brokers, &args.kafka_events_topic, move |e| {
+                *e.shop == *shop && item.as_deref().is_none_or(|i| *e.item == *i)
+            })
+            .with_context(|| format!("--kafka-brokers: cannot read {}", args.kafka_events_topic))?;
+            Source::Topic(topic)
+        }
+        None => match &args.item {
+            Some(item) => Source::Route(backfill.clone(), item.clone()),
+            None => anyhow::bail!(
+                "--item: needed without --kafka-brokers (the events route serves one item at \
+                 a time; the events topic serves a whole shop)"
+            ),
+        },
+    };
     let mut follower = Follower::new(backfill);
-    follower.start_at(&args.shop, &args.item, args.after)?;
+    if let Some(item) = &args.item {
+        follower.start_at(&args.shop, item, args.after)?;
+    }
     let mut run = FollowRun {
         out: std::io::BufWriter::new(std::io::stdout()),
         buffered: 0,
-        last_seq_buffered: args.after,
         printed: 0,
-        last_seq_printed: args.after,
+        last_buffered: None,
+        last_printed: None,
+        events_max: args.max_events.unwrap_or(u64::MAX),
     };
     let stopped_by = tokio::select! {
-        result = run.poll(&args, &source, &mut follower) => result.map(|()| None),
+        result = run.follow(&args, source, &mut follower) => result.map(|()| None),
         signal = stop_signal() => signal.map(Some),
     };
     // Whatever stopped it, what was read reaches stdout, and the summary says where to
     // resume: after the last event known to have been written.
     let flushed = run.flush();
     let stats = follower.stats();
-    let last_seq = run.last_seq_printed;
+    let resume = match &run.last_printed {
+        Some((item, seq)) if args.item.is_some() => {
+            format!(" (last seq {seq}; resume with --after {seq})")
+        }
+        Some((item, seq)) => format!(" (last: {item} seq {seq})"),
+        None => String::new(),
+    };
     eprintln!(
-        "nrtxn follow: {} events printed (last seq {last_seq}; resume with --after {last_seq}), \
-         {} duplicates dropped, {} gaps filled with {} events{}",
+        "nrtxn follow: {} events printed{resume}, {} duplicates dropped, {} gaps filled with \
+         {} events{}",
         run.printed,
         stats.duplicates_dropped,
         stats.gaps_filled,
@@ -139,79 +180,132 @@ async fn follow(args: FollowArgs) -> anyhow::Result<()> {
     }
 }
 
-/// What `follow` has printed so far: kept outside the polling future, so it is still
+/// Where `follow` reads events: the events topic, or the events route of one item.
+enum Source {
+    Topic(EventsTopic),
+    Route(HttpBackfill, String),
+}
+
+/// What `follow` has printed so far: kept outside the reading future, so it is still
 /// there for the summary when a signal cancels that future.
 struct FollowRun {
     /// Flushed after each page: a reader sees each page whole and as soon as it is read.
     out: std::io::BufWriter<std::io::Stdout>,
     /// Events in `out`'s buffer, not yet known to be written.
     buffered: u64,
-    last_seq_buffered: u64,
+    last_buffered: Option<(String, u64)>,
     /// Events written to stdout (a flush succeeded after them): what the summary counts
     /// and the resume point, so a failed write is printed again rather than skipped.
     printed: u64,
-    last_seq_printed: u64,
+    last_printed: Option<(String, u64)>,
+    events_max: u64,
 }
 
+/// Most events taken from the topic before stdout is flushed.
+const TOPIC_PAGE_MAX: usize = 1_000;
+
 impl FollowRun {
+    async fn follow(
+        &mut self,
+        args: &FollowArgs,
+        source: Source,
+        follower: &mut Follower<HttpBackfill>,
+    ) -> anyhow::Result<()> {
+        match source {
+            Source::Route(route, item) => self.poll(args, &route, &item, follower).await,
+            Source::Topic(mut topic) => {
+                while self.left() > 0 {
+                    let Some(first) = topic.next().await else {
+                        anyhow::bail!("the events topic's reader stopped");
+                    };
+                    let mut page = vec![first];
+                    while page.len() < TOPIC_PAGE_MAX {
+                        match topic.try_next() {
+                            Some(e) => page.push(e),
+                            None => break,
+                        }
+                    }
+                    if !self.print(page, follower).await? {
+                        return Ok(());
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn left(&self) -> u64 {
+        self.events_max - self.printed - self.buffered
+    }
+
     async fn poll(
         &mut self,
         args: &FollowArgs,
         source: &HttpBackfill,
+        item: &str,
         follower: &mut Follower<HttpBackfill>,
     ) -> anyhow::Result<()> {
-        let events_max = args.max_events.unwrap_or(u64::MAX);
-        while self.printed + self.buffered < events_max {
-            let after_seq = follower.last_seq(&args.shop, &args.item);
+        while self.left() > 0 {
+            let after_seq = follower.last_seq(&args.shop, item);
             // Never read more than is left to print.
-            let left = events_max - self.printed - self.buffered;
-            let limit = left.min(EVENTS_LIMIT_MAX as u64) as usize;
+            let limit = self.left().min(EVENTS_LIMIT_MAX as u64) as usize;
             let page = source
-                .page(&args.shop, &args.item, after_seq, limit)
+                .page(&args.shop, item, after_seq, limit)
                 .await
                 .with_context(|| {
                     format!(
-                        "cannot read the events of {}/{} from {} (is `nrtxn serve` running \
+                        "cannot read the events of {}/{item} from {} (is `nrtxn serve` running \
                          there?)",
-                        args.shop, args.item, args.url
+                        args.shop, args.url
                     )
                 })?;
             if page.is_empty() {
                 tokio::time::sleep(Duration::from_millis(args.poll_ms)).await;
                 continue;
             }
-            for event in page {
-                let pushed = follower
-                    .push(event, |e| {
-                        if self.printed + self.buffered >= events_max {
-                            return Ok(());
-                        }
-                        serde_json::to_writer(&mut self.out, &e)?;
-                        self.out.write_all(b"\n")?;
-                        self.buffered += 1;
-                        self.last_seq_buffered = e.seq;
-                        Ok::<(), std::io::Error>(())
-                    })
-                    .await;
-                match pushed {
-                    Err(e) if is_broken_pipe(&e) => return Ok(()),
-                    other => other?,
-                }
-            }
-            match self.flush() {
-                // The reader went away (`| head`): a normal end.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-                other => other.context("stdout")?,
+            if !self.print(page, follower).await? {
+                return Ok(());
             }
         }
         Ok(())
+    }
+
+    /// Feeds `page` through the follower, prints what it emits (up to `--max-events`) and
+    /// flushes. `false`: stdout's reader went away (`| head`), a normal end.
+    async fn print(
+        &mut self,
+        page: Vec<nrtxn_actors::Event>,
+        follower: &mut Follower<HttpBackfill>,
+    ) -> anyhow::Result<bool> {
+        for event in page {
+            let pushed = follower
+                .push(event, |e| {
+                    if self.left() == 0 {
+                        return Ok(());
+                    }
+                    serde_json::to_writer(&mut self.out, &e)?;
+                    self.out.write_all(b"\n")?;
+                    self.buffered += 1;
+                    self.last_buffered = Some((e.item.to_string(), e.seq));
+                    Ok::<(), std::io::Error>(())
+                })
+                .await;
+            match pushed {
+                Err(e) if is_broken_pipe(&e) => return Ok(false),
+                other => other?,
+            }
+        }
+        match self.flush() {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+            other => other.context("stdout").map(|()| true),
+        }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()?;
         self.printed += self.buffered;
         self.buffered = 0;
-        self.last_seq_printed = self.last_seq_buffered;
+        self.last_printed.clone_from(&self.last_buffered);
         Ok(())
     }
 }

@@ -2,12 +2,15 @@
 //!
 //! Collections (database from the URI's path, else `nrtxn`):
 //! - `journal`: one document per decision or load, the entry's fields plus `batch` (the
-//!   writer's batch number, for recovery). Unique indexes on `(shop, request_key)` for
+//!   writer's batch number, for recovery, and `node`, the id of the node that wrote it,
+//!   for that node's outbox relay). Unique indexes on `(shop, request_key)` for
 //!   documents with a key and on `(shop, item, seq)` for documents with a sequence, so
 //!   every document is covered by one and a retried batch can never insert twice.
 //! - `items`: the snapshot of each item (`shop, item, stock, reserved, seq`), unique on
 //!   `(shop, item)`, updated after each batch.
-//! - `meta`: `{_id: "snapshot", batch}`: every batch up to this one is in `items`.
+//! - `meta`: `{_id: "snapshot", batch}`: every batch up to this one is in `items`;
+//!   `{_id: "relay:{node}", batch}`: the outbox relay of node `node` published every
+//!   event of that node's batches up to this one.
 //! - `holds`: one document per hold (`shop, hold_id, item, qty, expires_at, status,
 //!   seq`), unique on `(shop, hold_id)`, updated with the snapshots.
 //!
@@ -18,6 +21,7 @@
 //! 6 and 7 support on a replica set are used.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,7 +32,7 @@ use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 use nrtxn_actors::{
     AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Metrics, Outcome,
-    Recovered, StoreError,
+    Recovered, RelayPage, StoreError,
 };
 use tokio::sync::mpsc;
 
@@ -61,6 +65,11 @@ pub struct MongoJournal {
     /// has not seen (see `learn_partition`); absent: from the start.
     learned_from: Mutex<HashMap<i32, i64>>,
     closed: Mutex<bool>,
+    /// This node's id, written in each document for this node's outbox relay.
+    node: u32,
+    /// The last batch this node's writer completed: the relay reads no further, since
+    /// an `insert_many` in progress is visible document by document.
+    written_batch: Arc<AtomicI64>,
 }
 
 fn storage(e: impl std::fmt::Display) -> StoreError {
@@ -75,9 +84,10 @@ fn items(db: &Database) -> Collection<Document> {
     db.collection("items")
 }
 
-fn to_doc(entry: &Entry, batch: i64) -> Result<Document, StoreError> {
+fn to_doc(entry: &Entry, batch: i64, node: u32) -> Result<Document, StoreError> {
     let mut doc = mongodb::bson::to_document(entry).map_err(storage)?;
     doc.insert("batch", batch);
+    doc.insert("node", node as i64);
     Ok(doc)
 }
 
@@ -150,7 +160,11 @@ fn hold_updates<'a>(entries: impl Iterator<Item = &'a Entry>) -> Vec<Document> {
 
 impl MongoJournal {
     /// Connects, creates the indexes if missing, and starts the writer.
-    pub fn open(uri: &str, metrics: Arc<Metrics>) -> Result<Arc<MongoJournal>, StoreError> {
+    pub fn open(
+        uri: &str,
+        node: u32,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<MongoJournal>, StoreError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("journal-mongo")
@@ -185,11 +199,14 @@ impl MongoJournal {
             Ok::<_, StoreError>((db, keys, next_batch))
         })?;
         let (tx, rx) = mpsc::channel(QUEUE_MAX);
+        let written_batch = Arc::new(AtomicI64::new(next_batch - 1));
         let writer = Writer {
             db: db.clone(),
             metrics,
             keys: keys.clone(),
             next_batch,
+            node,
+            written_batch: written_batch.clone(),
         };
         rt.spawn(writer.run(rx));
         Ok(Arc::new(MongoJournal {
@@ -199,6 +216,8 @@ impl MongoJournal {
             keys,
             learned_from: Mutex::new(HashMap::new()),
             closed: Mutex::new(false),
+            node,
+            written_batch,
         }))
     }
 
@@ -288,6 +307,10 @@ async fn create_indexes(db: &Database) -> Result<(), StoreError> {
                 ))
                 .build(),
             IndexModel::builder().keys(doc! { "batch": 1 }).build(),
+            // Each node's outbox relay reads its own batches in order.
+            IndexModel::builder()
+                .keys(doc! { "node": 1, "batch": 1 })
+                .build(),
             // A node taking a log partition over learns the keys journaled for it.
             IndexModel::builder()
                 .keys(doc! { "partition": 1, "offset": 1 })
@@ -438,6 +461,8 @@ struct Writer {
     metrics: Arc<Metrics>,
     keys: Arc<KeyFilter>,
     next_batch: i64,
+    node: u32,
+    written_batch: Arc<AtomicI64>,
 }
 
 impl Writer {
@@ -497,7 +522,7 @@ impl Writer {
                 if let Some(key) = &e.request_key {
                     self.keys.insert(&e.shop, key);
                 }
-                docs.push(to_doc(e, batch)?);
+                docs.push(to_doc(e, batch, self.node)?);
             }
         }
         let mut attempt = 0;
@@ -514,7 +539,9 @@ impl Writer {
         }
         write_offsets(&self.db, batches).await?;
         update_all(&self.db, "holds", hold_updates(batches.iter().flatten())).await?;
-        write_snapshots(&self.db, last_states(batches.iter().flatten()), batch).await
+        write_snapshots(&self.db, last_states(batches.iter().flatten()), batch).await?;
+        self.written_batch.store(batch, Ordering::Release);
+        Ok(())
     }
 
     /// One unordered `insert_many`. Duplicates are documents a previous attempt already
@@ -704,6 +731,101 @@ impl Journal for MongoJournal {
             out.extend(from_doc(d)?.event());
         }
         Ok(out)
+    }
+
+    /// Several nodes write this journal and their batch numbers are their own, so there
+    /// is no commit order across nodes: each node relays the events it wrote, batch by
+    /// batch (its cursor is its batch number). An item's events keep their seq order on
+    /// the topic except around a partition takeover, when the old owner's relay may still
+    /// be publishing the item's last events as the new owner's publishes its next ones;
+    /// a follower fills the apparent gap from the events route and drops the late ones.
+    fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
+        let upto = self.written_batch.load(Ordering::Acquire);
+        let cursor = cursor as i64;
+        if upto <= cursor {
+            return Ok(RelayPage {
+                events: Vec::new(),
+                next: cursor as u64,
+            });
+        }
+        let coll = journal(&self.db);
+        let node = self.node as i64;
+        let (docs, complete) = self.wait(async move {
+            let page = |filter: Document, limit: Option<i64>| {
+                let coll = coll.clone();
+                async move {
+                    let mut find = coll.find(filter).sort(doc! { "batch": 1, "seq": 1 });
+                    if let Some(n) = limit {
+                        find = find.limit(n);
+                    }
+                    find.await
+                        .map_err(storage)?
+                        .try_collect::<Vec<Document>>()
+                        .await
+                        .map_err(storage)
+                }
+            };
+            let mut docs = page(
+                doc! { "node": node, "batch": { "$gt": cursor, "$lte": upto } },
+                Some(limit.max(1) as i64),
+            )
+            .await?;
+            let complete = docs.len() < limit.max(1);
+            if !complete {
+                // Full: the last batch may be cut. Keep whole batches only, or, when one
+                // batch fills the page, read that batch whole (at most one writer batch).
+                let last = docs.last().and_then(|d| d.get_i64("batch").ok());
+                let first = docs.first().and_then(|d| d.get_i64("batch").ok());
+                if let (Some(first), Some(last)) = (first, last) {
+                    if first == last {
+                        docs = page(doc! { "node": node, "batch": last }, None).await?;
+                    } else {
+                        docs.retain(|d| d.get_i64("batch").ok() != Some(last));
+                    }
+                }
+            }
+            Ok((docs, complete))
+        })?;
+        let mut page = RelayPage {
+            events: Vec::with_capacity(docs.len()),
+            next: cursor as u64,
+        };
+        for d in docs {
+            let batch = d.get_i64("batch").map_err(storage)?;
+            page.next = page.next.max(batch as u64);
+            page.events.extend(from_doc(d)?.event());
+        }
+        if complete {
+            // Every batch up to `upto` was read (batches with no document are passed too).
+            page.next = page.next.max(upto as u64);
+        }
+        Ok(page)
+    }
+
+    fn relay_cursor(&self) -> Result<u64, StoreError> {
+        let meta = self.db.collection::<Document>("meta");
+        let id = format!("relay:{}", self.node);
+        let found =
+            self.wait(async move { meta.find_one(doc! { "_id": id }).await.map_err(storage) })?;
+        Ok(found
+            .and_then(|d| d.get_i64("batch").ok())
+            .unwrap_or(0)
+            .max(0) as u64)
+    }
+
+    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
+        let meta = self.db.collection::<Document>("meta");
+        let id = format!("relay:{}", self.node);
+        self.wait(async move {
+            meta.update_one(
+                doc! { "_id": id },
+                doc! { "$max": { "batch": cursor as i64 } },
+            )
+            .upsert(true)
+            .await
+            .map_err(storage)
+        })?;
+        Ok(())
     }
 
     fn recover(&self) -> Result<Recovered, StoreError> {

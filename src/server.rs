@@ -12,7 +12,7 @@ use crate::config::Settings;
 use crate::embedded_log::EmbeddedLog;
 use crate::mongo::MongoJournal;
 use crate::sqlite::SqliteStore;
-use nrtxn_kafka::KafkaLog;
+use nrtxn_kafka::{EventsRelay, KafkaLog};
 
 /// Runs until SIGINT or SIGTERM, then stops accepting, lets the requests in flight be
 /// answered, flushes every shard's batches to the journal and closes it. Call inside an
@@ -24,11 +24,16 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let store = SqliteStore::open(&settings.data_dir, metrics.clone())
         .with_context(|| format!("data_dir: cannot open {}", settings.data_dir.display()))?;
     let journal: Arc<dyn Journal> = match &settings.mongo_uri {
-        Some(uri) => MongoJournal::open(uri, metrics.clone())
-            .with_context(|| format!("mongo_uri: cannot use {uri}"))?,
+        Some(uri) => MongoJournal::open(
+            uri,
+            settings.kafka.as_ref().map_or(0, |k| k.node_id),
+            metrics.clone(),
+        )
+        .with_context(|| format!("mongo_uri: cannot use {uri}"))?,
         None => store.clone(),
     };
     let journal_is_store = settings.mongo_uri.is_none();
+    let outbox = journal.clone();
     let log_store = store.clone();
     let kafka = settings.kafka.clone();
     let mut log_error = None;
@@ -56,6 +61,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         engine.shutdown().await;
         return Err(e).context("kafka_brokers: cannot start the request log");
     }
+    // With Kafka, every committed event is also published to the events topic.
+    let relay = match &settings.kafka {
+        None => None,
+        Some(k) => match EventsRelay::start(k, outbox, engine.metrics().clone()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                engine.shutdown().await;
+                return Err(e).context("kafka_events_topic: cannot start the outbox relay");
+            }
+        },
+    };
     let state = web::Data::new(AppState {
         engine: engine.clone(),
     });
@@ -79,6 +95,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     tracing::info!(data_dir = %settings.data_dir.display(), "serving");
     server.run().await.context("http server")?;
     tracing::info!("stopped accepting; flushing shards to the journal");
+    engine.drain().await;
+    if let Some(relay) = relay {
+        relay.stop();
+    }
     engine.shutdown().await;
     if !journal_is_store {
         store.close();

@@ -16,7 +16,7 @@ FIELDS = {
     "reason": (str, type(None)), "stock_before": (int, type(None)),
     "stock_after": (int, type(None)), "reserved_after": (int, type(None)),
     "submitted_at": int, "completed_at": int, "seller": (str, type(None)),
-    "buyer": (str, type(None)), "remarks": (str, type(None)), "batch": int,
+    "buyer": (str, type(None)), "remarks": (str, type(None)), "batch": int, "node": int,
 }
 
 docs = list(db.journal.find())
@@ -52,6 +52,8 @@ assert list(seq_index["key"].items()) == [("shop", 1), ("item", 1), ("seq", 1)],
 assert seq_index["unique"], seq_index
 offset_index = indexes["partition_offset"]
 assert list(offset_index["key"].items()) == [("partition", 1), ("offset", 1)], offset_index
+relay_index = indexes["node_1_batch_1"]
+assert list(relay_index["key"].items()) == [("node", 1), ("batch", 1)], relay_index
 
 item_indexes = {i["name"]: i for i in db.items.list_indexes()}
 assert item_indexes["shop_item_unique"]["unique"], item_indexes

@@ -231,7 +231,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let qty = (x % 7) as i64 + 1;
-            let op = if x % 5 == 0 {
+            let op = if x.is_multiple_of(5) {
                 Op::Increment
             } else {
                 Op::Decrement

@@ -431,7 +431,7 @@ impl Engine {
                 shop: shop.clone(),
                 item: outcome.item.clone(),
                 stock: outcome.stock_after.unwrap_or(0),
-                reserved: 0,
+                reserved: outcome.reserved_after.unwrap_or(0),
                 seq: outcome.seq.unwrap_or(0),
             });
         }
@@ -510,12 +510,19 @@ impl Engine {
 
     /// Stops taking requests, waits until every shard has applied and journaled what it
     /// holds, and closes the journal.
-    pub async fn shutdown(&self) {
+    /// Stops taking requests from the log and flushes every shard's batches to the
+    /// journal, which stays open (for the outbox relay's last pass, say). Idempotent;
+    /// [`Engine::shutdown`] does it first.
+    pub async fn drain(&self) {
         self.closing.store(true, Ordering::Release);
         self.deps.log.close();
         for shard in self.shards.shards.iter() {
             let _ = shard.send(Flush).await;
         }
+    }
+
+    pub async fn shutdown(&self) {
+        self.drain().await;
         self.deps.journal.close();
         if let Ok(mut owned) = self._arbiters.lock() {
             for a in owned.drain(..) {

@@ -24,6 +24,9 @@ pub struct Metrics {
     /// Requests that reached a processor with a key that already had an outcome (a
     /// shared log: sent by two nodes, or delivered again after a crash or a rebalance).
     pub repeats: IntCounter,
+    /// Events the outbox relay published to the events topic (a page sent again after a
+    /// failure counts again).
+    pub events_relayed: IntCounter,
 }
 
 impl Metrics {
@@ -74,6 +77,11 @@ impl Metrics {
             "Requests answered with their key's recorded outcome at the processor",
         )
         .expect("static metric definition");
+        let events_relayed = IntCounter::new(
+            "nrtxn_events_relayed_total",
+            "Events the outbox relay published to the events topic",
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -82,6 +90,7 @@ impl Metrics {
             Box::new(journal_write_seconds.clone()),
             Box::new(decisions.clone()),
             Box::new(repeats.clone()),
+            Box::new(events_relayed.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -94,6 +103,7 @@ impl Metrics {
             journal_write_seconds,
             decisions,
             repeats,
+            events_relayed,
         }
     }
 

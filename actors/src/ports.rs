@@ -125,8 +125,41 @@ pub trait Journal: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<Event>, StoreError>;
 
+    /// The outbox relay's next page: committed events after `cursor`, in the order they
+    /// were committed (so each item's in seq order), about `limit` of them, and the cursor
+    /// after them. A cursor is the journal's own position (opaque to the relay); 0 is the
+    /// start. Entries that are not events (an unknown item's) are skipped, and the cursor
+    /// passes them.
+    fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
+        let _ = (cursor, limit);
+        Err(StoreError::Storage(
+            "this journal has no outbox relay".into(),
+        ))
+    }
+
+    /// Where the relay stopped: every event up to this cursor was published.
+    fn relay_cursor(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
+    /// Records durably (in the journal's own store) that every event up to `cursor` was
+    /// published; returns once it is written.
+    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
+        let _ = cursor;
+        Ok(())
+    }
+
     /// Waits for the writes in flight, writes a final snapshot, and closes.
     fn close(&self);
+}
+
+/// A page of committed events for the outbox relay (see [`Journal::relay_read`]).
+#[derive(Debug, Default)]
+pub struct RelayPage {
+    pub events: Vec<Event>,
+    /// The cursor after this page (equal to the one asked when nothing was committed
+    /// since).
+    pub next: u64,
 }
 
 /// Resolves when the requests marked `logged` are durable in the request log.

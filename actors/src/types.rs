@@ -367,6 +367,7 @@ impl Entry {
             completed_at: self.completed_at,
             hold_id: self.hold_id.clone(),
             expires_at: self.expires_at,
+            reserved_after: load_only(self.op, self.reserved_after),
         })
     }
 
@@ -434,6 +435,15 @@ pub struct Outcome {
     pub hold_id: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
+    /// Loads only: the item's `reserved` after the load (held stock stays held), so a
+    /// load answered through the log can show the item whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_after: Option<i64>,
+}
+
+/// An outcome's `reserved_after`: kept for loads only.
+pub fn load_only(op: Op, reserved_after: Option<i64>) -> Option<i64> {
+    reserved_after.filter(|_| op == Op::Load)
 }
 
 /// Where a hold stands.

@@ -42,6 +42,9 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+mod relay;
+pub use relay::{EventsRelay, EventsTopic, RELAY_IDLE_POLL, RELAY_PAGE_MAX};
+
 /// Messages the producer may hold unacknowledged; above the engine's in-flight bound, so
 /// admission refuses first.
 const PRODUCER_QUEUE_MAX: usize = 1_000_000;
@@ -76,6 +79,9 @@ pub struct KafkaSettings {
     /// Partitions of the responses topic when it is created: one per node id, so node
     /// ids run from 0 to this minus one.
     pub response_partitions: i32,
+    /// Where the outbox relay publishes every committed event, keyed `{shop}:{item}`
+    /// (created with the requests topic's partitions).
+    pub events_topic: String,
 }
 
 /// A message of the requests topic.
@@ -90,7 +96,21 @@ fn kafka_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(format!("kafka: {e}"))
 }
 
-/// Creates the requests and responses topics if they are missing.
+/// The settings every nrtxn producer shares: idempotent, `acks=all`, and keys hashed as
+/// the Java client hashes them (so other clients agree on which partition holds an
+/// item, and an item's events land in the partition number its requests do).
+fn durable_producer(brokers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "1");
+    config
+}
+
+/// Creates the requests, responses and events topics if they are missing.
 pub fn ensure_topics(s: &KafkaSettings) -> Result<(), StoreError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &s.brokers)
@@ -106,9 +126,15 @@ pub fn ensure_topics(s: &KafkaSettings) -> Result<(), StoreError> {
         s.response_partitions,
         TopicReplication::Fixed(s.replication),
     );
+    let events = NewTopic::new(
+        &s.events_topic,
+        s.partitions,
+        TopicReplication::Fixed(s.replication),
+    );
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = futures::executor::block_on(admin.create_topics([&requests, &responses], &opts))
-        .map_err(kafka_err)?;
+    let results =
+        futures::executor::block_on(admin.create_topics([&requests, &responses, &events], &opts))
+            .map_err(kafka_err)?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -280,14 +306,7 @@ impl KafkaLog {
             )));
         }
         ensure_topics(&settings)?;
-        let producer: ThreadedProducer<Delivery> = ClientConfig::new()
-            .set("bootstrap.servers", &settings.brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            // Keys hash as the Java client hashes them, so other clients agree on
-            // which partition holds an item.
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "1")
+        let producer: ThreadedProducer<Delivery> = durable_producer(&settings.brokers)
             // Above the engine's in-flight bound: admission refuses first, so a send is
             // never refused half-way through a call.
             .set(

@@ -218,6 +218,8 @@ pub fn kafka_flags(test: &str) -> Option<Vec<String>> {
                 name.clone(),
                 "--kafka-responses-topic".into(),
                 format!("{name}.responses"),
+                "--kafka-events-topic".into(),
+                format!("{name}.events"),
                 "--kafka-partitions".into(),
                 "4".into(),
             ])
