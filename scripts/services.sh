@@ -68,7 +68,11 @@ running_pid() {
   [[ -f $DIR/$name.pid ]] || return 1
   pid=$(cat "$DIR/$name.pid")
   [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pat" || return 1
+  # Read whole, then matched: `tr | grep -q` under pipefail can fail with SIGPIPE (141)
+  # when grep stops reading early, and a running server would be taken for a stopped one.
+  local cmd
+  cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmd == *"$pat"* ]] || return 1
   echo "$pid"
 }
 
@@ -136,7 +140,9 @@ start_one() {
   local name=$1 pat=$2 port=$3 ready=$4 pid t0
   shift 4
   if pid=$(running_pid "$name" "$pat"); then
-    if ! tr '\0' ' ' < "/proc/$pid/cmdline" | grep -Eq -- "(:| )$port( |$)"; then
+    local cmd
+    cmd="$(tr '\0' ' ' < "/proc/$pid/cmdline") "
+    if ! [[ $cmd =~ (:|\ )$port\  ]]; then
       log "$name already running (pid $pid) on another port than $port; run stop first" >&2
       return 1
     fi
