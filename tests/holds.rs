@@ -192,6 +192,10 @@ async fn pending_holds_survive_a_sigkill_and_still_expire_on_time() {
         // for the shard's journal writes in flight, so the bound here is looser than the
         // 50 ms of a lone hold.
         if *expires_at > restarted {
+            eprintln!(
+                "{id} expired {late} ms after expires_at ({} ms after the restart)",
+                expires_at - restarted
+            );
             assert!(late <= 250, "{id} expired {late} ms late after the restart");
         }
     }
