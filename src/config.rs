@@ -102,7 +102,23 @@ pub struct ServeArgs {
     /// (limit_exceeded) [default: 1000000].
     #[arg(long, env = "NRTXN_HOLDS_MAX")]
     pub holds_max: Option<usize>,
+    /// A request body must arrive whole within this long, else 408 [default: 10000].
+    #[arg(long, env = "NRTXN_BODY_TIMEOUT_MS")]
+    pub body_timeout_ms: Option<u64>,
+    /// Bytes of request bodies held at once, in all; beyond it 429 [default: 268435456].
+    #[arg(long, env = "NRTXN_BODY_BYTES_MAX")]
+    pub body_bytes_max: Option<usize>,
+    /// Open client connections, in all; beyond it new ones wait to be accepted
+    /// [default: 10000].
+    #[arg(long, env = "NRTXN_CONNECTIONS_MAX")]
+    pub connections_max: Option<usize>,
 }
+
+/// Defaults of the HTTP front's bounds (the engine's are [`EngineConfig::default`]).
+pub const BODY_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// 64 bodies of the largest kind (a 4 MiB load) at once.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
 
 /// The resolved, checked configuration of `serve`.
 #[derive(Debug, Clone)]
@@ -112,6 +128,9 @@ pub struct Settings {
     pub mongo_uri: Option<String>,
     pub kafka: Option<nrtxn_kafka::KafkaSettings>,
     pub http_workers: usize,
+    pub body_timeout_ms: u64,
+    pub body_bytes_max: usize,
+    pub connections_max: usize,
     pub engine: EngineConfig,
 }
 
@@ -227,6 +246,24 @@ impl ServeArgs {
                 }),
             },
             http_workers: in_range("http_workers", pick!(http_workers, cores), 1, 256)?,
+            body_timeout_ms: in_range(
+                "body_timeout_ms",
+                pick!(body_timeout_ms, BODY_TIMEOUT_MS_DEFAULT),
+                1,
+                600_000,
+            )?,
+            body_bytes_max: in_range(
+                "body_bytes_max",
+                pick!(body_bytes_max, BODY_BYTES_MAX_DEFAULT),
+                4 * 1024 * 1024,
+                16 * 1024 * 1024 * 1024,
+            )?,
+            connections_max: in_range(
+                "connections_max",
+                pick!(connections_max, CONNECTIONS_MAX_DEFAULT),
+                1,
+                1_000_000,
+            )?,
             engine,
         })
     }

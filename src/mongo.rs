@@ -40,8 +40,10 @@ use crate::keyfilter::KeyFilter;
 
 /// Most entries one `insert_many` takes.
 const TXN_ENTRIES_MAX: usize = 16_384;
-/// Batches waiting for the writer; processors have at most two outstanding each.
-const QUEUE_MAX: usize = 1024;
+/// Batches waiting for the writer at least; [`MongoJournal::open`] sizes the queue to
+/// the appends the processors can have outstanding in all (shards × batches in flight
+/// each), so a full queue is a broken bound, never a normal state.
+const QUEUE_MIN: usize = 1024;
 /// Statements per `update` command (the server's limit is 100,000).
 const UPDATES_PER_COMMAND: usize = 10_000;
 /// A failed batch write is retried this many times (duplicates of a retry are skipped
@@ -160,9 +162,13 @@ fn hold_updates<'a>(entries: impl Iterator<Item = &'a Entry>) -> Vec<Document> {
 
 impl MongoJournal {
     /// Connects, creates the indexes if missing, and starts the writer.
+    /// `appends_in_flight_max`: the most appends the processors can have outstanding at
+    /// once (shards × batches in flight per shard); the writer's queue holds at least
+    /// that many, so an append is never refused for room.
     pub fn open(
         uri: &str,
         node: u32,
+        appends_in_flight_max: usize,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<MongoJournal>, StoreError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -198,7 +204,10 @@ impl MongoJournal {
             let next_batch = last.and_then(|d| d.get_i64("batch").ok()).unwrap_or(0) + 1;
             Ok::<_, StoreError>((db, keys, next_batch))
         })?;
-        let (tx, rx) = mpsc::channel(QUEUE_MAX);
+        // One more than the appends in flight, for the `Close` command.
+        let queue_max = QUEUE_MIN.max(appends_in_flight_max + 1);
+        assert!(queue_max > appends_in_flight_max);
+        let (tx, rx) = mpsc::channel(queue_max);
         let written_batch = Arc::new(AtomicI64::new(next_batch - 1));
         let writer = Writer {
             db: db.clone(),
@@ -590,14 +599,17 @@ impl Writer {
 
 impl Journal for MongoJournal {
     fn append(&self, entries: Vec<Entry>, done: AppendDone) {
-        if let Err(
-            mpsc::error::TrySendError::Full(Command::Append(entries, done))
-            | mpsc::error::TrySendError::Closed(Command::Append(entries, done)),
-        ) = self.tx.try_send(Command::Append(entries, done))
-        {
-            // Full cannot happen while each shard keeps at most two batches outstanding;
-            // either way the batch was not written.
-            done(entries, Err(StoreError::Closed));
+        if let Err(e) = self.tx.try_send(Command::Append(entries, done)) {
+            // The queue is sized for every append the processors can have outstanding,
+            // so `Full` is a broken bound; it is still only back-pressure: the processor
+            // keeps the batch and sends it again, before anything after it.
+            let (error, command) = match e {
+                mpsc::error::TrySendError::Full(c) => (StoreError::Full, c),
+                mpsc::error::TrySendError::Closed(c) => (StoreError::Closed, c),
+            };
+            if let Command::Append(entries, done) = command {
+                done(entries, Err(error));
+            }
         }
     }
 

@@ -1,11 +1,13 @@
 //! Wiring of `nrtxn serve`: the store, the engine, the HTTP front, and the orderly stop.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use nrtxn_actors::{Engine, Journal, Metrics, RequestLog};
+use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
 
 use crate::config::Settings;
@@ -27,6 +29,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         Some(uri) => MongoJournal::open(
             uri,
             settings.kafka.as_ref().map_or(0, |k| k.node_id),
+            settings.engine.shards * nrtxn_actors::processor::BATCHES_IN_FLIGHT_MAX,
             metrics.clone(),
         )
         .with_context(|| format!("mongo_uri: cannot use {uri}"))?,
@@ -78,13 +81,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     // Callers waiting for an outcome get it or their 504 within the reply timeout; the
     // server waits that long (plus a margin) for them before it closes connections.
     let grace_secs = settings.engine.reply_timeout_ms.div_ceil(1000) + 1;
+    let body_limits = web::Data::new(BodyLimits::new(
+        Duration::from_millis(settings.body_timeout_ms),
+        settings.body_bytes_max,
+    ));
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .app_data(body_limits.clone())
+            .wrap(from_fn(utf8_paths))
             .wrap(from_fn(count_requests))
             .configure(configure)
     })
     .workers(settings.http_workers)
+    // actix-web's bound is per worker.
+    .max_connections(settings.connections_max.div_ceil(settings.http_workers))
     .shutdown_timeout(grace_secs)
     .bind(&settings.listen)
     .with_context(|| format!("listen: cannot bind {}", settings.listen))?;

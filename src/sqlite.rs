@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS journal (
     buyer          TEXT,
     remarks        TEXT,
     hold_id        TEXT,
-    expires_at     INTEGER
+    expires_at     INTEGER,
+    ttl_ms         INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS journal_request_key ON journal (shop, request_key)
     WHERE request_key IS NOT NULL;
@@ -291,7 +292,11 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
     if columns.is_empty() {
         return Ok(()); // a new file: the schema creates it whole
     }
-    for (column, kind) in [("hold_id", "TEXT"), ("expires_at", "INTEGER")] {
+    for (column, kind) in [
+        ("hold_id", "TEXT"),
+        ("expires_at", "INTEGER"),
+        ("ttl_ms", "INTEGER"),
+    ] {
         if !columns.iter().any(|c| c == column) {
             conn.execute_batch(&format!("ALTER TABLE journal ADD COLUMN {column} {kind}"))?;
         }
@@ -299,11 +304,11 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
     Ok(())
 }
 
-/// Journal rows per multi-row `INSERT` (19 parameters each, far below SQLite's limit of
+/// Journal rows per multi-row `INSERT` (20 parameters each, far below SQLite's limit of
 /// 32,766 per statement).
 const ROWS_PER_INSERT: usize = 32;
 /// The columns [`bind_entry`] binds, in its order.
-const JOURNAL_COLUMNS: [&str; 19] = [
+const JOURNAL_COLUMNS: [&str; 20] = [
     "shop",
     "item",
     "seq",
@@ -323,6 +328,7 @@ const JOURNAL_COLUMNS: [&str; 19] = [
     "remarks",
     "hold_id",
     "expires_at",
+    "ttl_ms",
 ];
 
 /// `INSERT INTO journal (...) VALUES (...), ...` with `rows` rows of parameters.
@@ -361,6 +367,7 @@ fn bind_entry(
     stmt.raw_bind_parameter(at + 17, e.remarks.as_deref())?;
     stmt.raw_bind_parameter(at + 18, e.hold_id.as_deref())?;
     stmt.raw_bind_parameter(at + 19, e.expires_at)?;
+    stmt.raw_bind_parameter(at + 20, e.ttl_ms)?;
     Ok(())
 }
 
@@ -436,7 +443,7 @@ impl Journal for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT shop, item, request_key, op, qty, status, reason, stock_before,
                         stock_after, seq, prev_seq, submitted_at, completed_at, hold_id,
-                        expires_at, reserved_after
+                        expires_at, reserved_after, ttl_ms
                  FROM journal WHERE shop = ?1 AND request_key = ?2",
             )?;
             keys.iter()
@@ -463,6 +470,7 @@ impl Journal for SqliteStore {
                             completed_at: row.get(12)?,
                             hold_id: row.get::<_, Option<String>>(13)?.map(Into::into),
                             expires_at: row.get(14)?,
+                            ttl_ms: row.get(16)?,
                             reserved_after: load_only(op, row.get(15)?),
                         })
                     })

@@ -46,10 +46,15 @@ async fn respond_true_answers_the_outcome_and_a_resubmission_returns_it_unchange
         assert!(first.get(field).is_some(), "outcome lacks {field}: {first}");
     }
 
-    // Same key again, even with another quantity: the original outcome, nothing applied.
-    let (status, again) = post(&c, &url, txn("alice", "sku-1", 1, 100)).await;
+    // Same request again: the original outcome, nothing applied.
+    let (status, again) = post(&c, &url, txn("alice", "sku-1", 3, 100)).await;
     assert_eq!(status, 200);
     assert_eq!(again, first);
+    // Same key with another quantity is another request: refused, nothing applied.
+    let (status, reused) = post(&c, &url, txn("alice", "sku-1", 1, 100)).await;
+    assert_eq!(status, 409, "{reused}");
+    assert_eq!(reused["error"], "key_reused");
+    assert_eq!(reused["original"], first);
     let (_, item) = get(&c, &server.url("/v1/shops/s1/items/sku-1")).await;
     assert_eq!(
         item,

@@ -61,6 +61,9 @@ pub struct Recovered {
 pub trait Journal: Send + Sync + 'static {
     /// Appends one batch in one durable write, in call order, then calls `done` (from any
     /// thread). Entries of one item arrive in sequence order; the adapter keeps it.
+    /// An adapter whose queue has no room calls `done` with [`StoreError::Full`] before
+    /// returning, having kept nothing: the caller sends the batch again later, before any
+    /// batch after it. Every other error is reported as the write's result.
     fn append(&self, entries: Vec<Entry>, done: AppendDone);
 
     /// The recorded outcome of each key, in the order asked.

@@ -42,6 +42,8 @@ pub const WHEEL_TICK_MS: u64 = 1;
 const EXPIRY_RESEND_MS: u64 = 1_000;
 /// Copies of one hold's expiry sent through the log before this node lets the hold go.
 const EXPIRY_SENDS_MAX: u8 = 5;
+/// How long a batch the journal had no room for waits before it is sent again.
+const JOURNAL_FULL_RETRY_MS: u64 = 1;
 
 /// What every shard shares with the others.
 #[derive(Clone)]
@@ -108,6 +110,9 @@ type LoadReply = oneshot::Sender<Vec<(usize, ItemView)>>;
 
 /// What a batch leaves to do once it is durable.
 struct BatchInFlight {
+    /// This shard's number for the batch: the journal answers each append with it, so a
+    /// failed append retires its own bookkeeping, not another batch's.
+    id: u64,
     /// State of each item the batch touched, as of the end of the batch.
     states: Vec<(Arc<str>, Arc<str>, ItemState)>,
     loads: Vec<(LoadReply, Vec<(usize, ItemView)>)>,
@@ -128,7 +133,16 @@ pub struct Processor {
     items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
     mailbox: PriorityMailbox,
     in_flight: VecDeque<BatchInFlight>,
+    /// The id the next batch gets.
+    next_batch_id: u64,
     drain_scheduled: bool,
+    /// Where the journal puts a batch back when its queue has no room
+    /// ([`StoreError::Full`], reported before `append` returns).
+    bounced: Arc<std::sync::Mutex<Option<Vec<Entry>>>>,
+    /// A batch the journal had no room for, sent again before any batch after it, so
+    /// the journal keeps each item's entries in sequence order. Nothing new is sent
+    /// while it waits: that is the back-pressure.
+    held_back: Option<(u64, Vec<Entry>)>,
     journal: Arc<dyn Journal>,
     registry: Registry,
     metrics: Arc<Metrics>,
@@ -196,7 +210,10 @@ impl Processor {
             items,
             mailbox: PriorityMailbox::default(),
             in_flight: VecDeque::new(),
+            next_batch_id: 0,
             drain_scheduled: false,
+            bounced: Arc::default(),
+            held_back: None,
             journal,
             registry,
             metrics,
@@ -320,6 +337,7 @@ impl Processor {
 
     fn schedule(&mut self, ctx: &mut Context<Self>) {
         if !self.drain_scheduled
+            && self.held_back.is_none()
             && !self.mailbox.is_empty()
             && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
         {
@@ -332,31 +350,74 @@ impl Processor {
 
     fn drain(&mut self, ctx: &mut Context<Self>) {
         self.drain_scheduled = false;
-        while self.in_flight.len() < BATCHES_IN_FLIGHT_MAX && !self.mailbox.is_empty() {
+        while self.held_back.is_none()
+            && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
+            && !self.mailbox.is_empty()
+        {
             let works = self.mailbox.drain(self.batch_max);
             let batch = self.apply_batch(works);
             self.arm_wake(ctx);
-            let BatchBuilt { entries, in_flight } = batch;
+            let BatchBuilt {
+                entries,
+                mut in_flight,
+            } = batch;
+            in_flight.id = self.next_batch_id;
+            self.next_batch_id += 1;
             if entries.is_empty() {
                 // Only repeats: answered with the batch before them, or now.
                 match self.in_flight.back_mut() {
                     Some(last) => last.repeats.extend(in_flight.repeats),
                     None => {
+                        let id = in_flight.id;
                         self.in_flight.push_back(in_flight);
-                        self.durable(Vec::new());
+                        self.durable(id, Vec::new());
                     }
                 }
                 continue;
             }
             self.metrics.batch_entries.observe(entries.len() as f64);
+            let id = in_flight.id;
             self.in_flight.push_back(in_flight);
-            let addr = ctx.address();
-            self.journal.append(
-                entries,
-                Box::new(move |entries, result| addr.do_send(Durable { entries, result })),
-            );
+            self.append(id, entries, ctx);
         }
         self.depth_gauge.set(self.mailbox.len() as i64);
+    }
+
+    /// Hands batch `id` to the journal. If its queue has no room, the batch is held back
+    /// and sent again a moment later, before anything after it.
+    fn append(&mut self, id: u64, entries: Vec<Entry>, ctx: &mut Context<Self>) {
+        let addr = ctx.address();
+        let bounced = self.bounced.clone();
+        self.journal.append(
+            entries,
+            Box::new(move |entries, result| match result {
+                Err(StoreError::Full) => {
+                    if let Ok(mut slot) = bounced.lock() {
+                        *slot = Some(entries);
+                    }
+                }
+                result => addr.do_send(Durable {
+                    id,
+                    entries,
+                    result,
+                }),
+            }),
+        );
+        let bounced = self.bounced.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(entries) = bounced {
+            tracing::warn!(
+                shard = self.shard,
+                entries = entries.len(),
+                "journal queue full; batch held back and sent again"
+            );
+            self.held_back = Some((id, entries));
+            ctx.run_later(Duration::from_millis(JOURNAL_FULL_RETRY_MS), |p, ctx| {
+                if let Some((id, entries)) = p.held_back.take() {
+                    p.append(id, entries, ctx);
+                }
+                p.schedule(ctx);
+            });
+        }
     }
 
     fn apply_batch(&mut self, works: Vec<Work>) -> BatchBuilt {
@@ -458,6 +519,8 @@ impl Processor {
         BatchBuilt {
             entries,
             in_flight: BatchInFlight {
+                // Numbered by `drain` when the batch is sent.
+                id: 0,
                 states,
                 loads,
                 weight,
@@ -745,7 +808,7 @@ impl Processor {
         }
     }
 
-    fn durable(&mut self, entries: Vec<Entry>) {
+    fn durable(&mut self, id: u64, entries: Vec<Entry>) {
         let Some(batch) = self.in_flight.pop_front() else {
             tracing::error!(
                 shard = self.shard,
@@ -753,6 +816,8 @@ impl Processor {
             );
             return;
         };
+        // The journal completes one shard's appends in the order they were sent.
+        assert_eq!(batch.id, id, "journal appends completed out of order");
         debug_assert_eq!(batch.weight, entries.len());
         for key in &batch.keys {
             self.undurable.remove(key);
@@ -913,6 +978,8 @@ impl Handler<Drain> for Processor {
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Durable {
+    /// The batch's id (see [`BatchInFlight::id`]).
+    id: u64,
     entries: Vec<Entry>,
     result: Result<(), StoreError>,
 }
@@ -929,7 +996,7 @@ impl Handler<Durable> for Processor {
                 entries = msg.entries.len(),
                 "journal closed; batch dropped"
             );
-            self.in_flight.pop_front();
+            self.in_flight.retain(|b| b.id != msg.id);
             return;
         }
         if let Err(e) = msg.result {
@@ -939,7 +1006,7 @@ impl Handler<Durable> for Processor {
             tracing::error!(shard = self.shard, error = %e, "journal write failed; exiting");
             std::process::exit(70);
         }
-        self.durable(msg.entries);
+        self.durable(msg.id, msg.entries);
         self.schedule(ctx);
         self.notify_flushed();
     }

@@ -217,6 +217,37 @@ impl Request {
             epoch: 0,
         }
     }
+
+    /// Why this request cannot be a repeat of the one that first used its key, whose
+    /// outcome is `first`: a different kind or op, item, quantity or (holds) TTL. `None`
+    /// when it is an exact repeat, which is answered with `first`. The endings of holds
+    /// are not compared: their keys are nrtxn's own, and a confirm answered with an
+    /// expiry is the hold's rule, not a reused key.
+    pub fn reuse_conflict(&self, first: &Outcome) -> Option<String> {
+        if self.op.ends_hold() || first.op.ends_hold() {
+            return None;
+        }
+        if self.op != first.op {
+            return Some(format!(
+                "op {}, not {}",
+                first.op.as_str(),
+                self.op.as_str()
+            ));
+        }
+        if self.item != first.item {
+            return Some(format!("item {}, not {}", first.item, self.item));
+        }
+        if self.qty != first.qty {
+            let what = if self.op == Op::Load { "stock" } else { "qty" };
+            return Some(format!("{what} {}, not {}", first.qty, self.qty));
+        }
+        match first.ttl_ms {
+            Some(ttl) if self.op == Op::Hold && ttl != self.ttl_ms => {
+                Some(format!("ttl_ms {ttl}, not {}", self.ttl_ms))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The durable state of one item.
@@ -269,6 +300,10 @@ pub struct Entry {
     /// When the hold this entry creates expires (ms since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
+    /// A hold request's `ttl_ms`, held or refused: part of what the request key was
+    /// first used with (see [`Request::reuse_conflict`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<i64>,
     /// Mirrors [`Request::logged`]: the adapter retires the request log's record.
     #[serde(skip)]
     pub logged: bool,
@@ -311,6 +346,7 @@ impl Entry {
             remarks: None,
             hold_id: None,
             expires_at: None,
+            ttl_ms: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -326,6 +362,7 @@ impl Entry {
             buyer: req.buyer.clone(),
             remarks: req.remarks.clone(),
             hold_id: req.hold_id.clone(),
+            ttl_ms: (req.op == Op::Hold).then_some(req.ttl_ms),
             logged: req.logged,
             log_pos: req.log_pos,
             origin: req.origin,
@@ -367,6 +404,7 @@ impl Entry {
             completed_at: self.completed_at,
             hold_id: self.hold_id.clone(),
             expires_at: self.expires_at,
+            ttl_ms: self.ttl_ms,
             reserved_after: load_only(self.op, self.reserved_after),
         })
     }
@@ -435,6 +473,9 @@ pub struct Outcome {
     pub hold_id: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
+    /// Holds only: the `ttl_ms` the hold was asked for (held or refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<i64>,
     /// Loads only: the item's `reserved` after the load (held stock stays held), so a
     /// load answered through the log can show the item whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]

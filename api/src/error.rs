@@ -18,6 +18,10 @@ pub enum ApiError {
     /// otherwise); the body carries that state beside the error.
     #[error("{0}")]
     Conflict(String, serde_json::Value),
+    /// 409 `key_reused`: the request key was first used by a different request, whose
+    /// outcome is given as `original`; nothing was applied.
+    #[error("{0}")]
+    KeyReused(String, serde_json::Value),
     /// 429 with `Retry-After`: a bounded queue is full; nothing was applied.
     #[error("{0}")]
     Overloaded(String),
@@ -27,11 +31,42 @@ pub enum ApiError {
     /// 504: no answer within the reply timeout; the change may still be applied.
     #[error("{0}")]
     Timeout(String),
+    /// 408: the request's body did not arrive whole within the read timeout.
+    #[error("{0}")]
+    BodyTimeout(String),
+    /// 415: a body that is not declared `application/json`.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
 }
 
 impl ApiError {
     pub fn invalid(detail: impl Into<String>) -> ApiError {
         ApiError::Invalid(detail.into())
+    }
+
+    /// 503 for a store that failed: the store's own message (a file path, an SQL error)
+    /// goes to the log, not to the caller.
+    pub fn store(e: impl std::fmt::Display) -> ApiError {
+        tracing::error!(error = %e, "store error answered with 503");
+        ApiError::Unavailable("the store is unavailable; retry later".into())
+    }
+
+    /// 409 `key_reused` when `req` differs from the request that first used its key
+    /// (whose outcome is `first`); `key_field` names where the key came from
+    /// (`request_id`, or `request_key` for one derived from seller, item and req_time).
+    pub fn reused(
+        req: &nrtxn_actors::Request,
+        first: &nrtxn_actors::Outcome,
+        key_field: &str,
+    ) -> Option<ApiError> {
+        let diff = req.reuse_conflict(first)?;
+        Some(ApiError::KeyReused(
+            format!(
+                "{key_field}: {} was first used with {diff}",
+                first.request_key
+            ),
+            serde_json::to_value(first).unwrap_or(serde_json::Value::Null),
+        ))
     }
 }
 
@@ -41,9 +76,8 @@ impl From<EngineError> for ApiError {
             EngineError::Overloaded | EngineError::TooManyShops => {
                 ApiError::Overloaded(e.to_string())
             }
-            EngineError::ShuttingDown | EngineError::Store(_) => {
-                ApiError::Unavailable(e.to_string())
-            }
+            EngineError::ShuttingDown => ApiError::Unavailable(e.to_string()),
+            EngineError::Store(e) => ApiError::store(e),
             EngineError::Timeout => ApiError::Timeout(e.to_string()),
         }
     }
@@ -54,10 +88,12 @@ impl ResponseError for ApiError {
         match self {
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(..) => StatusCode::CONFLICT,
+            ApiError::Conflict(..) | ApiError::KeyReused(..) => StatusCode::CONFLICT,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
 
@@ -71,13 +107,20 @@ impl ResponseError for ApiError {
             body.insert("detail".into(), json!(detail));
             return HttpResponse::Conflict().json(body);
         }
+        if let ApiError::KeyReused(detail, original) = self {
+            return HttpResponse::Conflict()
+                .json(json!({ "error": "key_reused", "detail": detail, "original": original }));
+        }
         let (code, detail) = match self {
             ApiError::Invalid(d) => ("invalid_request", d),
             ApiError::NotFound(d) => ("not_found", d),
             ApiError::Conflict(d, _) => ("conflict", d),
+            ApiError::KeyReused(d, _) => ("key_reused", d),
             ApiError::Overloaded(d) => ("overloaded", d),
             ApiError::Unavailable(d) => ("unavailable", d),
             ApiError::Timeout(d) => ("timeout", d),
+            ApiError::BodyTimeout(d) => ("body_timeout", d),
+            ApiError::UnsupportedMediaType(d) => ("unsupported_media_type", d),
         };
         let mut res = HttpResponse::build(self.status_code());
         if matches!(self, ApiError::Overloaded(_) | ApiError::Unavailable(_)) {

@@ -8,11 +8,11 @@
 
 use std::sync::Arc;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::{
     hold_end_key, now_ms, HoldStatus, Op, Outcome, Request, Status, HOLD_TTL_MAX_MS, QTY_MAX,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::validate::{integer, json_object, name, path_segment, request_id};
@@ -53,10 +53,11 @@ async fn decide(state: &AppState, shop: &Arc<str>, req: Request) -> Result<Arc<O
 pub async fn post_hold(
     state: web::Data<AppState>,
     path: web::Path<String>,
+    http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let body = json_object(payload, HOLD_BODY_MAX).await?;
+    let body = json_object(&http, payload, HOLD_BODY_MAX).await?;
     let item = name(&body, "item", "")?.ok_or_else(|| ApiError::invalid("item: required"))?;
     let qty = integer(&body, "qty", "", 1, QTY_MAX)?;
     let ttl_ms = integer(&body, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)?;
@@ -69,15 +70,9 @@ pub async fn post_hold(
         ttl_ms,
         ..Request::new(shop.clone(), item, key.clone(), Op::Hold, qty, now_ms())
     };
-    let o = decide(&state, &shop, req).await?;
-    if o.op != Op::Hold {
-        return Err(ApiError::Conflict(
-            format!(
-                "request_id: {key} was already used by a {} request",
-                o.op.as_str()
-            ),
-            json!({ "request_key": &*key }),
-        ));
+    let o = decide(&state, &shop, req.clone()).await?;
+    if let Some(e) = ApiError::reused(&req, &o, "request_id") {
+        return Err(e);
     }
     let (hold_id, status) = match o.status {
         Status::Ok => (&*key, HoldStatus::Held.as_str()),

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::{LOAD_ITEMS_MAX, STOCK_MAX};
 use serde_json::{json, Value};
 
@@ -17,10 +17,11 @@ pub const LOAD_BODY_MAX: usize = 4 * 1024 * 1024;
 pub async fn put_items(
     state: web::Data<AppState>,
     path: web::Path<String>,
+    http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let body = json_object(payload, LOAD_BODY_MAX).await?;
+    let body = json_object(&http, payload, LOAD_BODY_MAX).await?;
     let entries = array(&body, "items", LOAD_ITEMS_MAX)?;
     let mut seen: HashSet<Arc<str>> = HashSet::with_capacity(entries.len());
     let mut items = Vec::with_capacity(entries.len());

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use nrtxn_actors::{Admission, Outcome, PollResult, Request, BATCH_TXNS_MAX};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -22,6 +22,8 @@ enum Answer {
     Outcome(Arc<Outcome>),
     Accepted(Arc<str>),
     Pending(Arc<str>),
+    /// Its key was first used by a different request ([`ApiError::KeyReused`]).
+    Reused(Arc<str>, ApiError),
 }
 
 /// An answer as JSON: the outcome itself, or a key with its status. Serialized as is
@@ -33,6 +35,13 @@ enum AnswerBody<'a> {
     Status {
         request_key: &'a str,
         status: &'static str,
+    },
+    /// A batch entry refused on its own (its key was reused).
+    Error {
+        request_key: &'a str,
+        error: &'static str,
+        detail: &'a str,
+        original: &'a Value,
     },
 }
 
@@ -48,6 +57,16 @@ impl Answer {
                 request_key: k,
                 status: "pending",
             },
+            Answer::Reused(k, ApiError::KeyReused(detail, original)) => AnswerBody::Error {
+                request_key: k,
+                error: "key_reused",
+                detail,
+                original,
+            },
+            Answer::Reused(k, _) => AnswerBody::Status {
+                request_key: k,
+                status: "error",
+            },
         }
     }
 
@@ -56,43 +75,62 @@ impl Answer {
             Answer::Outcome(_) => HttpResponse::Ok(),
             Answer::Accepted(_) => HttpResponse::Accepted(),
             Answer::Pending(_) => HttpResponse::GatewayTimeout(),
+            Answer::Reused(_, e) => return e.error_response(),
         };
         res.json(self.body())
     }
 }
 
+/// Where a transaction's key came from: its `request_id`, or (without one) seller, item
+/// and `req_time`. Named in a `key_reused` error.
+fn key_field(body: &Value) -> &'static str {
+    match body.get("request_id") {
+        None | Some(Value::Null) => "request_key",
+        Some(_) => "request_id",
+    }
+}
+
 /// Submits requests of one shop and waits, until `deadline` at the latest, for what each
-/// caller is owed: the outcome (respond=true), or durability (respond=false).
+/// caller is owed: the outcome (respond=true), or durability (respond=false). An outcome
+/// recorded for a different request under the same key (`key_fields` says where each
+/// key came from) is answered as `key_reused`, never as this request's.
 async fn submit(
     state: &AppState,
     shop: &Arc<str>,
     reqs: Vec<(Request, bool)>,
+    key_fields: &[&'static str],
 ) -> Result<Vec<Answer>, ApiError> {
     let deadline = Instant::now() + Duration::from_millis(state.engine.config().reply_timeout_ms);
-    let meta: Vec<(Arc<str>, bool)> = reqs
-        .iter()
-        .map(|(r, respond)| (r.key.clone(), *respond))
-        .collect();
+    let meta: Vec<(Request, bool)> = reqs.to_vec();
     let admitted = state.engine.submit(shop, reqs).await?;
     // Durability of this call's fire-and-forget requests comes first: a 202 is a promise.
     let durable = match admitted.durable {
         None => true,
         Some(rx) => match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Ok(()))) => true,
-            Ok(Ok(Err(e))) => return Err(ApiError::Unavailable(e.to_string())),
+            Ok(Ok(Err(e))) => return Err(ApiError::store(e)),
             Ok(Err(_)) => return Err(ApiError::Unavailable("request log closed".into())),
             Err(_) => false,
         },
     };
     let mut answers = Vec::with_capacity(meta.len());
-    for ((key, respond), admission) in meta.into_iter().zip(admitted.admissions) {
+    for (((req, respond), admission), field) in meta
+        .into_iter()
+        .zip(admitted.admissions)
+        .zip(key_fields.iter().copied())
+    {
+        let key = req.key.clone();
+        let decided = |o: Arc<Outcome>, answer: Answer| match ApiError::reused(&req, &o, field) {
+            Some(e) => Answer::Reused(key.clone(), e),
+            None => answer,
+        };
         answers.push(match admission {
-            Admission::Decided(o) => Answer::Outcome(o),
+            Admission::Decided(o) => decided(o.clone(), Answer::Outcome(o)),
             Admission::Accepted if durable => Answer::Accepted(key),
             Admission::Accepted => Answer::Pending(key),
             Admission::Wait(rx) => match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(o)) if respond => Answer::Outcome(o),
-                Ok(Ok(_)) => Answer::Accepted(key),
+                Ok(Ok(o)) if respond => decided(o.clone(), Answer::Outcome(o)),
+                Ok(Ok(o)) => decided(o, Answer::Accepted(key.clone())),
                 Ok(Err(_)) | Err(_) => Answer::Pending(key),
             },
         });
@@ -103,12 +141,13 @@ async fn submit(
 pub async fn post_txn(
     state: web::Data<AppState>,
     path: web::Path<String>,
+    http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let body = Value::Object(json_object(payload, TXN_BODY_MAX).await?);
+    let body = Value::Object(json_object(&http, payload, TXN_BODY_MAX).await?);
     let req = txn(&shop, &body, "")?;
-    let answers = submit(&state, &shop, vec![req]).await?;
+    let answers = submit(&state, &shop, vec![req], &[key_field(&body)]).await?;
     Ok(answers
         .first()
         .map(Answer::response)
@@ -118,10 +157,11 @@ pub async fn post_txn(
 pub async fn post_batch(
     state: web::Data<AppState>,
     path: web::Path<String>,
+    http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let body = json_object(payload, BATCH_BODY_MAX).await?;
+    let body = json_object(&http, payload, BATCH_BODY_MAX).await?;
     let entries = array(&body, "txns", BATCH_TXNS_MAX)?;
     // Every entry is validated before any is submitted: a bad entry fails the whole call.
     let reqs = entries
@@ -129,7 +169,8 @@ pub async fn post_batch(
         .enumerate()
         .map(|(i, v)| txn(&shop, v, &format!("txns[{i}].")))
         .collect::<Result<Vec<_>, _>>()?;
-    let answers = submit(&state, &shop, reqs).await?;
+    let fields: Vec<&'static str> = entries.iter().map(key_field).collect();
+    let answers = submit(&state, &shop, reqs, &fields).await?;
     #[derive(serde::Serialize)]
     struct BatchBody<'a> {
         results: Vec<AnswerBody<'a>>,

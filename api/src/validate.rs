@@ -3,7 +3,13 @@
 
 use std::sync::Arc;
 
-use actix_web::web;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpRequest, ResponseError};
 use futures_util::StreamExt;
 use nrtxn_actors::{now_ms, Op, Request, NAME_LEN_MAX, QTY_MAX, REMARKS_LEN_MAX};
 use serde_json::{Map, Value};
@@ -13,26 +19,243 @@ use crate::error::ApiError;
 /// Longest request key: a derived `{seller}:{item}:{req_time}` of three longest names.
 pub const KEY_LEN_MAX: usize = 3 * NAME_LEN_MAX + 2;
 
-/// Reads a body of at most `limit` bytes and parses it as a JSON object.
+/// How request bodies are read: every handler that takes a body reads it through
+/// [`json_object`] with these bounds, kept in the app's data.
+#[derive(Debug)]
+pub struct BodyLimits {
+    /// A body must arrive whole within this long of the handler starting to read it:
+    /// headers have their own timeout in actix-web, bodies have none, and a body that
+    /// never completes would hold its buffer (up to 4 MiB) for ever.
+    pub read_timeout: Duration,
+    /// Bytes of request bodies held at once, in all; a body that would pass it is
+    /// refused with 429 before it is buffered.
+    pub held_bytes_max: usize,
+    /// Bytes of bodies held now.
+    held_bytes: AtomicUsize,
+}
+
+impl BodyLimits {
+    pub fn new(read_timeout: Duration, held_bytes_max: usize) -> BodyLimits {
+        BodyLimits {
+            read_timeout,
+            held_bytes_max,
+            held_bytes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Bytes of bodies held now.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// Bytes of the body budget taken by one body being read; given back when dropped.
+struct Held<'a> {
+    limits: &'a BodyLimits,
+    bytes: usize,
+}
+
+impl Held<'_> {
+    fn grow(&mut self, n: usize) -> Result<(), ApiError> {
+        let prev = self.limits.held_bytes.fetch_add(n, Ordering::AcqRel);
+        self.bytes += n;
+        if prev + n > self.limits.held_bytes_max {
+            return Err(ApiError::Overloaded(format!(
+                "body: the server holds {} bytes of request bodies, its limit; retry later",
+                self.limits.held_bytes_max
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.limits
+            .held_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// Reads a body of at most `limit` bytes and parses it as a JSON object. The body must
+/// be declared `application/json` (so a browser's cross-site form post is refused), be
+/// valid JSON with no key repeated in any object, and arrive within the read timeout.
 pub async fn json_object(
+    req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,
 ) -> Result<Map<String, Value>, ApiError> {
+    check_content_type(req)?;
+    let limits = req
+        .app_data::<web::Data<BodyLimits>>()
+        .map(|d| d.clone().into_inner())
+        .unwrap_or_else(|| Arc::new(BodyLimits::new(Duration::from_secs(10), usize::MAX)));
+    let mut held = Held {
+        limits: &limits,
+        bytes: 0,
+    };
     let mut body = web::BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("body: {e}")))?;
-        if body.len() + chunk.len() > limit {
-            return Err(ApiError::invalid(format!(
-                "body: larger than the limit of {limit} bytes"
-            )));
+    let read = async {
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+            if body.len() + chunk.len() > limit {
+                return Err(ApiError::invalid(format!(
+                    "body: larger than the limit of {limit} bytes"
+                )));
+            }
+            held.grow(chunk.len())?;
+            body.extend_from_slice(&chunk);
         }
-        body.extend_from_slice(&chunk);
+        Ok(())
+    };
+    match tokio::time::timeout(limits.read_timeout, read).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(ApiError::BodyTimeout(format!(
+                "body: not received whole within {} ms",
+                limits.read_timeout.as_millis()
+            )))
+        }
     }
-    match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(map)) => Ok(map),
+    let parsed = serde_json::from_slice::<Strict>(&body);
+    drop(body);
+    drop(held);
+    match parsed {
+        Ok(Strict(Value::Object(map))) => Ok(map),
         Ok(_) => Err(ApiError::invalid("body: must be a JSON object")),
         Err(e) => Err(ApiError::invalid(format!("body: malformed JSON: {e}"))),
     }
+}
+
+/// A body must say it is JSON: `application/json`, with parameters (`; charset=utf-8`)
+/// allowed. Browsers send cross-site "simple" requests only as forms or text, so this
+/// also keeps a page on another site from posting to nrtxn with a user's cookies or
+/// network position.
+fn check_content_type(req: &HttpRequest) -> Result<(), ApiError> {
+    let value = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("(not text)"));
+    let essence = value
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    if essence == "application/json" {
+        return Ok(());
+    }
+    Err(ApiError::UnsupportedMediaType(format!(
+        "content-type: must be application/json, got {}",
+        value.unwrap_or("none")
+    )))
+}
+
+/// A JSON value parsed with every object's keys checked for repeats: serde_json keeps
+/// the last of two equal keys, so `{"qty":1,"qty":9}` would be read as 9 without a word.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(Strict(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let Strict(v) = map.next_value()?;
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "key {key:?} appears more than once in an object"
+                )));
+            }
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// Middleware: refuses a path whose %-escapes do not decode to UTF-8. The router would
+/// decode them to U+FFFD, so two distinct names would become one shop or item.
+pub async fn utf8_paths(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    if let Err(e) = percent_decoded_utf8(req.uri().path()) {
+        let res = e.error_response();
+        return Ok(req.into_response(res).map_into_right_body());
+    }
+    Ok(next.call(req).await?.map_into_left_body())
+}
+
+/// Checks that `path` percent-decodes to valid UTF-8.
+fn percent_decoded_utf8(path: &str) -> Result<(), ApiError> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    std::str::from_utf8(&out)
+        .map(|_| ())
+        .map_err(|_| ApiError::invalid("path: a %-escaped name does not decode to UTF-8"))
 }
 
 fn check_name(s: &str, field: &str, max: usize) -> Result<(), ApiError> {
