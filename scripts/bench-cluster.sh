@@ -52,7 +52,7 @@ items=$(seq 0 19 | sed 's/.*/{"item":"i&","stock":1000000000}/' | paste -sd,)
 # load waits for every item's owner: retried (a load sets absolute stock, so a repeat
 # changes nothing).
 for _ in $(seq 30); do
-  curl -sf -XPUT "${bases[0]}/v1/shops/flash/items" -d "{\"items\":[$items]}" > /dev/null && break
+  curl -sf -XPUT "${bases[0]}/v1/shops/flash/items" -H "content-type: application/json" -d "{\"items\":[$items]}" > /dev/null && break
   sleep 1
 done
 metric() { # sum of a metric's samples on every node

@@ -21,7 +21,7 @@ base=$(sed -n 's/^nrtxn listening on //p' "$dir/out")
 [ -n "$base" ] || { cat "$dir/err"; exit 1; }
 # Ready means recovered and, with Kafka, the reader pool has its partitions.
 for _ in $(seq 900); do curl -sf "$base/readyz" > /dev/null && break; sleep 0.1; done
-curl -sf -XPUT "$base/v1/shops/flash/items" \
+curl -sf -XPUT "$base/v1/shops/flash/items" -H "content-type: application/json" \
   -d '{"items":[{"item":"hot","stock":1000000000}]}' > /dev/null
 echo "wrk: $conns connections, 2 threads, ${secs}s, respond=true decrements on one hot item"
 wrk -t2 -c"$conns" -d"${secs}s" --latency -s bench/txn.lua "$base"

@@ -92,12 +92,20 @@ pub struct ServeArgs {
     /// Undecided requests of one shop; beyond it 429 [default: 100000].
     #[arg(long, env = "NRTXN_SHOP_PENDING_MAX")]
     pub shop_pending_max: Option<usize>,
-    /// Outcomes kept in memory per shop for repeats and polls [default: 100000].
+    /// Outcomes kept in memory per shop for repeats and polls [default: 10000].
     #[arg(long, env = "NRTXN_OUTCOME_CACHE_PER_SHOP")]
     pub outcome_cache_per_shop: Option<usize>,
-    /// Most shops one process serves; beyond it 429 [default: 100000].
+    /// Outcomes kept in memory in all, over every shop [default: 200000].
+    #[arg(long, env = "NRTXN_OUTCOME_CACHE_TOTAL")]
+    pub outcome_cache_total: Option<usize>,
+    /// Shops in memory at once; beyond it idle ones passivate to make room, and 429 only
+    /// when none is idle [default: 10000].
     #[arg(long, env = "NRTXN_SHOPS_MAX")]
     pub shops_max: Option<usize>,
+    /// A shop with nothing in flight for this long leaves memory (its WorkManager
+    /// passivates) until its next request [default: 60000].
+    #[arg(long, env = "NRTXN_SHOP_IDLE_MS")]
+    pub shop_idle_ms: Option<u64>,
     /// Most pending holds one processor shard keeps; beyond it a hold is refused
     /// (limit_exceeded) [default: 1000000].
     #[arg(long, env = "NRTXN_HOLDS_MAX")]
@@ -202,7 +210,19 @@ impl ServeArgs {
                 0,
                 100_000_000,
             )?,
-            shops_max: in_range("shops_max", pick!(shops_max, d.shops_max), 1, 100_000_000)?,
+            outcome_cache_total: in_range(
+                "outcome_cache_total",
+                pick!(outcome_cache_total, d.outcome_cache_total),
+                0,
+                100_000_000,
+            )?,
+            shops_max: in_range("shops_max", pick!(shops_max, d.shops_max), 1, 1_000_000)?,
+            shop_idle_ms: in_range(
+                "shop_idle_ms",
+                pick!(shop_idle_ms, d.shop_idle_ms),
+                100,
+                86_400_000,
+            )?,
             holds_max: in_range("holds_max", pick!(holds_max, d.holds_max), 1, 100_000_000)?,
         };
         Ok(Settings {

@@ -15,10 +15,11 @@ use tokio::sync::oneshot;
 use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
-use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, Registry, ShardShared};
-use crate::types::{now_ms, Event, HoldView, ItemView, Op, Outcome, Request};
+use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, ShardShared};
+use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request};
 use crate::work_manager::{
-    Admission, Admitted, Decided, Deps, Poll, PollResult, Resume, Submit, SubmitError, WorkManager,
+    Admission, Admitted, Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle,
+    ShopStatus, Submit, SubmitError, WorkManager,
 };
 
 /// The engine's bounds and timings. Every field is set from the binary's configuration.
@@ -41,8 +42,14 @@ pub struct EngineConfig {
     pub shop_pending_max: usize,
     /// Outcomes each WorkManager keeps in memory for repeats and polls.
     pub outcome_cache_per_shop: usize,
-    /// Most shops (WorkManagers) one process serves.
+    /// Outcomes all WorkManagers keep in memory together.
+    pub outcome_cache_total: usize,
+    /// Most shops with a WorkManager in memory at once; beyond it the idle ones that
+    /// were used longest ago passivate to make room, and only when none is idle is a
+    /// new shop refused (429).
     pub shops_max: usize,
+    /// A WorkManager with nothing in flight for this long passivates.
+    pub shop_idle_ms: u64,
     /// Most pending holds one shard keeps; beyond it a hold is `limit_exceeded`.
     pub holds_max: usize,
 }
@@ -57,8 +64,12 @@ impl Default for EngineConfig {
             reply_timeout_ms: 5_000,
             inflight_max: 200_000,
             shop_pending_max: 100_000,
-            outcome_cache_per_shop: 100_000,
-            shops_max: 100_000,
+            // At about 0.7 KB an outcome (measured: 2,000 shops × 500 keys took RSS from
+            // 37 to 716 MB), the total is about 140 MB at most.
+            outcome_cache_per_shop: 10_000,
+            outcome_cache_total: 200_000,
+            shops_max: 10_000,
+            shop_idle_ms: 60_000,
             holds_max: 1_000_000,
         }
     }
@@ -68,7 +79,7 @@ impl Default for EngineConfig {
 pub enum EngineError {
     #[error("too many requests in flight")]
     Overloaded,
-    #[error("too many shops")]
+    #[error("too many shops busy at once")]
     TooManyShops,
     #[error("shutting down")]
     ShuttingDown,
@@ -83,6 +94,8 @@ impl From<SubmitError> for EngineError {
         match e {
             SubmitError::Overloaded => EngineError::Overloaded,
             SubmitError::Store(s) => EngineError::Store(s),
+            // Handled by `Engine::submit`, which sends the call to the new WorkManager.
+            SubmitError::Passivated(_) => EngineError::ShuttingDown,
         }
     }
 }
@@ -124,7 +137,7 @@ impl Dispatcher {
         }
         for (shop, outcomes) in by_shop {
             if let Some(wm) = self.registry.get(&shop) {
-                wm.do_send(Decided(outcomes));
+                wm.addr.do_send(Decided(outcomes));
             }
         }
     }
@@ -169,7 +182,14 @@ pub struct Engine {
     /// own (its start time): both go into each load's request key.
     load_calls: AtomicUsize,
     node_tag: String,
+    /// One eviction of idle WorkManagers at a time: the shops that wait for room are
+    /// served by the one under way.
+    evicting: tokio::sync::Mutex<()>,
 }
+
+/// Idle WorkManagers asked to passivate in one eviction, as a share of `shops_max`: a
+/// scan of the registry pays for room for many new shops, not one.
+const EVICT_SHARE: usize = 64;
 
 impl Engine {
     /// Recovers every item from the journal, starts the shards and builds the request log
@@ -240,6 +260,10 @@ impl Engine {
             inflight_max: cfg.inflight_max,
             shop_pending_max: cfg.shop_pending_max,
             outcome_cache_max: cfg.outcome_cache_per_shop,
+            outcome_cache_total_max: cfg.outcome_cache_total,
+            outcomes_cached: AtomicUsize::new(0),
+            shop_idle: Duration::from_millis(cfg.shop_idle_ms),
+            registry: registry.clone(),
             reply_timeout: Duration::from_millis(cfg.reply_timeout_ms),
         });
         let engine = Arc::new(Engine {
@@ -253,6 +277,7 @@ impl Engine {
             closing: AtomicBool::new(false),
             load_calls: AtomicUsize::new(0),
             node_tag: format!("{}", now_ms()),
+            evicting: tokio::sync::Mutex::new(()),
         });
         let mut by_shop: HashMap<Arc<str>, Vec<Request>> = HashMap::new();
         for r in pending {
@@ -262,7 +287,10 @@ impl Engine {
             tracing::info!(shops = by_shop.len(), "resuming undecided requests");
         }
         for (shop, reqs) in by_shop {
-            engine.work_manager_unbounded(&shop).do_send(Resume(reqs));
+            engine
+                .work_manager_unbounded(&shop)
+                .addr
+                .do_send(Resume(reqs));
         }
         Ok(engine)
     }
@@ -284,25 +312,78 @@ impl Engine {
         !self.is_closing() && self.deps.log.ready()
     }
 
-    fn work_manager(&self, shop: &Arc<str>) -> Result<Addr<WorkManager>, EngineError> {
+    /// The shop's WorkManager, started if it has none. At `shops_max`, idle ones make
+    /// room first; a new shop is refused only when every shop in memory is busy.
+    async fn work_manager(&self, shop: &Arc<str>) -> Result<ShopHandle, EngineError> {
         if let Some(wm) = self.registry.get(shop) {
             return Ok(wm.clone());
         }
         if self.registry.len() >= self.cfg.shops_max {
-            return Err(EngineError::TooManyShops);
+            self.evict_idle().await;
+            if self.registry.len() >= self.cfg.shops_max {
+                return Err(EngineError::TooManyShops);
+            }
         }
         Ok(self.work_manager_unbounded(shop))
     }
 
-    fn work_manager_unbounded(&self, shop: &Arc<str>) -> Addr<WorkManager> {
+    /// Asks the idle WorkManagers used longest ago (a share of `shops_max`) to passivate;
+    /// each leaves the registry before it answers, unless it took work in meanwhile.
+    async fn evict_idle(&self) {
+        let _one_at_a_time = self.evicting.lock().await;
+        if self.registry.len() < self.cfg.shops_max {
+            return; // the eviction this call waited for made room
+        }
+        let mut idle: Vec<(Millis, Addr<WorkManager>)> = self
+            .registry
+            .iter()
+            .filter_map(|e| e.status.idle_since().map(|at| (at, e.addr.clone())))
+            .collect();
+        let n = (self.cfg.shops_max / EVICT_SHARE).max(1).min(idle.len());
+        if n == 0 {
+            return;
+        }
+        if n < idle.len() {
+            idle.select_nth_unstable_by_key(n - 1, |(at, _)| *at);
+        }
+        for (_, addr) in idle.into_iter().take(n) {
+            let _ = addr.send(Passivate).await;
+        }
+    }
+
+    fn work_manager_unbounded(&self, shop: &Arc<str>) -> ShopHandle {
         self.registry
             .entry(shop.clone())
             .or_insert_with(|| {
                 let n = self.next_arbiter.fetch_add(1, Ordering::Relaxed) % self.arbiters.len();
-                let wm = WorkManager::new(shop.clone(), self.deps.clone());
-                WorkManager::start_in_arbiter(&self.arbiters[n], move |_| wm)
+                let status = Arc::new(ShopStatus::default());
+                status.touch();
+                let wm = WorkManager::new(shop.clone(), self.deps.clone(), status.clone());
+                ShopHandle {
+                    addr: WorkManager::start_in_arbiter(&self.arbiters[n], move |_| wm),
+                    status,
+                }
             })
             .clone()
+    }
+
+    /// Sets the engine's `nrtxn_bound_used` gauges to what is in use now.
+    pub fn publish_bounds(&self) {
+        let used = &self.deps.metrics.bound_used;
+        used.with_label_values(&["shops"])
+            .set(self.shops_in_memory() as i64);
+        used.with_label_values(&["outcomes_cached"])
+            .set(self.outcomes_cached() as i64);
+    }
+
+    /// Shops with a WorkManager in memory now.
+    pub fn shops_in_memory(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// Outcomes cached in memory now, in all WorkManagers.
+    pub fn outcomes_cached(&self) -> usize {
+        self.deps.outcomes_cached.load(Ordering::Relaxed)
     }
 
     /// Submits requests of one shop; `bool` is whether the caller waits for the outcome.
@@ -314,17 +395,23 @@ impl Engine {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
-        let wm = self.work_manager(shop)?;
-        let admitted = wm
-            .send(Submit(reqs))
-            .await
-            .map_err(|_| EngineError::ShuttingDown)??;
-        Ok(admitted)
+        let mut reqs = reqs;
+        // A WorkManager that passivated after it was looked up hands the call back, and it
+        // goes to the shop's next one (a few times at most: each is new and busy).
+        for _ in 0..3 {
+            let wm = self.work_manager(shop).await?;
+            match wm.addr.send(Submit(reqs)).await {
+                Ok(Err(SubmitError::Passivated(back))) => reqs = back,
+                Ok(result) => return Ok(result?),
+                Err(_) => return Err(EngineError::ShuttingDown),
+            }
+        }
+        Err(EngineError::Overloaded)
     }
 
     /// What is known of a request key.
     pub async fn poll(&self, shop: &Arc<str>, key: Arc<str>) -> Result<PollResult, EngineError> {
-        let Some(wm) = self.registry.get(shop).map(|w| w.clone()) else {
+        let Some(wm) = self.registry.get(shop).map(|w| w.addr.clone()) else {
             // No WorkManager yet: nothing is in flight for this shop in this process,
             // so the journal alone knows the answer.
             let found = if self.deps.shared_log {
@@ -356,6 +443,9 @@ impl Engine {
         if self.shards.shared_log() {
             return self.load_through_log(shop, items).await;
         }
+        // A load makes its shop one of those in memory, like any request, so loads too
+        // are held to `shops_max`.
+        self.work_manager(shop).await?.status.touch();
         let n = items.len();
         if !self.deps.reserve(n) {
             return Err(EngineError::Overloaded);

@@ -27,6 +27,10 @@ pub struct Metrics {
     /// Events the outbox relay published to the events topic (a page sent again after a
     /// failure counts again).
     pub events_relayed: IntCounter,
+    /// How much of each memory bound is in use, read when metrics are scraped: `shops`
+    /// (WorkManagers in memory, of `shops_max`), `outcomes_cached` (of
+    /// `outcome_cache_total`), `body_bytes` (request bodies held, of `body_bytes_max`).
+    pub bound_used: IntGaugeVec,
 }
 
 impl Metrics {
@@ -43,6 +47,14 @@ impl Metrics {
         let queue_depth = IntGaugeVec::new(
             Opts::new("nrtxn_queue_depth", "Entries waiting in each bounded queue"),
             &["queue"],
+        )
+        .expect("static metric definition");
+        let bound_used = IntGaugeVec::new(
+            Opts::new(
+                "nrtxn_bound_used",
+                "Use of each memory bound (shops, outcomes_cached, body_bytes)",
+            ),
+            &["bound"],
         )
         .expect("static metric definition");
         let sizes = exponential_buckets(1.0, 4.0, 9).expect("static buckets");
@@ -91,6 +103,7 @@ impl Metrics {
             Box::new(decisions.clone()),
             Box::new(repeats.clone()),
             Box::new(events_relayed.clone()),
+            Box::new(bound_used.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -104,6 +117,7 @@ impl Metrics {
             decisions,
             repeats,
             events_relayed,
+            bound_used,
         }
     }
 

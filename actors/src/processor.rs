@@ -16,7 +16,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use actix::prelude::*;
-use dashmap::DashMap;
 use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
@@ -29,7 +28,7 @@ use crate::types::{
     Request, Status,
 };
 use crate::wheel::{TimerId, TimingWheel};
-use crate::work_manager::{Decided, WorkManager};
+use crate::work_manager::{Decided, Registry};
 
 /// Journal appends a shard may have outstanding. Two lets applying batch N+1 overlap
 /// writing batch N; more would only add latency, since one journal writer serializes them.
@@ -81,9 +80,6 @@ enum Decision {
     /// Nothing to do: an expiry for a hold that is no longer pending here.
     Drop,
 }
-
-/// Shops' WorkManagers by shop, shared with the engine that creates them.
-pub type Registry = Arc<DashMap<Arc<str>, Addr<WorkManager>>>;
 
 /// An item's state twice: `live` is what the next request is judged against; `durable`
 /// is what the journal holds, and what readers are shown.
@@ -890,10 +886,11 @@ impl Processor {
         }
         for (shop, outcomes) in by_shop {
             match self.registry.get(&shop) {
-                Some(wm) => wm.do_send(Decided(outcomes)),
-                // Only after a WorkManager was dropped at shutdown: the outcomes are
-                // durable and can be polled.
-                None => tracing::warn!(%shop, "no WorkManager for decided outcomes"),
+                Some(wm) => wm.addr.do_send(Decided(outcomes)),
+                // The shop's WorkManager passivated (it had nothing in flight, so nobody
+                // waits for these) or was dropped at shutdown: they are durable and can
+                // be polled.
+                None => tracing::debug!(%shop, "no WorkManager for decided outcomes"),
             }
         }
     }

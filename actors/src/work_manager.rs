@@ -4,16 +4,55 @@
 //! (the recorded outcome is returned, and nothing is applied).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dashmap::DashMap;
 use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
 use crate::ports::{Durable, Journal, RequestLog, StoreError};
-use crate::types::{Outcome, Request};
+use crate::types::{now_ms, Millis, Outcome, Request};
+
+/// How long a passivated WorkManager stays alive to hand back requests sent to it just
+/// before it left the registry (see [`SubmitError::Passivated`]) before it stops.
+const PASSIVATED_STOP_DELAY: Duration = Duration::from_secs(5);
+
+/// What the engine and the processors can see of a shop's WorkManager without asking it:
+/// whether it is busy, and when it was last used, so that idle ones can be passivated to
+/// make room for new shops.
+#[derive(Debug, Default)]
+pub struct ShopStatus {
+    /// Keys of the shop in flight (admitted, undecided).
+    pub in_flight: AtomicUsize,
+    /// When the shop last submitted, polled or loaded (ms since the epoch).
+    pub last_active_ms: AtomicI64,
+}
+
+impl ShopStatus {
+    pub fn touch(&self) {
+        self.last_active_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    pub fn idle_since(&self) -> Option<Millis> {
+        (self.in_flight.load(Ordering::Acquire) == 0)
+            .then(|| self.last_active_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// A shop's WorkManager as the registry keeps it.
+#[derive(Clone)]
+pub struct ShopHandle {
+    pub addr: Addr<WorkManager>,
+    pub status: Arc<ShopStatus>,
+}
+
+/// Shops' WorkManagers by shop, shared by the engine (which creates and evicts them),
+/// the processors (which send them outcomes) and the WorkManagers (which leave it when
+/// they passivate). Bounded by `shops_max`.
+pub type Registry = Arc<DashMap<Arc<str>, ShopHandle>>;
 
 /// What every WorkManager shares: its bounds and the ports.
 pub struct Deps {
@@ -34,6 +73,15 @@ pub struct Deps {
     pub shop_pending_max: usize,
     /// Decided outcomes a WorkManager keeps in memory to answer repeats without a read.
     pub outcome_cache_max: usize,
+    /// Decided outcomes all WorkManagers keep in memory together, at most: a shop that
+    /// would pass it drops its own oldest first, and caches nothing when it has none.
+    pub outcome_cache_total_max: usize,
+    /// Outcomes cached now, in all WorkManagers.
+    pub outcomes_cached: AtomicUsize,
+    /// A WorkManager with nothing in flight for this long passivates: it leaves the
+    /// registry and stops, and comes back on the shop's next request.
+    pub shop_idle: Duration,
+    pub registry: Registry,
     /// How long a caller waits for an outcome before it is told `pending`.
     pub reply_timeout: Duration,
 }
@@ -94,6 +142,10 @@ const STALE_LOOKUPS_MAX: usize = 1_000;
 pub struct WorkManager {
     shop: Arc<str>,
     deps: Arc<Deps>,
+    /// Shared with the registry entry: kept current so the engine can tell idle shops.
+    status: Arc<ShopStatus>,
+    /// Left the registry: requests that still reach it are handed back to the engine.
+    passivated: bool,
     /// Bounded by `shop_pending_max` (checked on admission).
     in_flight: HashMap<Arc<str>, InFlight>,
     /// Recent outcomes, oldest first in `recent_order`; bounded by `outcome_cache_max`.
@@ -103,10 +155,12 @@ pub struct WorkManager {
 }
 
 impl WorkManager {
-    pub fn new(shop: Arc<str>, deps: Arc<Deps>) -> WorkManager {
+    pub fn new(shop: Arc<str>, deps: Arc<Deps>, status: Arc<ShopStatus>) -> WorkManager {
         WorkManager {
             shop,
             deps,
+            status,
+            passivated: false,
             in_flight: HashMap::new(),
             recent: HashMap::new(),
             recent_order: VecDeque::new(),
@@ -114,21 +168,69 @@ impl WorkManager {
     }
 
     fn remember(&mut self, outcome: Arc<Outcome>) {
-        if self.deps.outcome_cache_max == 0 {
+        if self.deps.outcome_cache_max == 0 || self.passivated {
             return;
         }
         let key = outcome.request_key.clone();
-        if self.recent.insert(key.clone(), outcome).is_none() {
-            self.recent_order.push_back(key);
+        if let Some(cached) = self.recent.get_mut(&key) {
+            *cached = outcome;
+            return;
         }
-        while self.recent.len() > self.deps.outcome_cache_max {
-            match self.recent_order.pop_front() {
-                Some(old) => {
-                    self.recent.remove(&old);
-                }
-                None => break,
+        // Room in this shop's share and in the total, taking it from this shop's own
+        // oldest outcomes; a shop with none to give caches nothing (the journal has it).
+        while self.recent.len() >= self.deps.outcome_cache_max
+            || self.deps.outcomes_cached.load(Ordering::Relaxed)
+                >= self.deps.outcome_cache_total_max
+        {
+            if !self.forget_oldest() {
+                return;
             }
         }
+        self.recent.insert(key.clone(), outcome);
+        self.recent_order.push_back(key);
+        self.deps.outcomes_cached.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops the oldest cached outcome; `false` when there is none.
+    fn forget_oldest(&mut self) -> bool {
+        while let Some(old) = self.recent_order.pop_front() {
+            if self.recent.remove(&old).is_some() {
+                self.deps.outcomes_cached.fetch_sub(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Keeps the shared status in step with the keys in flight.
+    fn publish_in_flight(&self) {
+        self.status
+            .in_flight
+            .store(self.in_flight.len(), Ordering::Release);
+    }
+
+    /// Leaves the registry (if it is still this WorkManager's entry), gives its cached
+    /// outcomes back to the total, and stops a little later: a request that found it in
+    /// the registry just before may still arrive, and is handed back to the engine.
+    fn passivate(&mut self, ctx: &mut Context<Self>) {
+        if self.passivated {
+            return;
+        }
+        self.passivated = true;
+        let me = ctx.address();
+        self.deps
+            .registry
+            .remove_if(&self.shop, |_, h| h.addr == me);
+        self.deps
+            .outcomes_cached
+            .fetch_sub(self.recent.len(), Ordering::Relaxed);
+        self.recent = HashMap::new();
+        self.recent_order = VecDeque::new();
+        ctx.run_later(PASSIVATED_STOP_DELAY, |wm, ctx| {
+            if wm.in_flight.is_empty() {
+                ctx.stop();
+            }
+        });
     }
 
     fn waiter(&self) -> (Waiter, oneshot::Receiver<Arc<Outcome>>) {
@@ -157,6 +259,16 @@ impl WorkManager {
     }
 
     fn submit(&mut self, reqs: Vec<(Request, bool)>) -> Result<Admitted, SubmitError> {
+        if self.passivated {
+            return Err(SubmitError::Passivated(reqs));
+        }
+        self.status.touch();
+        let admitted = self.admit(reqs);
+        self.publish_in_flight();
+        admitted
+    }
+
+    fn admit(&mut self, reqs: Vec<(Request, bool)>) -> Result<Admitted, SubmitError> {
         // Keys this call does not already know about, read from the journal in one go.
         let unknown: Vec<&str> = {
             let mut seen = std::collections::HashSet::new();
@@ -255,6 +367,7 @@ impl WorkManager {
         if !retired.is_empty() {
             self.deps.log.retire(&self.shop, retired);
         }
+        self.publish_in_flight();
         // Room is given back before anyone is answered, so a caller that sees its answer
         // also sees the bound freed.
         self.deps.release(answers.len());
@@ -271,12 +384,17 @@ impl WorkManager {
     /// is asked. A key still unknown there after twice the request TTL can no longer be
     /// applied as sent (it would expire), and is let go: a resubmission is checked
     /// against the journal by the item's processor, so it is never applied twice.
-    fn sweep(&mut self) {
+    fn sweep(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         for flight in self.in_flight.values_mut() {
             flight
                 .waiters
                 .retain(|w| w.deadline > now && !w.tx.is_closed());
+        }
+        let idle_ms = now_ms() - self.status.last_active_ms.load(Ordering::Relaxed);
+        if self.in_flight.is_empty() && idle_ms >= self.deps.shop_idle.as_millis() as i64 {
+            self.passivate(ctx);
+            return;
         }
         if !self.deps.shared_log {
             return;
@@ -330,6 +448,7 @@ impl WorkManager {
         if dropped > 0 {
             tracing::warn!(shop = %self.shop, dropped, "keys never decided let go");
             self.deps.release(dropped);
+            self.publish_in_flight();
         }
         if !decided.is_empty() {
             self.decided(decided);
@@ -342,8 +461,19 @@ impl Actor for WorkManager {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(1024);
-        let every = (self.deps.reply_timeout / 2).max(Duration::from_millis(100));
-        ctx.run_interval(every, |wm, _| wm.sweep());
+        self.status.touch();
+        let every = (self.deps.reply_timeout / 2)
+            .min(self.deps.shop_idle)
+            .max(Duration::from_millis(100));
+        ctx.run_interval(every, |wm, ctx| wm.sweep(ctx));
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if !self.passivated {
+            self.deps
+                .outcomes_cached
+                .fetch_sub(self.recent.len(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -351,6 +481,10 @@ impl Actor for WorkManager {
 pub enum SubmitError {
     #[error("too many requests in flight")]
     Overloaded,
+    /// This WorkManager has passivated: nothing of the call was taken in, and the engine
+    /// sends it to the shop's new WorkManager.
+    #[error("the shop's WorkManager passivated")]
+    Passivated(Vec<(Request, bool)>),
     #[error(transparent)]
     Store(StoreError),
 }
@@ -443,6 +577,7 @@ impl Handler<Resume> for WorkManager {
             );
         }
         self.deps.inflight_total.fetch_add(n, Ordering::AcqRel);
+        self.publish_in_flight();
         self.deps.log.redeliver(pending);
     }
 }
@@ -462,6 +597,7 @@ pub struct Poll(pub Arc<str>);
 impl Handler<Poll> for WorkManager {
     type Result = Result<PollResult, StoreError>;
     fn handle(&mut self, msg: Poll, _: &mut Self::Context) -> Self::Result {
+        self.status.touch();
         if let Some(flight) = self.in_flight.get(&msg.0) {
             if !(self.deps.shared_log && flight.since.elapsed() > self.deps.reply_timeout) {
                 return Ok(PollResult::Pending);
@@ -485,5 +621,22 @@ impl Handler<Poll> for WorkManager {
             Some(o) => PollResult::Decided(o.clone()),
             None => PollResult::Unknown,
         })
+    }
+}
+
+/// The engine asks an idle WorkManager to passivate, to make room for another shop.
+/// It does so (leaving the registry before it answers) only if nothing is in flight:
+/// a request it took in since the engine looked makes it busy, and it stays.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct Passivate;
+
+impl Handler<Passivate> for WorkManager {
+    type Result = bool;
+    fn handle(&mut self, _: Passivate, ctx: &mut Self::Context) -> bool {
+        if self.in_flight.is_empty() {
+            self.passivate(ctx);
+        }
+        self.passivated
     }
 }

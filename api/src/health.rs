@@ -3,6 +3,7 @@
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
+use crate::validate::BodyLimits;
 use crate::AppState;
 
 /// The process is up and answering.
@@ -21,7 +22,19 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+pub async fn metrics(
+    state: web::Data<AppState>,
+    bodies: Option<web::Data<BodyLimits>>,
+) -> HttpResponse {
+    state.engine.publish_bounds();
+    if let Some(bodies) = bodies {
+        state
+            .engine
+            .metrics()
+            .bound_used
+            .with_label_values(&["body_bytes"])
+            .set(bodies.held_bytes() as i64);
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(state.engine.metrics().render())

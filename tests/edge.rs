@@ -1,0 +1,440 @@
+//! The edge (issue 11): a key means one request, bodies are strict and bounded in time
+//! and bytes, paths decode to UTF-8, and shops and cached outcomes are bounded in memory
+//! with idle shops passivated and brought back on demand. Against the real binary.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// The value of `nrtxn_bound_used{bound="NAME"}` in the server's metrics.
+async fn bound_used(c: &reqwest::Client, server: &Server, name: &str) -> i64 {
+    let text = c
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    let prefix = format!("nrtxn_bound_used{{bound=\"{name}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in metrics:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_for_another_request_is_409_and_an_exact_repeat_is_the_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("sku-1", 10), ("sku-2", 100)]).await;
+    let txns = server.url("/v1/shops/s/txns");
+    let item = |i: &str| server.url(&format!("/v1/shops/s/items/{i}"));
+
+    let first = json!({"seller": "a", "item": "sku-1", "qty": 2, "request_id": "k1"});
+    let (status, original) = post(&c, &txns, first.clone()).await;
+    assert_eq!((status, &original["status"]), (200, &json!("ok")));
+
+    // Another item and quantity under the same key: refused, with the first outcome.
+    let (status, body) = post(
+        &c,
+        &txns,
+        json!({"seller": "a", "item": "sku-2", "qty": 99, "request_id": "k1"}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "key_reused");
+    assert_eq!(
+        body["detail"],
+        "request_id: k1 was first used with item sku-1, not sku-2"
+    );
+    assert_eq!(body["original"], original);
+    let (_, sku2) = get(&c, &item("sku-2")).await;
+    assert_eq!(sku2["stock"], 100, "nothing applied: {sku2}");
+
+    // An increment under a decrement's key.
+    let (status, body) = post(
+        &c,
+        &txns,
+        json!({"seller": "a", "item": "sku-1", "qty": 2, "op": "increment", "request_id": "k1"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["detail"]),
+        (
+            409,
+            &json!("request_id: k1 was first used with op decrement, not increment")
+        )
+    );
+
+    // The exact request again: its original outcome, 200, nothing applied.
+    let (status, again) = post(&c, &txns, first).await;
+    assert_eq!((status, &again), (200, &original));
+    let (_, sku1) = get(&c, &item("sku-1")).await;
+    assert_eq!(sku1["stock"], 8);
+
+    // A refused request's key is used too: a retry with another qty is not a sale.
+    let (status, refused) = post(
+        &c,
+        &txns,
+        json!({"seller": "a", "item": "sku-1", "qty": 50, "request_id": "k2"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &refused["status"]),
+        (200, &json!("insufficient_stock"))
+    );
+    let (status, body) = post(
+        &c,
+        &txns,
+        json!({"seller": "a", "item": "sku-1", "qty": 1, "request_id": "k2"}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        body["detail"],
+        "request_id: k2 was first used with qty 50, not 1"
+    );
+    // Fire-and-forget with a reused key: 409 too, not 202.
+    let (status, body) = post(
+        &c,
+        &txns,
+        json!({"seller": "a", "item": "sku-1", "qty": 1, "request_id": "k2", "respond": false}),
+    )
+    .await;
+    assert_eq!((status, &body["error"]), (409, &json!("key_reused")));
+
+    // A derived key (seller:item:req_time) names itself as request_key.
+    let natural = json!({"seller": "a", "item": "sku-1", "qty": 1, "req_time": 7});
+    assert_eq!(post(&c, &txns, natural).await.0, 200);
+    let (status, body) = post(
+        &c,
+        &txns,
+        json!({"seller": "a", "item": "sku-1", "qty": 3, "req_time": 7}),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        body["detail"],
+        "request_key: a:sku-1:7 was first used with qty 1, not 3"
+    );
+
+    // A hold's id used by a transaction is not a sale; a hold with another TTL is not
+    // the same hold.
+    let holds = server.url("/v1/shops/s/holds");
+    let (status, held) = post(
+        &c,
+        &holds,
+        json!({"item": "sku-2", "qty": 1, "ttl_ms": 60000, "request_id": "h1"}),
+    )
+    .await;
+    assert_eq!((status, &held["status"]), (200, &json!("held")));
+    let (status, body) = post(
+        &c,
+        &txns,
+        json!({"seller": "a", "item": "sku-2", "qty": 1, "request_id": "h1"}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        body["detail"],
+        "request_id: h1 was first used with op hold, not decrement"
+    );
+    let (status, body) = post(
+        &c,
+        &holds,
+        json!({"item": "sku-2", "qty": 1, "ttl_ms": 5000, "request_id": "h1"}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        body["detail"],
+        "request_id: h1 was first used with ttl_ms 60000, not 5000"
+    );
+    let (status, again) = post(
+        &c,
+        &holds,
+        json!({"item": "sku-2", "qty": 1, "ttl_ms": 60000, "request_id": "h1"}),
+    )
+    .await;
+    assert_eq!((status, &again), (200, &held));
+    // A transaction's key used for a hold.
+    let (status, body) = post(
+        &c,
+        &holds,
+        json!({"item": "sku-1", "qty": 2, "ttl_ms": 1000, "request_id": "k1"}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "key_reused");
+
+    // In a batch, each entry on its own: the reused one is refused, the others decided.
+    let (status, body) = post(
+        &c,
+        &server.url("/v1/shops/s/txns/batch"),
+        json!({"txns": [
+            {"seller": "a", "item": "sku-1", "qty": 1, "request_id": "b1"},
+            {"seller": "a", "item": "sku-1", "qty": 7, "request_id": "k1"},
+            {"seller": "a", "item": "sku-1", "qty": 2, "request_id": "k1"},
+        ]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results[0]["status"], "ok");
+    assert_eq!(results[1]["error"], "key_reused");
+    assert_eq!(results[1]["original"], original);
+    assert_eq!(results[2], original);
+
+    // After a restart the rule still holds (the outcome is read from the journal).
+    drop(server);
+    let server = Server::start(dir.path(), &[]);
+    let (status, body) = post(
+        &client(),
+        &server.url("/v1/shops/s/txns"),
+        json!({"seller": "a", "item": "sku-2", "qty": 99, "request_id": "k1"}),
+    )
+    .await;
+    assert_eq!((status, &body["original"]), (409, &original));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_must_be_json_with_unrepeated_keys_and_paths_must_decode_to_utf8() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("sku-1", 10)]).await;
+    let txns = server.url("/v1/shops/s/txns");
+
+    // A repeated key: 400 naming it, nothing applied.
+    let (status, body) = call(
+        &c,
+        Method::POST,
+        &txns,
+        Some(r#"{"seller":"a","item":"sku-1","qty":1,"qty":9,"request_id":"d1"}"#.into()),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"qty\" appears more than once"),
+        "{detail}"
+    );
+    // Nested objects too (a batch entry).
+    let (status, body) = call(
+        &c,
+        Method::POST,
+        &server.url("/v1/shops/s/txns/batch"),
+        Some(
+            r#"{"txns":[{"seller":"a","item":"sku-1","item":"x","qty":1,"request_id":"d2"}]}"#
+                .into(),
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    // Not declared JSON (a browser's cross-site form post): 415, nothing applied.
+    for content_type in [
+        None,
+        Some("application/x-www-form-urlencoded"),
+        Some("text/plain"),
+    ] {
+        let mut req = c
+            .post(&txns)
+            .body(r#"{"seller":"a","item":"sku-1","qty":1,"request_id":"f1"}"#);
+        if let Some(t) = content_type {
+            req = req.header("content-type", t);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 415, "{content_type:?}");
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["error"], "unsupported_media_type");
+        assert!(body["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("content-type:"));
+    }
+    let res = c
+        .post(&txns)
+        .header("content-type", "application/json; charset=utf-8")
+        .body(r#"{"seller":"a","item":"sku-1","qty":1,"request_id":"f2"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let (_, item) = get(&c, &server.url("/v1/shops/s/items/sku-1")).await;
+    assert_eq!(item["stock"], 9, "only f2 applied: {item}");
+
+    // %FF is not UTF-8: 400, not a shop named U+FFFD.
+    let (status, body) = post(
+        &c,
+        &server.url("/v1/shops/%FF/txns"),
+        json!({"seller": "a", "item": "sku-1", "qty": 1, "request_id": "u1"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().starts_with("path:"),
+        "{body}"
+    );
+    let (status, _) = get(&c, &server.url("/v1/shops/s/items/%E2%82")).await;
+    assert_eq!(status, 400);
+    // Valid escapes still work.
+    let (status, _) = get(&c, &server.url("/v1/shops/%73/items/sku-1")).await;
+    assert_eq!(status, 200);
+}
+
+/// Sends a request head announcing `len` bytes of body, then `sent` bytes of it, and
+/// returns the socket.
+fn partial_body(base: &str, path: &str, len: usize, sent: usize) -> TcpStream {
+    let addr = base.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "PUT {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+    )
+    .unwrap();
+    let chunk = vec![b' '; 64 * 1024];
+    let mut left = sent;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        s.write_all(&chunk[..n]).unwrap();
+        left -= n;
+    }
+    s.flush().unwrap();
+    s
+}
+
+/// The status line of the answer on `s`, waiting up to `wait`.
+fn status_line(s: &mut TcpStream, wait: Duration) -> String {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_completes_times_out_and_held_bodies_are_bounded_in_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--body-timeout-ms", "1500", "--body-bytes-max", "4194304"],
+    );
+    let c = client();
+    let path = "/v1/shops/s/items";
+    // 3 MiB of a 4 MiB body held, then a second one: together past 4 MiB, so the
+    // second is refused while the first is still held.
+    let started = Instant::now();
+    let mut first = partial_body(&server.base, path, 4 * 1024 * 1024 - 1, 3 * 1024 * 1024);
+    std::thread::sleep(Duration::from_millis(300));
+    let held = bound_used(&c, &server, "body_bytes").await;
+    assert!(held >= 3 * 1024 * 1024, "the first body is held: {held}");
+    let mut second = partial_body(&server.base, path, 4 * 1024 * 1024 - 1, 2 * 1024 * 1024);
+    let line = status_line(&mut second, Duration::from_secs(10));
+    assert!(line.contains(" 429 "), "second body: {line}");
+    // The first never completes: 408 after the read timeout, and its bytes are freed.
+    let line = status_line(&mut first, Duration::from_secs(10));
+    assert!(line.contains(" 408 "), "first body: {line}");
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    let held = bound_used(&c, &server, "body_bytes").await;
+    assert_eq!(held, 0);
+    // And the server still serves.
+    load(&c, &server, "s", &[("sku-1", 1)]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shops_past_the_bound_passivate_idle_ones_and_come_back_with_their_outcomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--shops-max",
+            "10",
+            "--shop-idle-ms",
+            "300",
+            "--outcome-cache-per-shop",
+            "20",
+            "--outcome-cache-total",
+            "50",
+        ],
+    );
+    let c = client();
+    // Loads count as shops too: 30 shops loaded with --shops-max 10.
+    for i in 0..30 {
+        load(&c, &server, &format!("shop-{i}"), &[("sku", 100)]).await;
+        assert!(bound_used(&c, &server, "shops").await <= 10);
+    }
+    // 100 junk shops' requests (unknown items) do not lock out a real one.
+    for i in 0..100 {
+        let (status, body) = post(
+            &c,
+            &server.url(&format!("/v1/shops/junk-{i}/txns")),
+            json!({"seller": "x", "item": "nothing", "qty": 1, "request_id": format!("j{i}")}),
+        )
+        .await;
+        assert_eq!(
+            (status, &body["status"]),
+            (200, &json!("unknown_item")),
+            "{body}"
+        );
+    }
+    assert!(bound_used(&c, &server, "shops").await <= 10);
+    let mut firsts = Vec::new();
+    for i in 0..30 {
+        let (status, body) = post(
+            &c,
+            &server.url(&format!("/v1/shops/shop-{i}/txns")),
+            json!({"seller": "x", "item": "sku", "qty": 1, "request_id": "r1"}),
+        )
+        .await;
+        assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+        firsts.push(body);
+        assert!(bound_used(&c, &server, "shops").await <= 10);
+        assert!(bound_used(&c, &server, "outcomes_cached").await <= 50);
+    }
+    // Many outcomes in one shop: the per-shop and total caches stay bounded.
+    for k in 0..60 {
+        let (status, _) = post(
+            &c,
+            &server.url("/v1/shops/shop-0/txns"),
+            json!({"seller": "x", "item": "sku", "qty": 1, "request_id": format!("m{k}")}),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert!(bound_used(&c, &server, "outcomes_cached").await <= 20);
+    // Idle shops leave memory.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bound_used(&c, &server, "shops").await > 0 {
+        assert!(Instant::now() < deadline, "idle shops never passivated");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(bound_used(&c, &server, "outcomes_cached").await, 0);
+    // ...and come back on demand, with their keys: a repeat is the original outcome,
+    // a poll finds it, nothing is applied twice.
+    for (i, first) in firsts.iter().enumerate() {
+        let url = server.url(&format!("/v1/shops/shop-{i}/txns"));
+        let (status, again) = post(
+            &c,
+            &url,
+            json!({"seller": "x", "item": "sku", "qty": 1, "request_id": "r1"}),
+        )
+        .await;
+        assert_eq!((status, &again), (200, first));
+        let (status, polled) = get(&c, &format!("{url}/r1")).await;
+        assert_eq!((status, &polled), (200, first));
+    }
+    let (_, item) = get(&c, &server.url("/v1/shops/shop-5/items/sku")).await;
+    assert_eq!(item["stock"], 99, "{item}");
+}
