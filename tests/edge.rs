@@ -329,7 +329,7 @@ async fn a_body_that_never_completes_times_out_and_held_bodies_are_bounded_in_al
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         dir.path(),
-        &["--body-timeout-ms", "1500", "--body-bytes-max", "4194304"],
+        &["--body-timeout-ms", "5000", "--body-bytes-max", "4194304"],
     );
     let c = client();
     let path = "/v1/shops/s/items";
@@ -337,16 +337,26 @@ async fn a_body_that_never_completes_times_out_and_held_bodies_are_bounded_in_al
     // second is refused while the first is still held.
     let started = Instant::now();
     let mut first = partial_body(&server.base, path, 4 * 1024 * 1024 - 1, 3 * 1024 * 1024);
-    std::thread::sleep(Duration::from_millis(300));
-    let held = bound_used(&c, &server, "body_bytes").await;
-    assert!(held >= 3 * 1024 * 1024, "the first body is held: {held}");
+    // Held once the server has read it (a moment after it was sent).
+    let deadline = Instant::now() + Duration::from_secs(4);
+    loop {
+        let held = bound_used(&c, &server, "body_bytes").await;
+        if held >= 3 * 1024 * 1024 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first body is not held: {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut second = partial_body(&server.base, path, 4 * 1024 * 1024 - 1, 2 * 1024 * 1024);
     let line = status_line(&mut second, Duration::from_secs(10));
     assert!(line.contains(" 429 "), "second body: {line}");
     // The first never completes: 408 after the read timeout, and its bytes are freed.
     let line = status_line(&mut first, Duration::from_secs(10));
     assert!(line.contains(" 408 "), "first body: {line}");
-    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert!(started.elapsed() >= Duration::from_millis(5000));
     let held = bound_used(&c, &server, "body_bytes").await;
     assert_eq!(held, 0);
     // And the server still serves.
@@ -437,4 +447,54 @@ async fn shops_past_the_bound_passivate_idle_ones_and_come_back_with_their_outco
     }
     let (_, item) = get(&c, &server.url("/v1/shops/shop-5/items/sku")).await;
     assert_eq!(item["stock"], 99, "{item}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_with_a_request_id_is_applied_once_and_can_be_polled() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    let items = server.url("/v1/shops/s/items");
+    let body = json!({"request_id": "L1", "items": [
+        {"item": "a", "stock": 10}, {"item": "b", "stock": 5}]});
+    let (status, first) = call(&c, Method::PUT, &items, Some(body.to_string())).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["request_id"], "L1");
+    assert_eq!(first["items"][0]["stock"], 10);
+    let (status, _) = post(
+        &c,
+        &server.url("/v1/shops/s/txns"),
+        json!({"seller": "x", "item": "a", "qty": 3, "request_id": "sale-1"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // The answer was lost and the operator retries: the first load's answer, and the
+    // three sold since are not put back.
+    let (status, again) = call(&c, Method::PUT, &items, Some(body.to_string())).await;
+    assert_eq!((status, &again), (200, &first));
+    let (_, a) = get(&c, &server.url("/v1/shops/s/items/a")).await;
+    assert_eq!((a["stock"].as_i64(), a["seq"].as_u64()), (Some(7), Some(2)));
+
+    // The same request_id with other stock is another load: refused.
+    let other = json!({"request_id": "L1", "items": [
+        {"item": "a", "stock": 20}, {"item": "b", "stock": 5}]});
+    let (status, body) = call(&c, Method::PUT, &items, Some(other.to_string())).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "key_reused");
+    assert_eq!(
+        body["detail"],
+        "request_id: L1 was first used with items[0] stock 10, not 20"
+    );
+
+    // Polled by its request_id (what a caller does after a 504).
+    let (status, polled) = get(&c, &server.url("/v1/shops/s/loads/L1")).await;
+    assert_eq!(status, 200, "{polled}");
+    assert_eq!(polled["status"], "done");
+    assert_eq!(polled["items"], first["items"]);
+    let (status, _) = get(&c, &server.url("/v1/shops/s/loads/L2")).await;
+    assert_eq!(status, 404);
+    // A load's request_id does not meet a transaction's keys.
+    let (status, _) = get(&c, &server.url("/v1/shops/s/txns/L1")).await;
+    assert_eq!(status, 404);
 }

@@ -161,6 +161,28 @@ impl Dispatcher {
     }
 }
 
+/// Where a keyed load's request keys start: nrtxn's own (`~`), so a load's `request_id`
+/// never meets a transaction's or a hold's.
+fn load_key_prefix(request_id: &str) -> String {
+    format!("~loadid:{request_id}")
+}
+
+/// The request key of item `index` of the load with `request_id`.
+pub fn load_key(request_id: &str, index: usize) -> Arc<str> {
+    format!("{}:{index}", load_key_prefix(request_id)).into()
+}
+
+/// An item as a load's outcome leaves it.
+pub fn load_view(shop: &Arc<str>, o: &Outcome) -> ItemView {
+    ItemView {
+        shop: shop.clone(),
+        item: o.item.clone(),
+        stock: o.stock_after.unwrap_or(0),
+        reserved: o.reserved_after.unwrap_or(0),
+        seq: o.seq.unwrap_or(0),
+    }
+}
+
 pub fn shard_of(shop: &str, item: &str, shards: usize) -> usize {
     let mut h = DefaultHasher::new();
     shop.hash(&mut h);
@@ -491,22 +513,66 @@ impl Engine {
         shop: &Arc<str>,
         items: Vec<(Arc<str>, i64)>,
     ) -> Result<Vec<ItemView>, EngineError> {
-        let now = now_ms();
         let node = self.shards.hooks.get().map_or(0, |h| h.node_id);
         let call = self.load_calls.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("~load:{node}:{}:{call}", self.node_tag);
+        let outcomes = self.load_keyed(shop, &prefix, items).await?;
+        Ok(outcomes.iter().map(|o| load_view(shop, o)).collect())
+    }
+
+    /// A load the caller gave a `request_id`: one keyed request per item, under
+    /// [`load_key`]`(request_id, index)`, so a retried load is answered with what the
+    /// first one did, never applied twice (it would reset the stock sold in between).
+    /// Returns the requests as submitted and each item's outcome, in order; an outcome
+    /// of a different request under the same key is the caller's to refuse
+    /// ([`Request::reuse_conflict`]).
+    pub async fn load_once(
+        &self,
+        shop: &Arc<str>,
+        request_id: &str,
+        items: Vec<(Arc<str>, i64)>,
+    ) -> Result<Vec<(Request, Arc<Outcome>)>, EngineError> {
+        if self.is_closing() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let now = now_ms();
+        let reqs: Vec<Request> = items
+            .iter()
+            .enumerate()
+            .map(|(i, (item, stock))| {
+                let key = load_key(request_id, i);
+                Request::new(shop.clone(), item.clone(), key, Op::Load, *stock, now)
+            })
+            .collect();
+        let outcomes = self
+            .load_keyed(shop, &load_key_prefix(request_id), items)
+            .await?;
+        Ok(reqs.into_iter().zip(outcomes).collect())
+    }
+
+    /// Submits a load as keyed requests `{prefix}:{index}` and waits for every outcome.
+    async fn load_keyed(
+        &self,
+        shop: &Arc<str>,
+        prefix: &str,
+        items: Vec<(Arc<str>, i64)>,
+    ) -> Result<Vec<Arc<Outcome>>, EngineError> {
+        let now = now_ms();
         let reqs = items
             .into_iter()
             .enumerate()
             .map(|(i, (item, stock))| {
-                let key: Arc<str> = format!("~load:{node}:{}:{call}:{i}", self.node_tag).into();
-                let req = Request::new(shop.clone(), item, key, Op::Load, stock, now);
-                (req, true)
+                let key: Arc<str> = format!("{prefix}:{i}").into();
+                (
+                    Request::new(shop.clone(), item, key, Op::Load, stock, now),
+                    true,
+                )
             })
             .collect();
         let admitted = self.submit(shop, reqs).await?;
-        let mut views = Vec::with_capacity(admitted.admissions.len());
+        let mut outcomes = Vec::with_capacity(admitted.admissions.len());
         for admission in admitted.admissions {
-            let outcome = match admission {
+            outcomes.push(match admission {
                 Admission::Decided(o) => o,
                 Admission::Wait(rx) => {
                     match tokio::time::timeout(self.deps.reply_timeout, rx).await {
@@ -516,16 +582,52 @@ impl Engine {
                     }
                 }
                 Admission::Accepted => return Err(EngineError::Timeout),
-            };
-            views.push(ItemView {
-                shop: shop.clone(),
-                item: outcome.item.clone(),
-                stock: outcome.stock_after.unwrap_or(0),
-                reserved: outcome.reserved_after.unwrap_or(0),
-                seq: outcome.seq.unwrap_or(0),
             });
         }
-        Ok(views)
+        Ok(outcomes)
+    }
+
+    /// What is known of the load with `request_id`: its items' outcomes in order, as far
+    /// as they are decided without a gap, and whether any item is still in flight.
+    pub async fn poll_load(
+        &self,
+        shop: &Arc<str>,
+        request_id: &str,
+    ) -> Result<(Vec<Arc<Outcome>>, bool), EngineError> {
+        const CHUNK: usize = 1_000;
+        let mut decided = Vec::new();
+        let mut start = 0;
+        while start < crate::types::LOAD_ITEMS_MAX {
+            let keys: Vec<Arc<str>> = (start..start + CHUNK)
+                .map(|i| load_key(request_id, i))
+                .collect();
+            let (journal, shop_owned, asked) = (self.deps.journal.clone(), shop.clone(), keys);
+            let found = tokio::task::spawn_blocking(move || {
+                let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
+                journal.decided(&shop_owned, &refs)
+            })
+            .await
+            .map_err(|_| EngineError::ShuttingDown)??;
+            let n = found.len();
+            let mut complete = true;
+            for o in found {
+                match o {
+                    Some(o) => decided.push(Arc::new(o)),
+                    None => {
+                        complete = false;
+                        break;
+                    }
+                }
+            }
+            if !complete || n < CHUNK {
+                break;
+            }
+            start += CHUNK;
+        }
+        // The next item is in flight if the shop's WorkManager says so.
+        let next = load_key(request_id, decided.len());
+        let pending = matches!(self.poll(shop, next).await?, PollResult::Pending);
+        Ok((decided, pending))
     }
 
     /// A hold as durable, `None` if there is no such hold.

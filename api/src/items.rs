@@ -4,11 +4,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use nrtxn_actors::{LOAD_ITEMS_MAX, STOCK_MAX};
+use nrtxn_actors::engine::load_view;
+use nrtxn_actors::{EngineError, LOAD_ITEMS_MAX, STOCK_MAX};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::validate::{array, integer, json_object, path_segment, required_name};
+use crate::validate::{array, integer, json_object, path_segment, request_id, required_name};
 use crate::AppState;
 
 /// Largest body of a load: 10,000 items of up to about 300 bytes each.
@@ -41,8 +42,58 @@ pub async fn put_items(
         }
         items.push((item, stock));
     }
-    let views = state.engine.load(&shop, items).await?;
-    Ok(HttpResponse::Ok().json(json!({ "items": views })))
+    let Some(id) = request_id(&body, "")? else {
+        let views = state.engine.load(&shop, items).await?;
+        return Ok(HttpResponse::Ok().json(json!({ "items": views })));
+    };
+    // With a request_id the load is done at most once: a retry is answered with what the
+    // first did (stock sold since is not reset), and a 504 can be polled.
+    let decided = match state.engine.load_once(&shop, &id, items).await {
+        Err(EngineError::Timeout) => {
+            return Ok(HttpResponse::GatewayTimeout()
+                .json(json!({ "request_id": &*id, "status": "pending" })))
+        }
+        other => other?,
+    };
+    for (i, (req, outcome)) in decided.iter().enumerate() {
+        if let Some(diff) = req.reuse_conflict(outcome) {
+            return Err(ApiError::KeyReused(
+                format!("request_id: {id} was first used with items[{i}] {diff}"),
+                json!({ "items": decided.iter().map(|(_, o)| load_view(&shop, o)).collect::<Vec<_>>() }),
+            ));
+        }
+    }
+    let views: Vec<_> = decided.iter().map(|(_, o)| load_view(&shop, o)).collect();
+    Ok(HttpResponse::Ok().json(json!({ "request_id": &*id, "items": views })))
+}
+
+/// `GET /v1/shops/{shop}/loads/{request_id}`: a load made with a `request_id`, as far as
+/// it is decided: `200` with its items when none is in flight, `202` (`pending`, with the
+/// items decided so far) while one is, `404` when none of it is known.
+pub async fn get_load(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, id) = path.into_inner();
+    let shop = path_segment(&shop, "shop")?;
+    let id = path_segment(&id, "request_id")?;
+    let (decided, pending) = state.engine.poll_load(&shop, &id).await?;
+    if decided.is_empty() && !pending {
+        return Err(ApiError::NotFound(format!(
+            "request_id: no load {id} in shop {shop}"
+        )));
+    }
+    let views: Vec<_> = decided.iter().map(|o| load_view(&shop, o)).collect();
+    let body = json!({
+        "request_id": &*id,
+        "status": if pending { "pending" } else { "done" },
+        "items": views,
+    });
+    Ok(if pending {
+        HttpResponse::Accepted().json(body)
+    } else {
+        HttpResponse::Ok().json(body)
+    })
 }
 
 pub async fn get_item(

@@ -35,6 +35,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/v1/shops/{shop}/items/{item}",
             web::get().to(items::get_item),
         )
+        .route(
+            "/v1/shops/{shop}/loads/{request_id}",
+            web::get().to(items::get_load),
+        )
         .route("/v1/shops/{shop}/txns", web::post().to(txns::post_txn))
         .route(
             "/v1/shops/{shop}/txns/batch",
