@@ -29,3 +29,82 @@ async fn sigterm_drains_in_flight_work_and_exits_zero() {
     assert!(status.success(), "exit status {status:?}");
     check_after_restart(&server, &seen).await;
 }
+
+/// The request TTL counts wall-clock time, the outage included
+/// (`docs/decisions/request-ttl-across-restarts.md`): a fire-and-forget request accepted
+/// before a crash and still undecided when the server comes back more than a TTL later is
+/// decided `expired`, an answer like any other, and never applied late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_requests_undecided_at_a_crash_expire_after_an_outage_longer_than_the_ttl() {
+    use serde_json::{json, Value};
+    const BATCHES: usize = 5;
+    const PER_BATCH: usize = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--request-ttl-ms", "2000"];
+    let mut server = Server::start(dir.path(), &flags);
+    let c = client();
+    load(&c, &server, "shop", &[("x", 1_000_000)]).await;
+    let url = server.url("/v1/shops/shop/txns/batch");
+    let sends = (0..BATCHES).map(|b| {
+        let txns: Vec<Value> = (0..PER_BATCH)
+            .map(|i| {
+                json!({"seller": "s", "item": "x", "qty": 1, "respond": false,
+                "request_id": format!("f-{b}-{i}")})
+            })
+            .collect();
+        post(&c, &url, json!({ "txns": txns }))
+    });
+    for (status, body) in futures::future::join_all(sends).await {
+        assert_eq!(status, 200, "{body}");
+        assert!(body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["status"] == "accepted"));
+    }
+    // Killed the moment every request is durable: the last ones are still undecided.
+    server.kill();
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    let server = Server::start(dir.path(), &flags);
+
+    // Every accepted request is decided once: `ok` before the crash, `expired` after it.
+    let (mut ok, mut expired, mut after) = (0, 0, 0u64);
+    let mut keys = std::collections::HashSet::new();
+    while keys.len() < BATCHES * PER_BATCH {
+        let (status, page) = get(
+            &c,
+            &server.url(&format!(
+                "/v1/shops/shop/items/x/events?after={after}&limit=1000"
+            )),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        let events = page["events"].as_array().unwrap().clone();
+        assert!(
+            !events.is_empty(),
+            "only {} of the keys decided",
+            keys.len()
+        );
+        for e in events {
+            after = e["seq"].as_u64().unwrap();
+            let Some(key) = e["request_key"].as_str() else {
+                continue;
+            };
+            assert!(keys.insert(key.to_string()), "{key} decided twice");
+            match e["status"].as_str().unwrap() {
+                "ok" => ok += 1,
+                "expired" => expired += 1,
+                other => panic!("{key}: {other}"),
+            }
+        }
+    }
+    assert!(
+        expired > 0,
+        "nothing was undecided at the crash ({ok} ok): nothing tested"
+    );
+    let (_, item) = get(&c, &server.url("/v1/shops/shop/items/x")).await;
+    assert_eq!(item["stock"], 1_000_000 - ok, "only the ok ones were sold");
+    let (status, polled) = poll_decided(&c, &server, "shop", "f-4-999").await;
+    assert_eq!(status, 200, "{polled}");
+    eprintln!("after the outage: {ok} decided before the crash, {expired} expired");
+}
