@@ -32,8 +32,8 @@ fn is_loopback(listen: &str) -> anyhow::Result<bool> {
 }
 
 /// Protected mode, as in Redis: with no unrevoked key, serve without authentication only
-/// on a loopback address (or with `--insecure-no-auth`); once keys exist they are always
-/// checked. Says at start which it is.
+/// on a loopback address (or with `--insecure-no-auth`); once a key has been seen, keys
+/// are checked until the process stops, whatever is revoked. Says at start which it is.
 fn open_when_no_key(
     listen: &str,
     edge: &EdgeSettings,
@@ -41,7 +41,7 @@ fn open_when_no_key(
 ) -> anyhow::Result<OpenWhenNoKey> {
     let loopback = is_loopback(listen)?;
     let open = if loopback || edge.insecure_no_auth {
-        OpenWhenNoKey::Yes
+        OpenWhenNoKey::UntilAKeyIsSeen
     } else {
         OpenWhenNoKey::Never
     };

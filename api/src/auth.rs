@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -273,9 +274,9 @@ pub enum OpenWhenNoKey {
     /// Never: every route but the health checks needs a key, even with no key in the
     /// store (a non-loopback server whose keys were all revoked must not fall open).
     Never,
-    /// While the store has no unrevoked key (protected mode on a loopback address, or
-    /// `--insecure-no-auth`).
-    Yes,
+    /// Until the first key is seen (protected mode on a loopback address, or
+    /// `--insecure-no-auth`, with an empty store at start).
+    UntilAKeyIsSeen,
 }
 
 /// The access check's state, shared by every HTTP worker: the keys (replaced whole by
@@ -284,7 +285,10 @@ pub struct Gate {
     /// Swapped by [`Gate::set_keys`]; readers clone the `Arc` and let go of the lock at
     /// once, so a reload never waits for a request and the other way round.
     keys: RwLock<Arc<KeySet>>,
-    open_when_no_key: OpenWhenNoKey,
+    /// Whether keys are checked. Set for good once a key has been seen: revoking every
+    /// key (say, a leaked one in a hurry) must lock callers out, not let everyone in,
+    /// even on a loopback address, which a reverse proxy on the same machine may expose.
+    enforcing: AtomicBool,
     limiter: Option<ShopRateLimiter>,
 }
 
@@ -295,8 +299,10 @@ impl Gate {
         limiter: Option<ShopRateLimiter>,
     ) -> Gate {
         Gate {
+            enforcing: AtomicBool::new(
+                open_when_no_key == OpenWhenNoKey::Never || !keys.is_empty(),
+            ),
             keys: RwLock::new(Arc::new(keys)),
-            open_when_no_key,
             limiter,
         }
     }
@@ -305,31 +311,31 @@ impl Gate {
         self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Replaces the keys; says when the server goes from checking keys to open or back.
+    /// Replaces the keys; says when the server starts checking keys, and when none is
+    /// left to pass.
     pub fn set_keys(&self, keys: KeySet) {
         let keys = Arc::new(keys);
         let before = std::mem::replace(
             &mut *self.keys.write().unwrap_or_else(|e| e.into_inner()),
             keys.clone(),
         );
-        if self.open_when_no_key == OpenWhenNoKey::Yes && before.is_empty() != keys.is_empty() {
-            if keys.is_empty() {
-                tracing::warn!(
-                    "protected mode: no unrevoked access key is left; serving without \
-                     authentication until one is created"
-                );
-            } else {
-                tracing::info!(
-                    keys = keys.len(),
-                    "access keys found: every route of a shop now needs one"
-                );
-            }
+        if !keys.is_empty() && !self.enforcing.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                keys = keys.len(),
+                "access keys found: from now on every route of a shop and /metrics need one"
+            );
+        }
+        if keys.is_empty() && !before.is_empty() {
+            tracing::warn!(
+                "no unrevoked access key is left: every request that needs a key is refused \
+                 until one is created with `nrtxn keys create`"
+            );
         }
     }
 
     /// Whether requests need a key now.
-    pub fn enforcing(&self, keys: &KeySet) -> bool {
-        self.open_when_no_key == OpenWhenNoKey::Never || !keys.is_empty()
+    pub fn enforcing(&self) -> bool {
+        self.enforcing.load(Ordering::Relaxed)
     }
 
     /// The decision for one request: what it needs, whose key it carries, whether the
@@ -344,8 +350,8 @@ impl Gate {
         if matches!(need, Need::Open) {
             return Ok(());
         }
-        let keys = self.keys();
-        if self.enforcing(&keys) {
+        if self.enforcing() {
+            let keys = self.keys();
             let key = authenticate(&keys, authorization)?;
             authorize(key, &need)?;
         }
@@ -676,6 +682,22 @@ mod tests {
             Err(Refusal::Unauthorized(d)) => assert!(d.starts_with("unknown"), "{d}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn once_a_key_is_seen_keys_are_checked_even_when_all_are_revoked() {
+        let gate = Gate::new(KeySet::default(), OpenWhenNoKey::UntilAKeyIsSeen, None);
+        assert!(!gate.enforcing(), "protected mode with no key serves open");
+        let (_, k) = key("k", Some("acme"), Role::Seller);
+        gate.set_keys(KeySet::new([k]));
+        assert!(gate.enforcing());
+        gate.set_keys(KeySet::default());
+        assert!(
+            gate.enforcing(),
+            "revoking every key must not open the server"
+        );
+        let closed = Gate::new(KeySet::default(), OpenWhenNoKey::Never, None);
+        assert!(closed.enforcing());
     }
 
     #[test]
