@@ -190,6 +190,35 @@ mod tests {
         .starts_with("kafka_ssl_ca:"));
     }
 
+    /// librdkafka refuses, when a client is created, a `security.protocol` or SASL
+    /// mechanism it was built without (`OpenSSL not available at build time`): this build
+    /// must take every combination the options allow. No broker is contacted.
+    #[test]
+    fn this_build_of_librdkafka_takes_every_protocol_and_mechanism() {
+        use rdkafka::producer::BaseProducer;
+        for protocol in SECURITY_PROTOCOLS {
+            let sasl = protocol.starts_with("sasl_");
+            let mechanisms: &[&str] = if sasl { &SASL_MECHANISMS } else { &[""] };
+            for mechanism in mechanisms {
+                let security = KafkaSecurity {
+                    protocol: Some(protocol.into()),
+                    sasl_mechanism: sasl.then(|| mechanism.to_string()),
+                    sasl_username: sasl.then(|| "nrtxn".into()),
+                    sasl_password: sasl.then(|| Secret("pw".into())),
+                    ssl_ca: None,
+                };
+                assert_eq!(security.check(), Ok(()));
+                let created: Result<BaseProducer, _> =
+                    security.client_config("127.0.0.1:1").create();
+                assert!(
+                    created.is_ok(),
+                    "{protocol} {mechanism}: {:?}",
+                    created.err()
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_password_is_never_printed() {
         assert!(!format!("{:?}", sasl_ssl()).contains("pw"));
