@@ -120,13 +120,114 @@ pub struct ServeArgs {
     /// [default: 10000].
     #[arg(long, env = "NRTXN_CONNECTIONS_MAX")]
     pub connections_max: Option<usize>,
+    /// Serve without access keys on a non-loopback address while the key store has no
+    /// unrevoked key (protected mode refuses to start there otherwise). Keys, once
+    /// created, are always checked.
+    #[arg(long, env = "NRTXN_INSECURE_NO_AUTH")]
+    #[serde(default)]
+    pub insecure_no_auth: bool,
+    /// Also serve `/metrics`, without a key, on this address (plain HTTP; keep it on a
+    /// private network). On the main address `/metrics` needs an admin key.
+    #[arg(long, env = "NRTXN_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// PEM file of the server's certificate chain: serve HTTPS (with --tls-key).
+    #[arg(long, env = "NRTXN_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of the certificate's private key (with --tls-cert).
+    #[arg(long, env = "NRTXN_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Requests per second one shop may make (a token bucket per shop); beyond it 429
+    /// with Retry-After. A batch call counts as one request [default: no limit].
+    #[arg(long, env = "NRTXN_SHOP_RATE")]
+    pub shop_rate: Option<f64>,
+    /// Requests a shop may make at once above its rate (the bucket's size)
+    /// [default: the rate, at least 1].
+    #[arg(long, env = "NRTXN_SHOP_BURST")]
+    pub shop_burst: Option<u32>,
+    /// Kafka `security.protocol`: plaintext, ssl, sasl_plaintext or sasl_ssl
+    /// [default: plaintext].
+    #[arg(long, env = "NRTXN_KAFKA_SECURITY_PROTOCOL")]
+    pub kafka_security_protocol: Option<String>,
+    /// Kafka SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    #[arg(long, env = "NRTXN_KAFKA_SASL_MECHANISM")]
+    pub kafka_sasl_mechanism: Option<String>,
+    /// Kafka SASL user name.
+    #[arg(long, env = "NRTXN_KAFKA_SASL_USERNAME")]
+    pub kafka_sasl_username: Option<String>,
+    /// Kafka SASL password; prefer the environment variable to the flag, which other
+    /// users of the machine can read in the process list.
+    #[arg(long, env = "NRTXN_KAFKA_SASL_PASSWORD", hide_env_values = true)]
+    pub kafka_sasl_password: Option<nrtxn_kafka::Secret>,
+    /// PEM file of the CA that signed the Kafka brokers' certificates [default: the
+    /// system's CAs].
+    #[arg(long, env = "NRTXN_KAFKA_SSL_CA")]
+    pub kafka_ssl_ca: Option<PathBuf>,
 }
 
-/// Defaults of the HTTP front's bounds (the engine's are [`EngineConfig::default`]).
-pub const BODY_TIMEOUT_MS_DEFAULT: u64 = 10_000;
-/// 64 bodies of the largest kind (a 4 MiB load) at once.
-pub const BODY_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
-pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+/// The defaults of the server's options that are not the engine's (those are
+/// [`EngineConfig::default`]): one place for the code, the help and the README.
+pub mod defaults {
+    pub const LISTEN: &str = "127.0.0.1:8080";
+    pub const DATA_DIR: &str = "./data";
+    pub const NODE_ID: u32 = 0;
+    pub const KAFKA_REQUESTS_TOPIC: &str = "nrtxn.requests";
+    pub const KAFKA_PARTITIONS: i32 = 8;
+    pub const KAFKA_REPLICATION: i32 = 1;
+    pub const KAFKA_READERS: usize = 2;
+    pub const KAFKA_GROUP: &str = "nrtxn";
+    pub const KAFKA_RESPONSES_TOPIC: &str = "nrtxn.responses";
+    pub const KAFKA_RESPONSE_PARTITIONS: i32 = 16;
+    pub const KAFKA_EVENTS_TOPIC: &str = "nrtxn.events";
+    /// Highest `--shop-rate`: beyond it a limit is no limit on this machine.
+    pub const SHOP_RATE_MAX: f64 = 1_000_000.0;
+    pub const BODY_TIMEOUT_MS: u64 = 10_000;
+    /// 64 bodies of the largest kind (a 4 MiB load) at once.
+    pub const BODY_BYTES_MAX: usize = 256 * 1024 * 1024;
+    pub const CONNECTIONS_MAX: usize = 10_000;
+}
+
+/// Where the access keys are: the options `serve` and `keys` share.
+#[derive(Args, Debug, Clone)]
+pub struct KeyStoreArgs {
+    /// TOML file of `serve` (only data_dir and mongo_uri are read from it).
+    #[arg(long, env = "NRTXN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data dir of the server: its keys are in keys.sqlite there [default: ./data].
+    #[arg(long, env = "NRTXN_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// MongoDB URI of the server's journal: its keys are in the collection `keys` there.
+    #[arg(long, env = "NRTXN_MONGO_URI")]
+    pub mongo_uri: Option<String>,
+}
+
+impl KeyStoreArgs {
+    /// The data dir and MongoDB URI: flags and environment over the file over defaults.
+    pub fn resolve(&self) -> anyhow::Result<(PathBuf, Option<String>)> {
+        let file = match &self.config {
+            Some(p) => read_file(p)?,
+            None => ServeArgs::default(),
+        };
+        Ok((
+            self.data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(defaults::DATA_DIR)),
+            self.mongo_uri.clone().or(file.mongo_uri),
+        ))
+    }
+}
+
+/// Access control and TLS of the HTTP front.
+#[derive(Debug, Clone)]
+pub struct EdgeSettings {
+    /// See [`ServeArgs::insecure_no_auth`].
+    pub insecure_no_auth: bool,
+    pub metrics_listen: Option<String>,
+    /// Certificate chain and key files.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Requests per second and burst of each shop's bucket; `None`: no limit.
+    pub shop_rate: Option<(f64, u32)>,
+}
 
 /// The resolved, checked configuration of `serve`.
 #[derive(Debug, Clone)]
@@ -140,6 +241,7 @@ pub struct Settings {
     pub body_bytes_max: usize,
     pub connections_max: usize,
     pub engine: EngineConfig,
+    pub edge: EdgeSettings,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<ServeArgs> {
@@ -226,34 +328,53 @@ impl ServeArgs {
             holds_max: in_range("holds_max", pick!(holds_max, d.holds_max), 1, 100_000_000)?,
         };
         Ok(Settings {
-            listen: pick!(listen, "127.0.0.1:8080".to_string()),
-            data_dir: pick!(data_dir, PathBuf::from("./data")),
+            listen: pick!(listen, defaults::LISTEN.to_string()),
+            data_dir: pick!(data_dir, PathBuf::from(defaults::DATA_DIR)),
             mongo_uri: self.mongo_uri.clone().or(file.mongo_uri.clone()),
             kafka: match self.kafka_brokers.clone().or(file.kafka_brokers.clone()) {
                 None => None,
                 Some(brokers) => Some(nrtxn_kafka::KafkaSettings {
                     brokers,
-                    node_id: pick!(node_id, 0),
-                    requests_topic: pick!(kafka_requests_topic, "nrtxn.requests".to_string()),
+                    node_id: pick!(node_id, defaults::NODE_ID),
+                    requests_topic: pick!(
+                        kafka_requests_topic,
+                        defaults::KAFKA_REQUESTS_TOPIC.to_string()
+                    ),
                     partitions: in_range(
                         "kafka_partitions",
-                        pick!(kafka_partitions, 8),
+                        pick!(kafka_partitions, defaults::KAFKA_PARTITIONS),
                         1,
                         10_000,
                     )?,
-                    replication: in_range("kafka_replication", pick!(kafka_replication, 1), 1, 16)?,
-                    readers: in_range("kafka_readers", pick!(kafka_readers, 2), 1, 64)?,
-                    group: pick!(kafka_group, "nrtxn".to_string()),
+                    replication: in_range(
+                        "kafka_replication",
+                        pick!(kafka_replication, defaults::KAFKA_REPLICATION),
+                        1,
+                        16,
+                    )?,
+                    readers: in_range(
+                        "kafka_readers",
+                        pick!(kafka_readers, defaults::KAFKA_READERS),
+                        1,
+                        64,
+                    )?,
+                    group: pick!(kafka_group, defaults::KAFKA_GROUP.to_string()),
                     undecided_max: engine.inflight_max,
-                    responses_topic: pick!(kafka_responses_topic, "nrtxn.responses".to_string()),
+                    responses_topic: pick!(
+                        kafka_responses_topic,
+                        defaults::KAFKA_RESPONSES_TOPIC.to_string()
+                    ),
                     response_partitions: {
                         let n = in_range(
                             "kafka_response_partitions",
-                            pick!(kafka_response_partitions, 16),
+                            pick!(
+                                kafka_response_partitions,
+                                defaults::KAFKA_RESPONSE_PARTITIONS
+                            ),
                             1,
                             10_000,
                         )?;
-                        let node = pick!(node_id, 0);
+                        let node = pick!(node_id, defaults::NODE_ID);
                         if i64::from(node) >= i64::from(n) {
                             bail!(
                                 "node_id: {node} is not below kafka_response_partitions ({n}): \
@@ -262,29 +383,96 @@ impl ServeArgs {
                         }
                         n
                     },
-                    events_topic: pick!(kafka_events_topic, "nrtxn.events".to_string()),
+                    events_topic: pick!(
+                        kafka_events_topic,
+                        defaults::KAFKA_EVENTS_TOPIC.to_string()
+                    ),
+                    security: self.kafka_security(&file)?,
                 }),
             },
             http_workers: in_range("http_workers", pick!(http_workers, cores), 1, 256)?,
             body_timeout_ms: in_range(
                 "body_timeout_ms",
-                pick!(body_timeout_ms, BODY_TIMEOUT_MS_DEFAULT),
+                pick!(body_timeout_ms, defaults::BODY_TIMEOUT_MS),
                 1,
                 600_000,
             )?,
             body_bytes_max: in_range(
                 "body_bytes_max",
-                pick!(body_bytes_max, BODY_BYTES_MAX_DEFAULT),
+                pick!(body_bytes_max, defaults::BODY_BYTES_MAX),
                 4 * 1024 * 1024,
                 16 * 1024 * 1024 * 1024,
             )?,
             connections_max: in_range(
                 "connections_max",
-                pick!(connections_max, CONNECTIONS_MAX_DEFAULT),
+                pick!(connections_max, defaults::CONNECTIONS_MAX),
                 1,
                 1_000_000,
             )?,
             engine,
+            edge: self.edge(&file)?,
+        })
+    }
+}
+
+impl ServeArgs {
+    /// The Kafka clients' TLS and credentials, checked together.
+    pub fn kafka_security(&self, file: &ServeArgs) -> anyhow::Result<nrtxn_kafka::KafkaSecurity> {
+        macro_rules! pick {
+            ($f:ident) => {
+                self.$f.clone().or(file.$f.clone())
+            };
+        }
+        let security = nrtxn_kafka::KafkaSecurity {
+            protocol: pick!(kafka_security_protocol).map(|p| p.to_ascii_lowercase()),
+            sasl_mechanism: pick!(kafka_sasl_mechanism).map(|m| m.to_ascii_uppercase()),
+            sasl_username: pick!(kafka_sasl_username),
+            sasl_password: pick!(kafka_sasl_password),
+            ssl_ca: pick!(kafka_ssl_ca),
+        };
+        security.check().map_err(anyhow::Error::msg)?;
+        Ok(security)
+    }
+
+    fn edge(&self, file: &ServeArgs) -> anyhow::Result<EdgeSettings> {
+        macro_rules! pick {
+            ($f:ident) => {
+                self.$f.clone().or(file.$f.clone())
+            };
+        }
+        let tls = match (pick!(tls_cert), pick!(tls_key)) {
+            (Some(cert), Some(key)) => {
+                for (name, path) in [("tls_cert", &cert), ("tls_key", &key)] {
+                    if !path.is_file() {
+                        bail!("{name}: {} is not a readable file", path.display());
+                    }
+                }
+                Some((cert, key))
+            }
+            (None, None) => None,
+            (Some(_), None) => bail!("tls_key: required with tls_cert (both or neither)"),
+            (None, Some(_)) => bail!("tls_cert: required with tls_key (both or neither)"),
+        };
+        let shop_rate = match (pick!(shop_rate), pick!(shop_burst)) {
+            (None, None) => None,
+            (None, Some(_)) => bail!("shop_burst: needs shop_rate (the limit is off without it)"),
+            (Some(rate), burst) => {
+                if !(rate > 0.0 && rate <= defaults::SHOP_RATE_MAX) {
+                    bail!(
+                        "shop_rate: must be above 0 and at most {}, got {rate}",
+                        defaults::SHOP_RATE_MAX
+                    );
+                }
+                // The default burst is one second's worth of requests.
+                let burst = burst.unwrap_or(rate.ceil() as u32);
+                Some((rate, in_range("shop_burst", burst, 1, 10_000_000)?))
+            }
+        };
+        Ok(EdgeSettings {
+            insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth,
+            metrics_listen: pick!(metrics_listen),
+            tls,
+            shop_rate,
         })
     }
 }

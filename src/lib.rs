@@ -5,6 +5,7 @@ pub mod config;
 pub mod embedded_log;
 pub mod follow;
 pub mod keyfilter;
+pub mod keys;
 pub mod mongo;
 pub mod server;
 pub mod sqlite;

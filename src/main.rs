@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use nrtxn::config::{Command, ServeArgs};
+use nrtxn::config::{Command, KeyStoreArgs, ServeArgs};
 use nrtxn::follow::{FollowError, Follower, HttpBackfill};
+use nrtxn::keys::{generate, KeyStore, Revoked};
 use nrtxn_actors::EVENTS_LIMIT_MAX;
 use nrtxn_kafka::EventsTopic;
 use tracing_subscriber::EnvFilter;
@@ -41,6 +42,51 @@ enum MainCommand {
     /// as they come: a shop's (or one item's) from the events topic with
     /// `--kafka-brokers`, else one item's by polling the server's events route.
     Follow(FollowArgs),
+    /// Manage access keys, in the store `serve` reads with the same --data-dir or
+    /// --mongo-uri (works while servers run; they pick changes up within 5 s).
+    Keys(KeysArgs),
+}
+
+#[derive(Args, Debug)]
+struct KeysArgs {
+    #[command(subcommand)]
+    command: KeysCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum KeysCommand {
+    /// Make a key and print its secret on stdout, alone on one line; the secret is not
+    /// stored (only its SHA-256), so this is the only time it is shown.
+    Create {
+        /// The key's role: seller (transactions, holds, item reads), operator (a seller's
+        /// routes plus loads and events) or admin (everything, every shop, /metrics).
+        #[arg(long, value_parser = ["seller", "operator", "admin"])]
+        role: String,
+        /// The shop a seller or operator key is for (not for admin).
+        #[arg(long)]
+        shop: Option<String>,
+        /// A name to tell keys apart [default: {shop}-{role}, or admin].
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        store: KeyStoreArgs,
+    },
+    /// List keys, one a line, tab-separated: id, name, shop (`*` for admin), role. Never
+    /// prints a secret.
+    List {
+        /// Also list revoked keys, with a fifth column, `active` or `revoked`.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        store: KeyStoreArgs,
+    },
+    /// Revoke a key by its id: every server stops accepting it within 5 s.
+    Revoke {
+        /// The key's id (the first column of `keys list`).
+        id: String,
+        #[command(flatten)]
+        store: KeyStoreArgs,
+    },
 }
 
 /// Options of `nrtxn follow`.
@@ -77,6 +123,82 @@ struct FollowArgs {
     /// Bound on each HTTP request (connect and answer), in ms (1 to 600000).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     request_timeout_ms: u64,
+    /// Access key for the server at `--url` (an operator key of the shop, or admin):
+    /// prefer the environment variable to the flag, which the process list shows.
+    #[arg(long, env = "NRTXN_API_KEY", hide_env_values = true)]
+    api_key: Option<nrtxn_kafka::Secret>,
+    /// PEM file of a CA to trust for an https `--url` besides the usual public ones (a
+    /// self-signed server certificate).
+    #[arg(long)]
+    ca_cert: Option<std::path::PathBuf>,
+    /// Kafka `security.protocol` of the events topic's reader (as for `serve`).
+    #[arg(
+        long,
+        env = "NRTXN_KAFKA_SECURITY_PROTOCOL",
+        requires = "kafka_brokers"
+    )]
+    kafka_security_protocol: Option<String>,
+    /// Kafka SASL mechanism (as for `serve`).
+    #[arg(long, env = "NRTXN_KAFKA_SASL_MECHANISM", requires = "kafka_brokers")]
+    kafka_sasl_mechanism: Option<String>,
+    /// Kafka SASL user name.
+    #[arg(long, env = "NRTXN_KAFKA_SASL_USERNAME", requires = "kafka_brokers")]
+    kafka_sasl_username: Option<String>,
+    /// Kafka SASL password (prefer the environment variable).
+    #[arg(long, env = "NRTXN_KAFKA_SASL_PASSWORD", hide_env_values = true)]
+    kafka_sasl_password: Option<nrtxn_kafka::Secret>,
+    /// PEM file of the CA of the Kafka brokers' certificates.
+    #[arg(long, env = "NRTXN_KAFKA_SSL_CA", requires = "kafka_brokers")]
+    kafka_ssl_ca: Option<std::path::PathBuf>,
+}
+
+impl FollowArgs {
+    fn kafka_security(&self) -> anyhow::Result<nrtxn_kafka::KafkaSecurity> {
+        let security = nrtxn_kafka::KafkaSecurity {
+            protocol: self
+                .kafka_security_protocol
+                .as_ref()
+                .map(|p| p.to_ascii_lowercase()),
+            sasl_mechanism: self
+                .kafka_sasl_mechanism
+                .as_ref()
+                .map(|m| m.to_ascii_uppercase()),
+            sasl_username: self.kafka_sasl_username.clone(),
+            sasl_password: self.kafka_sasl_password.clone(),
+            ssl_ca: self.kafka_ssl_ca.clone(),
+        };
+        security
+            .check()
+            .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+        Ok(security)
+    }
+
+    /// The HTTP client of the events route: the access key on every request (marked
+    /// sensitive, so reqwest never prints it), and the extra CA if any.
+    fn http_client(&self) -> anyhow::Result<reqwest::Client> {
+        let timeout = Duration::from_millis(self.request_timeout_ms);
+        let mut builder = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout);
+        if let Some(key) = &self.api_key {
+            let mut value =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+                    .map_err(|_| anyhow::anyhow!("--api-key: not a valid header value"))?;
+            value.set_sensitive(true);
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+            builder = builder.default_headers(headers);
+        }
+        if let Some(path) = &self.ca_cert {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("--ca-cert: cannot read {}", path.display()))?;
+            let cert = reqwest::Certificate::from_pem(&pem).with_context(|| {
+                format!("--ca-cert: {} is not a PEM certificate", path.display())
+            })?;
+            builder = builder.add_root_certificate(cert);
+        }
+        builder.build().context("cannot build the HTTP client")
+    }
 }
 
 fn main() -> ExitCode {
@@ -94,6 +216,11 @@ fn main() -> ExitCode {
             .build()
             .context("cannot start the runtime")
             .and_then(|rt| rt.block_on(follow(args))),
+        MainCommand::Keys(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the runtime")
+            .and_then(|rt| rt.block_on(keys(args.command))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -109,21 +236,91 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .and_then(|settings| actix_web::rt::System::new().block_on(nrtxn::server::run(settings)))
 }
 
+/// `nrtxn keys`: stdout carries only what a script reads (the secret, the list); every
+/// message goes to stderr.
+async fn keys(command: KeysCommand) -> anyhow::Result<()> {
+    let open = |store: &KeyStoreArgs| {
+        let store = store.clone();
+        async move {
+            let (data_dir, mongo_uri) = store.resolve()?;
+            KeyStore::open(&data_dir, mongo_uri.as_deref()).await
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    match command {
+        KeysCommand::Create {
+            role,
+            shop,
+            name,
+            store,
+        } => {
+            let role = role.parse().map_err(|e| anyhow::anyhow!("--role: {e}"))?;
+            let key = generate(name.as_deref(), shop.as_deref(), role)?;
+            let store = open(&store).await?;
+            store.insert(&key.record).await?;
+            let k = &key.record.key;
+            eprintln!(
+                "nrtxn keys: created {} key {} ({}){}; its secret is on stdout and is not \
+                 stored anywhere: keep it now",
+                k.role,
+                k.id,
+                k.name,
+                k.shop
+                    .as_deref()
+                    .map_or(" for every shop".to_string(), |s| format!(" for shop {s}"))
+            );
+            writeln!(out, "{}", key.secret).context("stdout")?;
+        }
+        KeysCommand::List { all, store } => {
+            let store = open(&store).await?;
+            for r in store.list(all).await? {
+                let k = &r.key;
+                let shop = k.shop.as_deref().unwrap_or("*");
+                if all {
+                    let state = if r.revoked_at.is_some() {
+                        "revoked"
+                    } else {
+                        "active"
+                    };
+                    writeln!(out, "{}\t{}\t{shop}\t{}\t{state}", k.id, k.name, k.role)
+                } else {
+                    writeln!(out, "{}\t{}\t{shop}\t{}", k.id, k.name, k.role)
+                }
+                .context("stdout")?;
+            }
+        }
+        KeysCommand::Revoke { id, store } => {
+            let store = open(&store).await?;
+            match store.revoke(&id, nrtxn_actors::now_ms()).await? {
+                Revoked::Now => {
+                    eprintln!("nrtxn keys: revoked {id}; running servers refuse it within 5 s")
+                }
+                Revoked::Already(_) => eprintln!("nrtxn keys: {id} was already revoked"),
+                Revoked::Unknown => anyhow::bail!("keys revoke: no key with id {id}"),
+            }
+        }
+    }
+    out.flush().context("stdout")
+}
+
 /// `nrtxn follow`: polls the item's events route from the last seq printed and feeds each
 /// page through a [`Follower`] (so duplicates and gaps are handled as they will be for a
 /// topic), printing what it emits. Stops after `--max-events`, on SIGINT or SIGTERM (with
 /// a summary on stderr either way), or on an error.
 async fn follow(args: FollowArgs) -> anyhow::Result<()> {
-    let backfill = HttpBackfill::new(&args.url, Duration::from_millis(args.request_timeout_ms))
-        .context("--url")?;
+    let backfill = HttpBackfill::with_client(args.http_client()?, &args.url).context("--url")?;
     // The poller reads the same route the follower fills gaps from; clones share a pool.
     let source = match &args.kafka_brokers {
         Some(brokers) => {
             let (shop, item) = (args.shop.clone(), args.item.clone());
-            let topic = EventsTopic::open(brokers, &args.kafka_events_topic, move |e| {
-                *e.shop == *shop && item.as_deref().is_none_or(|i| *e.item == *i)
-            })
-            .with_context(|| format!("--kafka-brokers: cannot read {}", args.kafka_events_topic))?;
+            let security = args.kafka_security()?;
+            let topic =
+                EventsTopic::open_with(&security, brokers, &args.kafka_events_topic, move |e| {
+                    *e.shop == *shop && item.as_deref().is_none_or(|i| *e.item == *i)
+                })
+                .with_context(|| {
+                    format!("--kafka-brokers: cannot read {}", args.kafka_events_topic)
+                })?;
             Source::Topic(topic)
         }
         None => match &args.item {

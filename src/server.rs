@@ -1,25 +1,136 @@
 //! Wiring of `nrtxn serve`: the store, the engine, the HTTP front, and the orderly stop.
 
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
-use anyhow::Context;
+use anyhow::{bail, Context};
 use nrtxn_actors::{Engine, Journal, Metrics, RequestLog};
+use nrtxn_api::auth::{Gate, KeySet, OpenWhenNoKey, ShopRateLimiter};
 use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
 
-use crate::config::Settings;
+use crate::config::{EdgeSettings, Settings};
 use crate::embedded_log::EmbeddedLog;
+use crate::keys::{redact_uri, KeyReloader};
 use crate::mongo::MongoJournal;
 use crate::sqlite::SqliteStore;
 use nrtxn_kafka::{EventsRelay, KafkaLog};
+
+/// Whether every address `listen` names is a loopback one (what protected mode allows to
+/// serve without keys). A name that does not resolve is an error naming the option.
+fn is_loopback(listen: &str) -> anyhow::Result<bool> {
+    let addrs: Vec<SocketAddr> = listen
+        .to_socket_addrs()
+        .with_context(|| format!("listen: cannot resolve {listen}"))?
+        .collect();
+    if addrs.is_empty() {
+        bail!("listen: {listen} names no address");
+    }
+    Ok(addrs.iter().all(|a| a.ip().is_loopback()))
+}
+
+/// Protected mode, as in Redis: with no unrevoked key, serve without authentication only
+/// on a loopback address (or with `--insecure-no-auth`); once a key has been seen, keys
+/// are checked until the process stops, whatever is revoked. Says at start which it is.
+fn open_when_no_key(
+    listen: &str,
+    edge: &EdgeSettings,
+    keys: &KeySet,
+) -> anyhow::Result<OpenWhenNoKey> {
+    let loopback = is_loopback(listen)?;
+    let open = if loopback || edge.insecure_no_auth {
+        OpenWhenNoKey::UntilAKeyIsSeen
+    } else {
+        OpenWhenNoKey::Never
+    };
+    if !keys.is_empty() {
+        tracing::info!(
+            keys = keys.len(),
+            "access keys: every route of a shop and /metrics need one"
+        );
+    } else if loopback {
+        tracing::warn!(
+            "protected mode: no access key in the store, so serving without authentication, \
+             which is allowed only because {listen} is a loopback address; create a key with \
+             `nrtxn keys create` to require keys"
+        );
+    } else if edge.insecure_no_auth {
+        tracing::warn!(
+            "--insecure-no-auth: no access key in the store; serving without authentication \
+             on {listen}, reachable from other machines"
+        );
+    } else {
+        bail!(
+            "protected mode: no access key in the store and {listen} is not a loopback \
+             address, so anyone who reaches it could change any shop's stock. Create a key \
+             with `nrtxn keys create --role admin` (same --data-dir or --mongo-uri), or pass \
+             --insecure-no-auth to serve without authentication"
+        );
+    }
+    Ok(open)
+}
+
+/// The TLS configuration from PEM files: rustls with the ring provider (the one mongodb
+/// already brings in).
+fn tls_config(cert: &Path, key: &Path) -> anyhow::Result<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .with_context(|| {
+            format!(
+                "tls_cert: cannot read a PEM certificate chain from {}",
+                cert.display()
+            )
+        })?;
+    if chain.is_empty() {
+        bail!("tls_cert: no certificate in {}", cert.display());
+    }
+    let private = PrivateKeyDer::from_pem_file(key).with_context(|| {
+        format!(
+            "tls_key: cannot read a PEM private key from {}",
+            key.display()
+        )
+    })?;
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .context("tls: no protocol version")?
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .with_context(|| {
+            format!(
+                "tls_key: {} does not fit the certificate of {}",
+                key.display(),
+                cert.display()
+            )
+        })
+}
 
 /// Runs until SIGINT or SIGTERM, then stops accepting, lets the requests in flight be
 /// answered, flushes every shard's batches to the journal and closes it. Call inside an
 /// actix system.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    // Access keys and TLS first: a server that may not start should say so before it
+    // spends a recovery.
+    let (keys, reloader) = KeyReloader::start(&settings.data_dir, settings.mongo_uri.as_deref())
+        .context("cannot read the access keys")?;
+    let open = open_when_no_key(&settings.listen, &settings.edge, &keys)?;
+    let tls = match &settings.edge.tls {
+        Some((cert, key)) => Some(tls_config(cert, key)?),
+        None => None,
+    };
+    let gate = Arc::new(Gate::new(
+        keys,
+        open,
+        settings
+            .edge
+            .shop_rate
+            .map(|(rate_per_s, burst)| ShopRateLimiter::new(rate_per_s, burst)),
+    ));
     let metrics = Arc::new(Metrics::new());
     // The embedded store always holds the request log's durable part (fire-and-forget
     // requests), and the journal too unless MongoDB is configured.
@@ -32,7 +143,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             settings.engine.shards * nrtxn_actors::processor::BATCHES_IN_FLIGHT_MAX,
             metrics.clone(),
         )
-        .with_context(|| format!("mongo_uri: cannot use {uri}"))?,
+        .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?,
         None => store.clone(),
     };
     let journal_is_store = settings.mongo_uri.is_none();
@@ -78,6 +189,32 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let state = web::Data::new(AppState {
         engine: engine.clone(),
     });
+    let _reloader = reloader.run(gate.clone());
+    // `/metrics` without a key, on an address of its own (a scraper on a private
+    // network); bound before the main address is announced, so that once a caller reads
+    // that line this one is there too.
+    let metrics_server = match &settings.edge.metrics_listen {
+        None => None,
+        Some(addr) => {
+            let state = state.clone();
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(state.clone())
+                    .route("/metrics", web::get().to(nrtxn_api::health::metrics))
+            })
+            .workers(1)
+            .disable_signals()
+            .bind(addr)
+            .with_context(|| format!("metrics_listen: cannot bind {addr}"))?;
+            for addr in server.addrs() {
+                println!("nrtxn metrics on http://{addr}/metrics");
+            }
+            let server = server.run();
+            let handle = server.handle();
+            actix_web::rt::spawn(server);
+            Some(handle)
+        }
+    };
     // Callers waiting for an outcome get it or their 504 within the reply timeout; the
     // server waits that long (plus a margin) for them before it closes connections.
     let grace_secs = settings.engine.reply_timeout_ms.div_ceil(1000) + 1;
@@ -85,10 +222,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         Duration::from_millis(settings.body_timeout_ms),
         settings.body_bytes_max,
     ));
+    let gate_data = web::Data::from(gate);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
             .app_data(body_limits.clone())
+            .app_data(gate_data.clone())
+            // The access check runs inside the counting, so refusals are counted too,
+            // and after the path check, so it reads shop names that decode to UTF-8.
+            .wrap(from_fn(nrtxn_api::auth::check))
             .wrap(from_fn(utf8_paths))
             .wrap(from_fn(count_requests))
             .configure(configure)
@@ -96,15 +238,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .workers(settings.http_workers)
     // actix-web's bound is per worker.
     .max_connections(settings.connections_max.div_ceil(settings.http_workers))
-    .shutdown_timeout(grace_secs)
-    .bind(&settings.listen)
-    .with_context(|| format!("listen: cannot bind {}", settings.listen))?;
+    .shutdown_timeout(grace_secs);
+    let (server, scheme) = match tls {
+        Some(tls) => (server.bind_rustls_0_23(&settings.listen, tls), "https"),
+        None => (server.bind(&settings.listen), "http"),
+    };
+    let server = server.with_context(|| format!("listen: cannot bind {}", settings.listen))?;
     for addr in server.addrs() {
         // Tests and scripts read the bound port from this line.
-        println!("nrtxn listening on http://{addr}");
+        println!("nrtxn listening on {scheme}://{addr}");
     }
     tracing::info!(data_dir = %settings.data_dir.display(), "serving");
     server.run().await.context("http server")?;
+    if let Some(handle) = metrics_server {
+        handle.stop(true).await;
+    }
     tracing::info!("stopped accepting; flushing shards to the journal");
     engine.drain().await;
     if let Some(relay) = relay {

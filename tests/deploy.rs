@@ -377,3 +377,50 @@ fn the_image_and_the_nodes_listen_on_the_exposed_port_and_keep_data_in_the_volum
         );
     }
 }
+
+/// The nodes listen on 0.0.0.0, so protected mode refuses to start them with no access
+/// key: compose must create one in the store they read before they start.
+#[test]
+fn compose_creates_an_admin_key_in_the_nodes_store_before_they_start() {
+    let c = compose();
+    let script = service(&c, "nrtxn-keys")
+        .get("command")
+        .and_then(Value::as_sequence)
+        .and_then(|c| c.first())
+        .and_then(Value::as_str)
+        .expect("nrtxn-keys runs a shell script");
+    // Compose turns `$$` into `$` before the shell sees it.
+    let script = script.replace("$$", "$");
+    let mongo = options(&command(&c, "nrtxn-0")[1..])["--mongo-uri"].clone();
+    assert!(
+        script.contains(&format!("uri='{mongo}'")),
+        "nrtxn-keys should use the nodes' --mongo-uri {mongo}:\n{script}"
+    );
+    for needed in [
+        "nrtxn keys list --mongo-uri \"$uri\"",
+        "nrtxn keys create --role admin",
+    ] {
+        assert!(script.contains(needed), "{needed:?} not in:\n{script}");
+    }
+    // The secret goes to a file, never to the log.
+    assert!(
+        script.contains("> /var/lib/nrtxn-keys/admin.key"),
+        "{script}"
+    );
+    for name in NRTXN_SERVICES {
+        assert_eq!(
+            str_at(
+                service(&c, name),
+                &["depends_on", "nrtxn-keys", "condition"]
+            ),
+            "service_completed_successfully",
+            "{name} should start after the key step"
+        );
+    }
+    // The flags the script passes are the binary's.
+    let out = nrtxn(&["keys", "create", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--role", "--name", "--mongo-uri"] {
+        assert!(help.contains(flag), "`nrtxn keys create` has no {flag}");
+    }
+}

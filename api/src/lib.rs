@@ -10,6 +10,7 @@ use actix_web::{web, HttpResponse};
 use nrtxn_actors::Engine;
 use serde_json::json;
 
+pub mod auth;
 pub mod error;
 pub mod events;
 pub mod health;

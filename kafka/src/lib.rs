@@ -43,7 +43,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 mod relay;
+mod security;
 pub use relay::{EventsRelay, EventsTopic, RELAY_IDLE_POLL, RELAY_PAGE_MAX};
+pub use security::{KafkaSecurity, Secret, SASL_MECHANISMS, SECURITY_PROTOCOLS};
 
 /// Messages the producer may hold unacknowledged; above the engine's in-flight bound, so
 /// admission refuses first.
@@ -82,6 +84,8 @@ pub struct KafkaSettings {
     /// Where the outbox relay publishes every committed event, keyed `{shop}:{item}`
     /// (created with the requests topic's partitions).
     pub events_topic: String,
+    /// TLS and credentials of every client.
+    pub security: KafkaSecurity,
 }
 
 /// A message of the requests topic.
@@ -99,10 +103,9 @@ fn kafka_err(e: impl std::fmt::Display) -> StoreError {
 /// The settings every nrtxn producer shares: idempotent, `acks=all`, and keys hashed as
 /// the Java client hashes them (so other clients agree on which partition holds an
 /// item, and an item's events land in the partition number its requests do).
-fn durable_producer(brokers: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
+fn durable_producer(security: &KafkaSecurity, brokers: &str) -> ClientConfig {
+    let mut config = security.client_config(brokers);
     config
-        .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("partitioner", "murmur2_random")
@@ -112,8 +115,9 @@ fn durable_producer(brokers: &str) -> ClientConfig {
 
 /// Creates the requests, responses and events topics if they are missing.
 pub fn ensure_topics(s: &KafkaSettings) -> Result<(), StoreError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &s.brokers)
+    let admin: AdminClient<DefaultClientContext> = s
+        .security
+        .client_config(&s.brokers)
         .create()
         .map_err(kafka_err)?;
     let requests = NewTopic::new(
@@ -306,16 +310,17 @@ impl KafkaLog {
             )));
         }
         ensure_topics(&settings)?;
-        let producer: ThreadedProducer<Delivery> = durable_producer(&settings.brokers)
-            // Above the engine's in-flight bound: admission refuses first, so a send is
-            // never refused half-way through a call.
-            .set(
-                "queue.buffering.max.messages",
-                PRODUCER_QUEUE_MAX.to_string(),
-            )
-            .set("message.timeout.ms", "30000")
-            .create_with_context(Delivery)
-            .map_err(kafka_err)?;
+        let producer: ThreadedProducer<Delivery> =
+            durable_producer(&settings.security, &settings.brokers)
+                // Above the engine's in-flight bound: admission refuses first, so a send is
+                // never refused half-way through a call.
+                .set(
+                    "queue.buffering.max.messages",
+                    PRODUCER_QUEUE_MAX.to_string(),
+                )
+                .set("message.timeout.ms", "30000")
+                .create_with_context(Delivery)
+                .map_err(kafka_err)?;
         let producer = Arc::new(producer);
         let tracker = Arc::new(Tracker::default());
         let hook_tracker = tracker.clone();
@@ -353,8 +358,9 @@ impl KafkaLog {
                 epochs: Mutex::new(HashMap::new()),
                 topic: settings.requests_topic.clone(),
             };
-            let consumer: BaseConsumer<ReaderContext> = ClientConfig::new()
-                .set("bootstrap.servers", &settings.brokers)
+            let consumer: BaseConsumer<ReaderContext> = settings
+                .security
+                .client_config(&settings.brokers)
                 .set("group.id", &settings.group)
                 .set("client.id", format!("nrtxn-{}-{i}", settings.node_id))
                 .set("enable.auto.commit", "false")
@@ -479,8 +485,9 @@ fn start_responses_reader(
     dispatcher: Dispatcher,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>, StoreError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &settings.brokers)
+    let consumer: BaseConsumer = settings
+        .security
+        .client_config(&settings.brokers)
         .set(
             "group.id",
             format!("{}.responses.{}", settings.group, settings.node_id),

@@ -15,12 +15,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nrtxn_actors::{Event, Journal, Metrics, StoreError};
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
-use crate::{durable_producer, kafka_err, KafkaSettings};
+use crate::{durable_producer, kafka_err, KafkaSecurity, KafkaSettings};
 
 /// Most journal entries read (and events sent) per page.
 pub const RELAY_PAGE_MAX: usize = 2_000;
@@ -66,11 +65,12 @@ impl EventsRelay {
         journal: Arc<dyn Journal>,
         metrics: Arc<Metrics>,
     ) -> Result<EventsRelay, StoreError> {
-        let producer: BaseProducer<PageAcks> = durable_producer(&settings.brokers)
-            .set("client.id", format!("nrtxn-{}-relay", settings.node_id))
-            .set("message.timeout.ms", "20000")
-            .create_with_context(PageAcks::default())
-            .map_err(kafka_err)?;
+        let producer: BaseProducer<PageAcks> =
+            durable_producer(&settings.security, &settings.brokers)
+                .set("client.id", format!("nrtxn-{}-relay", settings.node_id))
+                .set("message.timeout.ms", "20000")
+                .create_with_context(PageAcks::default())
+                .map_err(kafka_err)?;
         let stop = Arc::new(AtomicBool::new(false));
         let relay = Relay {
             producer,
@@ -226,12 +226,22 @@ impl EventsTopic {
         topic: &str,
         keep: impl Fn(&Event) -> bool + Send + 'static,
     ) -> Result<EventsTopic, StoreError> {
+        EventsTopic::open_with(&KafkaSecurity::default(), brokers, topic, keep)
+    }
+
+    /// [`EventsTopic::open`] with TLS and credentials.
+    pub fn open_with(
+        security: &KafkaSecurity,
+        brokers: &str,
+        topic: &str,
+        keep: impl Fn(&Event) -> bool + Send + 'static,
+    ) -> Result<EventsTopic, StoreError> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::message::Message;
         use rdkafka::{Offset, TopicPartitionList};
 
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let consumer: BaseConsumer = security
+            .client_config(brokers)
             // librdkafka wants a group id even for assigned partitions; nothing is
             // committed under it.
             .set("group.id", "nrtxn-follow")

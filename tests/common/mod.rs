@@ -9,7 +9,7 @@ pub mod load;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -18,18 +18,25 @@ pub struct Server {
     child: Option<Child>,
     pub base: String,
     pub dir: PathBuf,
+    /// Every line the server printed on stdout so far (its addresses).
+    pub stdout: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
     /// Starts `nrtxn serve` on `dir` and waits until it prints its address.
     pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_on(dir, "127.0.0.1:0", extra)
+    }
+
+    /// [`Server::start`] listening on `listen`.
+    pub fn start_on(dir: &Path, listen: &str, extra: &[&str]) -> Server {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("server.log"))
             .expect("server log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_nrtxn"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--listen", listen, "--data-dir"])
             .arg(dir.join("data"))
             .args(extra)
             .env("RUST_LOG", "warn,nrtxn=info")
@@ -39,8 +46,11 @@ impl Server {
             .expect("spawn nrtxn");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let seen = lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                seen.lock().unwrap().push(line.clone());
                 if let Some(addr) = line.strip_prefix("nrtxn listening on ") {
                     let _ = tx.send(addr.to_string());
                 }
@@ -58,6 +68,7 @@ impl Server {
             child: Some(child),
             base,
             dir: dir.to_path_buf(),
+            stdout: lines,
         }
     }
 
