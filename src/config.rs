@@ -516,6 +516,62 @@ mod tests {
     }
 
     #[test]
+    fn access_tls_and_kafka_security_options_come_from_the_file_and_are_checked_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nrtxn.toml");
+        std::fs::write(
+            &path,
+            "insecure_no_auth = true\nshop_rate = 2.5\nkafka_brokers = \"k:9092\"\n\
+             kafka_security_protocol = \"SASL_SSL\"\nkafka_sasl_mechanism = \"scram-sha-512\"\n\
+             kafka_sasl_username = \"nrtxn\"\nkafka_sasl_password = \"pw\"\n",
+        )
+        .unwrap();
+        let s = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert!(s.edge.insecure_no_auth);
+        assert_eq!(
+            s.edge.shop_rate,
+            Some((2.5, 3)),
+            "the burst defaults to the rate"
+        );
+        let security = s.kafka.unwrap().security;
+        assert_eq!(security.protocol.as_deref(), Some("sasl_ssl"));
+        assert_eq!(security.sasl_mechanism.as_deref(), Some("SCRAM-SHA-512"));
+        assert_eq!(
+            security.sasl_password.map(|p| p.expose().to_string()),
+            Some("pw".into())
+        );
+
+        let refused = |args: ServeArgs| format!("{:#}", args.resolve().unwrap_err());
+        let cert = Some(path.clone());
+        let err = refused(ServeArgs {
+            tls_cert: cert,
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("tls_key:"), "{err}");
+        let err = refused(ServeArgs {
+            shop_burst: Some(3),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("shop_burst:"), "{err}");
+        let err = refused(ServeArgs {
+            shop_rate: Some(0.0),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("shop_rate:"), "{err}");
+        let err = refused(ServeArgs {
+            kafka_brokers: Some("k:9092".into()),
+            kafka_security_protocol: Some("sasl_ssl".into()),
+            ..ServeArgs::default()
+        });
+        assert!(err.starts_with("kafka_sasl_mechanism:"), "{err}");
+    }
+
+    #[test]
     fn unknown_key_in_the_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nrtxn.toml");

@@ -346,6 +346,10 @@ impl Gate {
         path: &actix_web::dev::Path<actix_web::dev::Url>,
         authorization: Option<&HeaderValue>,
     ) -> Result<(), Refusal> {
+        // The default (no key in the store, on loopback, no rate limit) pays nothing.
+        if !self.enforcing() && self.limiter.is_none() {
+            return Ok(());
+        }
         let need = need(method, path);
         if matches!(need, Need::Open) {
             return Ok(());
@@ -497,6 +501,8 @@ enum Refusal {
     Forbidden(String),
     /// 429: the shop's bucket is empty.
     RateLimited { shop: String, retry_after_s: u64 },
+    /// 500: the server was wired without a [`Gate`]; refused rather than served open.
+    NoGate,
 }
 
 impl Refusal {
@@ -507,6 +513,10 @@ impl Refusal {
                 .json(json!({ "error": "unauthorized", "detail": detail })),
             Refusal::Forbidden(detail) => HttpResponse::build(StatusCode::FORBIDDEN)
                 .json(json!({ "error": "forbidden", "detail": detail })),
+            Refusal::NoGate => HttpResponse::build(StatusCode::INTERNAL_SERVER_ERROR).json(json!({
+                "error": "internal",
+                "detail": "access control is not configured",
+            })),
             Refusal::RateLimited {
                 shop,
                 retry_after_s,
@@ -536,7 +546,7 @@ pub async fn check(
             req.headers().get(header::AUTHORIZATION),
         ),
         None if OPEN_PATHS.contains(&req.path()) => Ok(()),
-        None => Err(Refusal::Unauthorized("access control is not configured")),
+        None => Err(Refusal::NoGate),
     };
     match decision {
         Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
