@@ -161,15 +161,24 @@ impl Dispatcher {
     }
 }
 
-/// Where a keyed load's request keys start: nrtxn's own (`~`), so a load's `request_id`
-/// never meets a transaction's or a hold's.
-fn load_key_prefix(request_id: &str) -> String {
-    format!("~loadid:{request_id}")
+/// The request key of item `index` of the load with `request_id`: nrtxn's own (`~`), so a
+/// load's `request_id` never meets a transaction's or a hold's.
+pub fn load_key(request_id: &str, index: usize) -> Arc<str> {
+    format!("~loadid:{request_id}:{index}").into()
 }
 
-/// The request key of item `index` of the load with `request_id`.
-pub fn load_key(request_id: &str, index: usize) -> Arc<str> {
-    format!("{}:{index}", load_key_prefix(request_id)).into()
+/// A load's items as keyed requests, item `i` under `key(i)`.
+fn load_requests(
+    shop: &Arc<str>,
+    items: Vec<(Arc<str>, i64)>,
+    key: impl Fn(usize) -> Arc<str>,
+) -> Vec<Request> {
+    let now = now_ms();
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, (item, stock))| Request::new(shop.clone(), item, key(i), Op::Load, stock, now))
+        .collect()
 }
 
 /// An item as a load's outcome leaves it.
@@ -516,7 +525,8 @@ impl Engine {
         let node = self.shards.hooks.get().map_or(0, |h| h.node_id);
         let call = self.load_calls.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("~load:{node}:{}:{call}", self.node_tag);
-        let outcomes = self.load_keyed(shop, &prefix, items).await?;
+        let reqs = load_requests(shop, items, |i| format!("{prefix}:{i}").into());
+        let outcomes = self.load_keyed(shop, reqs).await?;
         Ok(outcomes.iter().map(|o| load_view(shop, o)).collect())
     }
 
@@ -535,40 +545,18 @@ impl Engine {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
-        let now = now_ms();
-        let reqs: Vec<Request> = items
-            .iter()
-            .enumerate()
-            .map(|(i, (item, stock))| {
-                let key = load_key(request_id, i);
-                Request::new(shop.clone(), item.clone(), key, Op::Load, *stock, now)
-            })
-            .collect();
-        let outcomes = self
-            .load_keyed(shop, &load_key_prefix(request_id), items)
-            .await?;
+        let reqs = load_requests(shop, items, |i| load_key(request_id, i));
+        let outcomes = self.load_keyed(shop, reqs.clone()).await?;
         Ok(reqs.into_iter().zip(outcomes).collect())
     }
 
-    /// Submits a load as keyed requests `{prefix}:{index}` and waits for every outcome.
+    /// Submits a load's keyed requests and waits for every outcome.
     async fn load_keyed(
         &self,
         shop: &Arc<str>,
-        prefix: &str,
-        items: Vec<(Arc<str>, i64)>,
+        reqs: Vec<Request>,
     ) -> Result<Vec<Arc<Outcome>>, EngineError> {
-        let now = now_ms();
-        let reqs = items
-            .into_iter()
-            .enumerate()
-            .map(|(i, (item, stock))| {
-                let key: Arc<str> = format!("{prefix}:{i}").into();
-                (
-                    Request::new(shop.clone(), item, key, Op::Load, stock, now),
-                    true,
-                )
-            })
-            .collect();
+        let reqs = reqs.into_iter().map(|r| (r, true)).collect();
         let admitted = self.submit(shop, reqs).await?;
         let mut outcomes = Vec::with_capacity(admitted.admissions.len());
         for admission in admitted.admissions {

@@ -55,15 +55,15 @@ pub async fn put_items(
         }
         other => other?,
     };
+    let views: Vec<_> = decided.iter().map(|(_, o)| load_view(&shop, o)).collect();
     for (i, (req, outcome)) in decided.iter().enumerate() {
         if let Some(diff) = req.reuse_conflict(outcome) {
             return Err(ApiError::KeyReused(
                 format!("request_id: {id} was first used with items[{i}] {diff}"),
-                json!({ "items": decided.iter().map(|(_, o)| load_view(&shop, o)).collect::<Vec<_>>() }),
+                json!({ "items": views }),
             ));
         }
     }
-    let views: Vec<_> = decided.iter().map(|(_, o)| load_view(&shop, o)).collect();
     Ok(HttpResponse::Ok().json(json!({ "request_id": &*id, "items": views })))
 }
 
