@@ -110,6 +110,11 @@ pub struct ServeArgs {
     /// (limit_exceeded) [default: 1000000].
     #[arg(long, env = "NRTXN_HOLDS_MAX")]
     pub holds_max: Option<usize>,
+    /// Items kept in memory, over every shard; beyond it idle ones (no pending hold, no
+    /// write in flight) leave memory and are read back from the journal when next
+    /// asked for [default: 2000000].
+    #[arg(long, env = "NRTXN_ITEMS_MAX")]
+    pub items_max: Option<usize>,
     /// A request body must arrive whole within this long, else 408 [default: 10000].
     #[arg(long, env = "NRTXN_BODY_TIMEOUT_MS")]
     pub body_timeout_ms: Option<u64>,
@@ -326,6 +331,7 @@ impl ServeArgs {
                 86_400_000,
             )?,
             holds_max: in_range("holds_max", pick!(holds_max, d.holds_max), 1, 100_000_000)?,
+            items_max: in_range("items_max", pick!(items_max, d.items_max), 1, 1_000_000_000)?,
         };
         Ok(Settings {
             listen: pick!(listen, defaults::LISTEN.to_string()),

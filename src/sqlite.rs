@@ -568,6 +568,34 @@ impl Journal for SqliteStore {
         })
     }
 
+    fn item_states(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<ItemState>>, StoreError> {
+        self.read(|conn| {
+            // The item's last entry, through the index on (shop, item, seq). Entries
+            // written before holds existed have no reserved_after: nothing was reserved.
+            let mut stmt = conn.prepare_cached(
+                "SELECT stock_after, COALESCE(reserved_after, 0), seq FROM journal
+                 WHERE shop = ?1 AND item = ?2 AND seq IS NOT NULL
+                 ORDER BY seq DESC LIMIT 1",
+            )?;
+            items
+                .iter()
+                .map(|(shop, item)| {
+                    stmt.query_row(params![&**shop, &**item], |row| {
+                        Ok(ItemState {
+                            stock: row.get(0)?,
+                            reserved: row.get(1)?,
+                            seq: row.get(2)?,
+                        })
+                    })
+                    .optional()
+                })
+                .collect()
+        })
+    }
+
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         self.read(|conn| {
             let mut stmt = conn.prepare_cached(

@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::holds::{events, hold, holds_url, item_state};
 use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -508,4 +509,143 @@ async fn a_load_with_a_request_id_is_applied_once_and_can_be_polled() {
     // A load's request_id does not meet a transaction's keys.
     let (status, _) = get(&c, &server.url("/v1/shops/s/txns/L1")).await;
     assert_eq!(status, 404);
+}
+
+/// Waits until `nrtxn_bound_used{bound="items"}` is at most `max` (the last batch's
+/// items leave memory once the journal has them), for up to 5 s.
+async fn items_within(c: &reqwest::Client, server: &Server, max: i64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let used = bound_used(c, server, "items").await;
+        if used <= max {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{used} items in memory, bound {max}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_past_the_bound_leave_memory_and_come_back_from_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2 shards of 8 items each.
+    let flags = ["--items-max", "16", "--shards", "2"];
+    let mut server = Server::start(dir.path(), &flags);
+    let c = client();
+    let names: Vec<String> = (0..100).map(|i| format!("sku-{i}")).collect();
+    let stock: Vec<(&str, i64)> = names.iter().map(|n| (n.as_str(), 10)).collect();
+    load(&c, &server, "s", &stock).await;
+    items_within(&c, &server, 16).await;
+    // A hold keeps its item in memory while every other item comes and goes.
+    let (status, held) = hold(&c, &server, "s", "h1", "sku-0", 4, 60_000).await;
+    assert_eq!((status, &held["status"]), (200, &json!("held")), "{held}");
+    // Each item, long gone from memory, is read back with its stock and seq: a sale
+    // goes on from them.
+    for (i, name) in names.iter().enumerate() {
+        let (status, sold) = post(
+            &c,
+            &server.url("/v1/shops/s/txns"),
+            json!({"seller": "x", "item": name, "qty": 1, "request_id": format!("t{i}")}),
+        )
+        .await;
+        let (before, seq) = if i == 0 { (6, 3) } else { (10, 2) };
+        assert_eq!(
+            (status, &sold["status"], &sold["stock_before"], &sold["seq"]),
+            (200, &json!("ok"), &json!(before), &json!(seq)),
+            "{name}: {sold}"
+        );
+        // Each shard may hold its 8, plus one pinned by the hold.
+        items_within(&c, &server, 17).await;
+    }
+    // The hold's item stayed: confirming it sells the 4 it reserved.
+    let (status, confirmed) = post(&c, &holds_url(&server, "s", "/h1/confirm"), json!({})).await;
+    assert_eq!((status, &confirmed["status"]), (200, &json!("confirmed")));
+    // Reads see the durable state whether the item is in memory or not, and an
+    // unknown item is still unknown.
+    for name in &names[1..] {
+        assert_eq!(item_state(&c, &server, "s", name).await, (9, 0), "{name}");
+    }
+    assert_eq!(item_state(&c, &server, "s", "sku-0").await, (5, 0));
+    let (status, unknown) = post(
+        &c,
+        &server.url("/v1/shops/s/txns"),
+        json!({"seller": "x", "item": "sku-none", "qty": 1, "request_id": "u1"}),
+    )
+    .await;
+    assert_eq!((status, &unknown["status"]), (200, &json!("unknown_item")));
+    let (status, _) = get(&c, &server.url("/v1/shops/s/items/sku-none")).await;
+    assert_eq!(status, 404);
+    // A load of an item that left memory goes on from its seq: each item's events stay
+    // gapless.
+    load(&c, &server, "s", &[("sku-50", 30)]).await;
+    let seqs: Vec<u64> = events(&c, &server, "s", "sku-50", 100)
+        .await
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    // After a restart the items come back to memory only up to the bound.
+    server.terminate();
+    let server = Server::start(dir.path(), &flags);
+    let c = client();
+    items_within(&c, &server, 16).await;
+    assert_eq!(item_state(&c, &server, "s", "sku-50").await, (30, 0));
+    assert_eq!(item_state(&c, &server, "s", "sku-99").await, (9, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_holds_past_the_bound_are_refused_until_one_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--holds-max", "3", "--shards", "1"]);
+    let c = client();
+    load(&c, &server, "s", &[("sku", 100)]).await;
+    for i in 0..3 {
+        let (status, h) = hold(&c, &server, "s", &format!("h{i}"), "sku", 1, 60_000).await;
+        assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
+    }
+    let (status, refused) = hold(&c, &server, "s", "h3", "sku", 1, 60_000).await;
+    assert_eq!(
+        (status, &refused["status"]),
+        (200, &json!("limit_exceeded")),
+        "{refused}"
+    );
+    assert_eq!(item_state(&c, &server, "s", "sku").await, (97, 3));
+    let (status, _) = post(&c, &holds_url(&server, "s", "/h0/cancel"), json!({})).await;
+    assert_eq!(status, 200);
+    let (status, h) = hold(&c, &server, "s", "h4", "sku", 1, 60_000).await;
+    assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
+}
+
+/// Sends `GET /healthz` on a kept-alive connection.
+fn healthz(base: &str) -> TcpStream {
+    let addr = base.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(s, "GET /healthz HTTP/1.1\r\nhost: {addr}\r\n\r\n").unwrap();
+    s.flush().unwrap();
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_bound_wait_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--http-workers", "1", "--connections-max", "2"],
+    );
+    let mut open: Vec<TcpStream> = (0..2).map(|_| healthz(&server.base)).collect();
+    for s in &mut open {
+        let line = status_line(s, Duration::from_secs(5));
+        assert!(line.contains(" 200 "), "{line}");
+    }
+    // Both stay open (kept alive): a third connection is not taken in...
+    let mut third = healthz(&server.base);
+    let line = status_line(&mut third, Duration::from_millis(1500));
+    assert_eq!(line, "", "a third connection was served");
+    // ...until one of them closes.
+    drop(open.remove(0));
+    let line = status_line(&mut third, Duration::from_secs(5));
+    assert!(line.contains(" 200 "), "{line}");
 }

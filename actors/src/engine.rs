@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
-use crate::processor::{Enqueue, Flush, GetItem, Load, Processor, ShardShared};
+use crate::processor::{Enqueue, Flush, GetItem, ItemRead, Load, Processor, ShardShared};
 use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request};
 use crate::work_manager::{
     Admission, Admitted, Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle,
@@ -52,6 +52,9 @@ pub struct EngineConfig {
     pub shop_idle_ms: u64,
     /// Most pending holds one shard keeps; beyond it a hold is `limit_exceeded`.
     pub holds_max: usize,
+    /// Most items in memory, over every shard (each keeps its share); beyond it idle
+    /// items leave memory and are read back from the journal when next needed.
+    pub items_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +74,8 @@ impl Default for EngineConfig {
             shops_max: 10_000,
             shop_idle_ms: 60_000,
             holds_max: 1_000_000,
+            // At about 0.5 KB an item in memory (1 M items took 489 MB), about 1 GB.
+            items_max: 2_000_000,
         }
     }
 }
@@ -269,6 +274,7 @@ impl Engine {
                         metrics: metrics.clone(),
                         hooks: hooks.clone(),
                         holds_max: cfg.holds_max,
+                        items_max: cfg.items_max.div_ceil(cfg.shards.max(1)),
                     },
                 );
                 Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
@@ -653,32 +659,35 @@ impl Engine {
         shop: &Arc<str>,
         item: &Arc<str>,
     ) -> Result<Option<ItemView>, EngineError> {
-        if self.deps.shared_log && self.deps.journal.shared() {
-            // Its processor may be on another node: the journal has the durable state.
-            let journal = self.deps.journal.clone();
-            let key = [(shop.clone(), item.clone())];
-            let state = tokio::task::spawn_blocking(move || journal.item_states(&key))
+        // With several nodes its processor may be on another one.
+        let read = if self.deps.shared_log && self.deps.journal.shared() {
+            ItemRead::AskJournal
+        } else {
+            let s = self.shards.shard_of(shop, item);
+            self.shards.shards[s]
+                .send(GetItem {
+                    shop: shop.clone(),
+                    item: item.clone(),
+                })
                 .await
-                .map_err(|_| EngineError::ShuttingDown)??
-                .into_iter()
-                .next()
-                .flatten();
-            return Ok(state.map(|st| ItemView {
-                shop: shop.clone(),
-                item: item.clone(),
-                stock: st.stock,
-                reserved: st.reserved,
-                seq: st.seq,
-            }));
-        }
-        let s = self.shards.shard_of(shop, item);
-        let state = self.shards.shards[s]
-            .send(GetItem {
-                shop: shop.clone(),
-                item: item.clone(),
-            })
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+                .map_err(|_| EngineError::ShuttingDown)?
+        };
+        let state = match read {
+            ItemRead::Found(st) => Some(st),
+            ItemRead::Unknown => None,
+            // The journal has the durable state (newer than when the shard was asked,
+            // if the item came back and changed since: durable all the same).
+            ItemRead::AskJournal => {
+                let journal = self.deps.journal.clone();
+                let key = [(shop.clone(), item.clone())];
+                tokio::task::spawn_blocking(move || journal.item_states(&key))
+                    .await
+                    .map_err(|_| EngineError::ShuttingDown)??
+                    .into_iter()
+                    .next()
+                    .flatten()
+            }
+        };
         Ok(state.map(|st| ItemView {
             shop: shop.clone(),
             item: item.clone(),

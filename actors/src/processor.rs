@@ -56,6 +56,9 @@ pub struct ShardShared {
     /// Pending holds one shard keeps at most; a hold beyond it is refused
     /// (`limit_exceeded`), so the holds map and the wheel stay bounded.
     pub holds_max: usize,
+    /// Items one shard keeps in memory; beyond it the idle ones used longest ago leave
+    /// (see [`Processor::evict`]) and are read back from the journal when next needed.
+    pub items_max: usize,
 }
 
 /// A hold the processor keeps until it is confirmed, cancelled or expires.
@@ -90,7 +93,31 @@ struct Slot {
     /// The partition assignment epoch under which `live` was read or last checked
     /// against the journal (a shared log and journal only).
     epoch: u64,
+    /// The id of the last batch that touched the item: the idle ones with the lowest
+    /// leave memory first.
+    used: u64,
 }
+
+impl Slot {
+    fn read(state: ItemState, epoch: u64) -> Slot {
+        Slot {
+            live: state,
+            durable: state,
+            epoch,
+            used: 0,
+        }
+    }
+
+    /// Whether the item may leave memory: the journal has its state (no batch in flight
+    /// touches it) and no pending hold refers to it.
+    fn evictable(&self) -> bool {
+        self.live == self.durable && self.live.reserved == 0
+    }
+}
+
+/// Of the items past the bound, this share of the bound leaves at once, so the scan
+/// that picks them runs once per that many new items, not once per item.
+const EVICT_SHARE: usize = 64;
 
 /// A request whose key already has an outcome: it is answered with that outcome, once
 /// the batches before it are durable, and applied no more.
@@ -127,6 +154,15 @@ pub struct Processor {
     /// Items by shop, then by item: a request carries both, and nesting avoids building a
     /// composite key per lookup.
     items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+    /// Items in `items`, and the most kept there ([`ShardShared::items_max`]).
+    resident: usize,
+    items_max: usize,
+    /// This shard's share of `nrtxn_bound_used{bound="items"}`.
+    resident_gauge: IntGauge,
+    /// Whether every item the journal knows on this shard is in memory (nothing left
+    /// since the start): then an item missing from `items` is unknown, and is not
+    /// looked up in the journal.
+    complete: bool,
     mailbox: PriorityMailbox,
     in_flight: VecDeque<BatchInFlight>,
     /// The id the next batch gets.
@@ -184,18 +220,18 @@ impl Processor {
             metrics,
             hooks,
             holds_max,
+            items_max,
         } = shared;
         let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
+        let resident = initial.len();
         for (shop, item, state) in initial {
-            items.entry(shop).or_default().insert(
-                item,
-                Slot {
-                    live: state,
-                    durable: state,
-                    epoch: 0,
-                },
-            );
+            items
+                .entry(shop)
+                .or_default()
+                .insert(item, Slot::read(state, 0));
         }
+        let resident_gauge = metrics.bound_used.with_label_values(&["items"]);
+        resident_gauge.add(resident as i64);
         let depth_gauge = metrics
             .queue_depth
             .with_label_values(&[&format!("shard_{shard}")]);
@@ -204,6 +240,10 @@ impl Processor {
             batch_max: batch_max.max(1),
             request_ttl_ms,
             items,
+            resident,
+            items_max: items_max.max(1),
+            resident_gauge,
+            complete: true,
             mailbox: PriorityMailbox::default(),
             in_flight: VecDeque::new(),
             next_batch_id: 0,
@@ -230,7 +270,99 @@ impl Processor {
         for h in holds {
             processor.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at);
         }
+        processor.evict();
         processor
+    }
+
+    /// Counts a slot put into `items` (see [`Processor::resident`]).
+    fn inserted(&mut self) {
+        self.resident += 1;
+        self.resident_gauge.inc();
+    }
+
+    /// Past the bound, the idle items used longest ago leave memory, down to
+    /// `items_max` less a share of it. Only items the journal has as they are and
+    /// without pending holds leave (see [`Slot::evictable`]), so the others may keep
+    /// the shard above the bound for as long as they are busy.
+    fn evict(&mut self) {
+        if self.resident <= self.items_max {
+            return;
+        }
+        let target = self.items_max - (self.items_max / EVICT_SHARE).min(self.items_max - 1);
+        let mut idle: Vec<(u64, Arc<str>, Arc<str>)> = self
+            .items
+            .iter()
+            .flat_map(|(shop, m)| {
+                m.iter()
+                    .filter(|(_, slot)| slot.evictable())
+                    .map(|(item, slot)| (slot.used, shop.clone(), item.clone()))
+            })
+            .collect();
+        let n = (self.resident - target).min(idle.len());
+        if n == 0 {
+            return;
+        }
+        if n < idle.len() {
+            idle.select_nth_unstable_by_key(n, |(used, _, _)| *used);
+        }
+        for (_, shop, item) in idle.drain(..n) {
+            if let Some(m) = self.items.get_mut(&shop) {
+                m.remove(&item);
+                if m.is_empty() {
+                    self.items.remove(&shop);
+                }
+            }
+        }
+        self.resident -= n;
+        self.resident_gauge.sub(n as i64);
+        self.complete = false;
+        tracing::debug!(shard = self.shard, evicted = n, "idle items left memory");
+    }
+
+    /// Reads back from the journal the items of `works` that left memory, before they
+    /// are decided (a load too: its seq goes on from the item's). Items that a shared
+    /// journal reads back anyway ([`Processor::reload`]) and hold endings (a pending
+    /// hold keeps its item in memory) are not looked up here.
+    fn fault_in(&mut self, works: &[Work]) {
+        if self.complete {
+            return;
+        }
+        let reloads = self.journal.shared();
+        let mut missing: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+        let mut want = |items: &HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+                        shop: &Arc<str>,
+                        item: &Arc<str>| {
+            if !items.get(shop).is_some_and(|m| m.contains_key(item)) {
+                missing.push((shop.clone(), item.clone()));
+            }
+        };
+        for work in works {
+            match work {
+                Work::Txn(req) if req.op.ends_hold() => {}
+                Work::Txn(req) if reloads && req.log_pos.is_some() => {}
+                Work::Txn(req) => want(&self.items, &req.shop, &req.item),
+                Work::Load(chunk) => {
+                    for load in &chunk.items {
+                        want(&self.items, &chunk.shop, &load.item);
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let states = retry_read(self.shard, || self.journal.item_states(&missing));
+        for ((shop, item), state) in missing.into_iter().zip(states) {
+            if let Some(state) = state {
+                self.items
+                    .entry(shop)
+                    .or_default()
+                    .insert(item, Slot::read(state, 0));
+                self.inserted();
+            }
+        }
     }
 
     fn arm_hold(
@@ -352,6 +484,7 @@ impl Processor {
         {
             let works = self.mailbox.drain(self.batch_max);
             let batch = self.apply_batch(works);
+            self.evict();
             self.arm_wake(ctx);
             let BatchBuilt {
                 entries,
@@ -423,6 +556,7 @@ impl Processor {
         } else {
             (works, HashMap::new())
         };
+        self.fault_in(&works);
         let now = now_ms();
         let mut entries = Vec::with_capacity(works.iter().map(Work::weight).sum());
         let mut touched: Vec<(Arc<str>, Arc<str>)> = Vec::new();
@@ -479,10 +613,13 @@ impl Processor {
                     }
                 }
                 Work::Load(LoadChunk { shop, items, reply }) => {
-                    let shop_items = self.items.entry(shop.clone()).or_default();
                     let mut views = Vec::with_capacity(items.len());
                     for load in items {
-                        let slot = shop_items.entry(load.item.clone()).or_default();
+                        let (slot, new) = slot_for(&mut self.items, &shop, &load.item, 0);
+                        if new {
+                            self.resident += 1;
+                            self.resident_gauge.inc();
+                        }
                         let entry = apply_load(&mut slot.live, &shop, &load.item, load.stock, now);
                         views.push((
                             load.index,
@@ -504,10 +641,17 @@ impl Processor {
         // One state per touched item, as of the end of the batch.
         touched.sort_unstable();
         touched.dedup();
+        let batch_id = self.next_batch_id;
         let states = touched
             .into_iter()
             .map(|(shop, item)| {
-                let live = self.items[&shop][&item].live;
+                let slot = self
+                    .items
+                    .get_mut(&shop)
+                    .and_then(|m| m.get_mut(&item))
+                    .expect("a touched item is in memory");
+                slot.used = batch_id;
+                let live = slot.live;
                 (shop, item, live)
             })
             .collect();
@@ -536,15 +680,11 @@ impl Processor {
         touched: &mut Vec<(Arc<str>, Arc<str>)>,
     ) -> Decision {
         if req.op == Op::Load {
-            let slot = self
-                .items
-                .entry(req.shop.clone())
-                .or_default()
-                .entry(req.item.clone())
-                .or_insert_with(|| Slot {
-                    epoch: req.epoch,
-                    ..Slot::default()
-                });
+            let (slot, new) = slot_for(&mut self.items, &req.shop, &req.item, req.epoch);
+            if new {
+                self.resident += 1;
+                self.resident_gauge.inc();
+            }
             let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, now);
             entry.request_key = Some(req.key.clone());
             entry.submitted_at = req.submitted_at;
@@ -790,14 +930,9 @@ impl Processor {
                 }
                 (Some(slot), None) => slot.epoch = epoch,
                 (None, Some(st)) => {
-                    shop_items.insert(
-                        item,
-                        Slot {
-                            live: st,
-                            durable: st,
-                            epoch,
-                        },
-                    );
+                    shop_items.insert(item, Slot::read(st, epoch));
+                    self.resident += 1;
+                    self.resident_gauge.inc();
                 }
                 (None, None) => {}
             }
@@ -1004,28 +1139,42 @@ impl Handler<Durable> for Processor {
             std::process::exit(70);
         }
         self.durable(msg.id, msg.entries);
+        // Its items may leave memory now that the journal has them.
+        self.evict();
         self.schedule(ctx);
         self.notify_flushed();
     }
 }
 
-/// The durable state of one item, `None` when unknown.
+/// The durable state of one item.
 #[derive(Message)]
-#[rtype(result = "Option<ItemState>")]
+#[rtype(result = "ItemRead")]
 pub struct GetItem {
     pub shop: Arc<str>,
     pub item: Arc<str>,
 }
 
+/// What a shard knows of an item asked for ([`GetItem`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, MessageResponse)]
+pub enum ItemRead {
+    /// In memory: its durable state.
+    Found(ItemState),
+    /// Unknown to the shard (or loaded, but the load is not yet durable).
+    Unknown,
+    /// Not in memory, but it may have left it: the journal has its durable state.
+    AskJournal,
+}
+
 impl Handler<GetItem> for Processor {
-    type Result = Option<ItemState>;
-    fn handle(&mut self, msg: GetItem, _: &mut Self::Context) -> Option<ItemState> {
-        self.items
-            .get(&msg.shop)
-            .and_then(|m| m.get(&msg.item))
-            .map(|slot| slot.durable)
+    type Result = ItemRead;
+    fn handle(&mut self, msg: GetItem, _: &mut Self::Context) -> ItemRead {
+        match self.items.get(&msg.shop).and_then(|m| m.get(&msg.item)) {
             // An item whose load is not yet durable does not exist for readers.
-            .filter(|s| s.seq > 0)
+            Some(slot) if slot.durable.seq > 0 => ItemRead::Found(slot.durable),
+            Some(_) => ItemRead::Unknown,
+            None if self.complete => ItemRead::Unknown,
+            None => ItemRead::AskJournal,
+        }
     }
 }
 
@@ -1066,5 +1215,25 @@ fn retry_read<T>(shard: usize, mut read: impl FnMut() -> Result<T, StoreError>) 
                 std::process::exit(70);
             }
         }
+    }
+}
+
+/// The item's slot, made (at seq 0, under `epoch`) if it is not in memory; `true` when
+/// it was made.
+fn slot_for<'a>(
+    items: &'a mut HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+    shop: &Arc<str>,
+    item: &Arc<str>,
+    epoch: u64,
+) -> (&'a mut Slot, bool) {
+    match items.entry(shop.clone()).or_default().entry(item.clone()) {
+        std::collections::hash_map::Entry::Occupied(o) => (o.into_mut(), false),
+        std::collections::hash_map::Entry::Vacant(v) => (
+            v.insert(Slot {
+                epoch,
+                ..Slot::default()
+            }),
+            true,
+        ),
     }
 }
