@@ -4,6 +4,7 @@
 pub mod config;
 pub mod embedded_log;
 pub mod follow;
+pub mod journal;
 pub mod keyfilter;
 pub mod keys;
 pub mod mongo;

@@ -1,0 +1,474 @@
+//! The body of an entries record: a batch of journal entries, packed.
+//!
+//! Integers are LEB128 varints (signed ones zigzagged), times are deltas, and an entry
+//! names its shop and item only when they differ from the entry before it, so a batch on
+//! one hot item spends a byte on them. A refusal's standard reason is rebuilt, not
+//! stored. Each entry ends with its request's fingerprint (see [`fingerprint`]).
+//!
+//! An entry is: a flags varint ([`F_SHOP`] ...), the op and status in one byte, `qty`,
+//! then each field its flag announces, in flag order, then the fingerprint (8 bytes).
+
+use std::sync::Arc;
+
+use nrtxn_actors::types::{Entry, LogPos, Millis, Op, Status};
+use xxhash_rust::xxh3::Xxh3;
+
+const F_SHOP: u32 = 1 << 0;
+const F_ITEM: u32 = 1 << 1;
+const F_KEY: u32 = 1 << 2;
+const F_SEQ: u32 = 1 << 3;
+const F_STOCK_BEFORE: u32 = 1 << 4;
+const F_STOCK_AFTER: u32 = 1 << 5;
+const F_RESERVED: u32 = 1 << 6;
+const F_REASON_STANDARD: u32 = 1 << 7;
+const F_REASON: u32 = 1 << 8;
+const F_SELLER: u32 = 1 << 9;
+const F_BUYER: u32 = 1 << 10;
+const F_REMARKS: u32 = 1 << 11;
+const F_HOLD_ID: u32 = 1 << 12;
+const F_EXPIRES: u32 = 1 << 13;
+const F_TTL: u32 = 1 << 14;
+const F_LOGGED: u32 = 1 << 15;
+const F_LOG_POS: u32 = 1 << 16;
+/// `prev_seq` is not `seq - 1` (or one of them is missing): it is written out.
+const F_PREV_SEQ: u32 = 1 << 17;
+const F_ALL: u32 = (1 << 18) - 1;
+
+const OPS: [Op; 7] = [
+    Op::Decrement,
+    Op::Increment,
+    Op::Load,
+    Op::Hold,
+    Op::Confirm,
+    Op::Release,
+    Op::Expire,
+];
+const STATUSES: [Status; 6] = [
+    Status::Ok,
+    Status::InsufficientStock,
+    Status::UnknownItem,
+    Status::Expired,
+    Status::LimitExceeded,
+    Status::UnknownHold,
+];
+
+/// What identifies a request apart from its key: its kind and op, item, quantity and (a
+/// hold's) TTL. Two uses of one key with different fingerprints are two requests: the
+/// second is refused as a reused key.
+pub fn fingerprint(op: Op, item: &str, qty: i64, ttl_ms: Option<i64>) -> u64 {
+    let mut h = Xxh3::new();
+    h.update(&[op_code(op)]);
+    h.update(&(item.len() as u64).to_le_bytes());
+    h.update(item.as_bytes());
+    h.update(&qty.to_le_bytes());
+    h.update(&ttl_ms.unwrap_or(-1).to_le_bytes());
+    h.digest()
+}
+
+fn op_code(op: Op) -> u8 {
+    OPS.iter()
+        .position(|o| *o == op)
+        .expect("every op is listed") as u8
+}
+
+fn status_code(s: Status) -> u8 {
+    STATUSES
+        .iter()
+        .position(|x| *x == s)
+        .expect("every status is listed") as u8
+}
+
+/// The reason `apply` gives a sale or hold refused for want of stock.
+fn standard_reason(qty: i64, available: i64) -> String {
+    format!("requested {qty}, available {available}")
+}
+
+fn put_uvar(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_ivar(out: &mut Vec<u8>, v: i64) {
+    put_uvar(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_uvar(out, s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Appends `entries` to `out` as one record body; `at_ms` is the record's time (the
+/// entries' times are written relative to it).
+pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
+    put_uvar(out, entries.len() as u64);
+    let mut prev: Option<(&Arc<str>, &Arc<str>)> = None;
+    for e in entries {
+        let mut flags = 0u32;
+        let shop_new = prev.is_none_or(|(s, _)| **s != *e.shop);
+        let item_new = prev.is_none_or(|(_, i)| **i != *e.item);
+        let standard = match (&e.reason, e.stock_before) {
+            (Some(r), Some(available)) => *r == standard_reason(e.qty, available),
+            _ => false,
+        };
+        let prev_implied = match (e.seq, e.prev_seq) {
+            (Some(s), Some(p)) => s >= 1 && p == s - 1,
+            (None, None) => true,
+            _ => false,
+        };
+        for (on, f) in [
+            (shop_new, F_SHOP),
+            (item_new, F_ITEM),
+            (e.request_key.is_some(), F_KEY),
+            (e.seq.is_some(), F_SEQ),
+            (e.stock_before.is_some(), F_STOCK_BEFORE),
+            (e.stock_after.is_some(), F_STOCK_AFTER),
+            (e.reserved_after.is_some(), F_RESERVED),
+            (standard, F_REASON_STANDARD),
+            (e.reason.is_some() && !standard, F_REASON),
+            (e.seller.is_some(), F_SELLER),
+            (e.buyer.is_some(), F_BUYER),
+            (e.remarks.is_some(), F_REMARKS),
+            (e.hold_id.is_some(), F_HOLD_ID),
+            (e.expires_at.is_some(), F_EXPIRES),
+            (e.ttl_ms.is_some(), F_TTL),
+            (e.logged, F_LOGGED),
+            (e.log_pos.is_some(), F_LOG_POS),
+            (!prev_implied, F_PREV_SEQ),
+        ] {
+            if on {
+                flags |= f;
+            }
+        }
+        put_uvar(out, u64::from(flags));
+        out.push(op_code(e.op) | (status_code(e.status) << 4));
+        put_ivar(out, e.qty);
+        if shop_new {
+            put_str(out, &e.shop);
+        }
+        if item_new {
+            put_str(out, &e.item);
+        }
+        if let Some(k) = &e.request_key {
+            put_str(out, k);
+        }
+        if let Some(seq) = e.seq {
+            put_uvar(out, seq);
+        }
+        if let Some(b) = e.stock_before {
+            put_ivar(out, b);
+        }
+        if let Some(a) = e.stock_after {
+            put_ivar(out, a - e.stock_before.unwrap_or(0));
+        }
+        if let Some(r) = e.reserved_after {
+            put_ivar(out, r);
+        }
+        if let (Some(r), false) = (&e.reason, standard) {
+            put_str(out, r);
+        }
+        for s in [&e.seller, &e.buyer, &e.remarks, &e.hold_id]
+            .into_iter()
+            .flatten()
+        {
+            put_str(out, s);
+        }
+        put_ivar(out, e.completed_at - at_ms);
+        put_ivar(out, e.completed_at - e.submitted_at);
+        if let Some(x) = e.expires_at {
+            put_ivar(out, x - e.completed_at);
+        }
+        if let Some(t) = e.ttl_ms {
+            put_ivar(out, t);
+        }
+        if let Some(p) = e.log_pos {
+            put_ivar(out, i64::from(p.partition));
+            put_ivar(out, p.offset);
+        }
+        if !prev_implied {
+            put_uvar(out, e.prev_seq.map_or(0, |p| p + 1));
+        }
+        out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
+        prev = Some((&e.shop, &e.item));
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn byte(&mut self) -> Result<u8, String> {
+        let v = *self.b.get(self.at).ok_or("entry runs past the record")?;
+        self.at += 1;
+        Ok(v)
+    }
+
+    fn uvar(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err("varint longer than 64 bits".into())
+    }
+
+    fn ivar(&mut self) -> Result<i64, String> {
+        let v = self.uvar()?;
+        Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
+    }
+
+    fn bytes(&mut self, n: usize) -> Result<&[u8], String> {
+        let end = self.at.checked_add(n).filter(|e| *e <= self.b.len());
+        let end = end.ok_or("entry runs past the record")?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn str(&mut self) -> Result<Arc<str>, String> {
+        let n = self.uvar()? as usize;
+        let s = std::str::from_utf8(self.bytes(n)?).map_err(|_| "a name is not UTF-8")?;
+        Ok(Arc::from(s))
+    }
+}
+
+/// The entries of a record body written by [`encode`], each checked against its
+/// fingerprint. An error says what is wrong and at which entry.
+pub fn decode(body: &[u8], at_ms: Millis) -> Result<Vec<Entry>, String> {
+    let mut r = Reader { b: body, at: 0 };
+    let n = r.uvar()? as usize;
+    let mut out: Vec<Entry> = Vec::with_capacity(n.min(body.len()));
+    for i in 0..n {
+        let e = decode_one(&mut r, at_ms, out.last()).map_err(|e| format!("entry {i}: {e}"))?;
+        out.push(e);
+    }
+    if r.at != body.len() {
+        return Err(format!("{} bytes after the last entry", body.len() - r.at));
+    }
+    Ok(out)
+}
+
+fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result<Entry, String> {
+    let flags = u32::try_from(r.uvar()?).map_err(|_| "flags out of range")?;
+    if flags & !F_ALL != 0 {
+        return Err(format!("unknown flags {flags:#x}"));
+    }
+    let has = |f: u32| flags & f != 0;
+    let codes = r.byte()?;
+    let op = *OPS.get(usize::from(codes & 0x0f)).ok_or("unknown op")?;
+    let status = *STATUSES
+        .get(usize::from(codes >> 4))
+        .ok_or("unknown status")?;
+    let qty = r.ivar()?;
+    let shop = match (has(F_SHOP), prev) {
+        (true, _) => r.str()?,
+        (false, Some(p)) => p.shop.clone(),
+        (false, None) => return Err("the first entry names no shop".into()),
+    };
+    let item = match (has(F_ITEM), prev) {
+        (true, _) => r.str()?,
+        (false, Some(p)) => p.item.clone(),
+        (false, None) => return Err("the first entry names no item".into()),
+    };
+    let request_key = has(F_KEY).then(|| r.str()).transpose()?;
+    let seq = has(F_SEQ).then(|| r.uvar()).transpose()?;
+    let stock_before = has(F_STOCK_BEFORE).then(|| r.ivar()).transpose()?;
+    let stock_after = match has(F_STOCK_AFTER) {
+        true => Some(r.ivar()? + stock_before.unwrap_or(0)),
+        false => None,
+    };
+    let reserved_after = has(F_RESERVED).then(|| r.ivar()).transpose()?;
+    let reason = if has(F_REASON_STANDARD) {
+        Some(standard_reason(
+            qty,
+            stock_before.ok_or("standard reason without stock")?,
+        ))
+    } else if has(F_REASON) {
+        Some(r.str()?.to_string())
+    } else {
+        None
+    };
+    let seller = has(F_SELLER).then(|| r.str()).transpose()?;
+    let buyer = has(F_BUYER).then(|| r.str()).transpose()?;
+    let remarks = has(F_REMARKS).then(|| r.str()).transpose()?;
+    let hold_id = has(F_HOLD_ID).then(|| r.str()).transpose()?;
+    let completed_at = at_ms + r.ivar()?;
+    let submitted_at = completed_at - r.ivar()?;
+    let expires_at = match has(F_EXPIRES) {
+        true => Some(completed_at + r.ivar()?),
+        false => None,
+    };
+    let ttl_ms = has(F_TTL).then(|| r.ivar()).transpose()?;
+    let log_pos = match has(F_LOG_POS) {
+        true => Some(LogPos {
+            partition: i32::try_from(r.ivar()?).map_err(|_| "partition out of range")?,
+            offset: r.ivar()?,
+        }),
+        false => None,
+    };
+    let prev_seq = if has(F_PREV_SEQ) {
+        r.uvar()?.checked_sub(1)
+    } else {
+        seq.map(|s| s.saturating_sub(1))
+    };
+    let fp = u64::from_le_bytes(r.bytes(8)?.try_into().expect("8 bytes"));
+    if fp != fingerprint(op, &item, qty, ttl_ms) {
+        return Err(format!(
+            "fingerprint does not match the request (item {item})"
+        ));
+    }
+    Ok(Entry {
+        request_key,
+        reason,
+        stock_before,
+        stock_after,
+        reserved_after,
+        seq,
+        prev_seq,
+        seller,
+        buyer,
+        remarks,
+        hold_id,
+        expires_at,
+        ttl_ms,
+        logged: has(F_LOGGED),
+        log_pos,
+        ..Entry::decided(shop, item, op, qty, submitted_at, completed_at)
+    })
+    .map(|mut e| {
+        e.status = status;
+        e
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sale(shop: &str, item: &str, key: &str, seq: u64, before: i64, qty: i64) -> Entry {
+        Entry {
+            request_key: Some(key.into()),
+            stock_before: Some(before),
+            stock_after: Some(before - qty),
+            reserved_after: Some(0),
+            seq: Some(seq),
+            prev_seq: Some(seq - 1),
+            seller: Some("seller-7".into()),
+            ..Entry::decided(shop.into(), item.into(), Op::Decrement, qty, 1_000, 1_004)
+        }
+    }
+
+    fn refusal(key: &str, seq: u64, qty: i64) -> Entry {
+        Entry {
+            status: Status::InsufficientStock,
+            reason: Some(standard_reason(qty, 0)),
+            stock_after: Some(0),
+            ..sale("shop-1", "sku-hot", key, seq, 0, 0)
+        }
+        .with_qty(qty)
+    }
+
+    trait WithQty {
+        fn with_qty(self, qty: i64) -> Self;
+    }
+    impl WithQty for Entry {
+        fn with_qty(mut self, qty: i64) -> Entry {
+            self.qty = qty;
+            self
+        }
+    }
+
+    fn same(a: &Entry, b: &Entry) -> bool {
+        serde_json::to_value(a).unwrap() == serde_json::to_value(b).unwrap() && a.logged == b.logged
+    }
+
+    #[test]
+    fn every_field_comes_back() {
+        let mut hold = sale("s", "i", "h1", 2, 10, 3);
+        hold.op = Op::Hold;
+        hold.hold_id = Some("h1".into());
+        hold.expires_at = Some(61_004);
+        hold.ttl_ms = Some(60_000);
+        hold.reserved_after = Some(3);
+        hold.buyer = Some("b".into());
+        hold.remarks = Some("gift ✓".into());
+        let mut unknown = Entry::decided("s".into(), "nope".into(), Op::Decrement, 1, 5, 9);
+        unknown.status = Status::UnknownItem;
+        unknown.request_key = Some("k".into());
+        unknown.reason = Some("item nope is not loaded in this shop".into());
+        unknown.logged = true;
+        unknown.log_pos = Some(LogPos {
+            partition: 3,
+            offset: 1 << 40,
+        });
+        let mut load = sale("t", "i", "~load", 1, 0, -5);
+        load.op = Op::Load;
+        load.request_key = None;
+        load.prev_seq = Some(0);
+        let odd = Entry {
+            prev_seq: Some(7),
+            ..sale("s", "i", "odd", 3, 1, 1)
+        };
+        let entries = vec![
+            sale("s", "i", "k1", 1, 10, 1),
+            hold,
+            unknown,
+            load,
+            refusal("r1", 9, 2),
+            odd,
+        ];
+        let mut body = Vec::new();
+        encode(&entries, 1_000, &mut body);
+        let back = decode(&body, 1_000).unwrap();
+        assert_eq!(back.len(), entries.len());
+        for (a, b) in entries.iter().zip(&back) {
+            assert!(same(a, b), "{a:?}\n{b:?}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_small_and_a_sale_is_under_200_bytes() {
+        let mut body = Vec::new();
+        encode(
+            &[sale(
+                "shop-1",
+                "sku-hot",
+                "0b6f2c1e-3d4a-4c55-9a1b",
+                41,
+                7,
+                1,
+            )],
+            0,
+            &mut body,
+        );
+        let first = body.len();
+        let mut body = Vec::new();
+        let entries: Vec<Entry> = (0..100)
+            .map(|i| refusal(&format!("0b6f2c1e-3d4a-4c55-{i:04}"), 100 + i, 1))
+            .collect();
+        encode(&entries, 1_004, &mut body);
+        let per_refusal = body.len() / 100;
+        eprintln!("a sale alone: {first} bytes; a refusal in a batch: {per_refusal} bytes");
+        assert!(first < 200, "a sale took {first} bytes");
+        assert!(per_refusal <= 64, "a refusal took {per_refusal} bytes");
+    }
+
+    #[test]
+    fn a_changed_field_fails_its_fingerprint() {
+        let mut body = Vec::new();
+        encode(&[sale("s", "item", "k", 1, 5, 2)], 0, &mut body);
+        // The qty byte (zigzag 2 = 4) right after the flags varint and op/status byte.
+        let flags_len = 2;
+        assert_eq!(body[1 + flags_len + 1], 4);
+        body[1 + flags_len + 1] = 6;
+        let err = decode(&body, 0).unwrap_err();
+        assert!(err.contains("fingerprint"), "{err}");
+    }
+}
