@@ -144,6 +144,8 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
     let results = std::mem::take(&mut *results.lock().unwrap());
     assert_eq!(results.len(), 1200);
     let mut ok_per_item: BTreeMap<String, i64> = BTreeMap::new();
+    // One key decided ok and one refused, each with the node that took it.
+    let mut decided_on: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     for (i, node, respond, status, body) in results {
         let key = format!("k{i}");
         let outcome = if respond {
@@ -159,11 +161,50 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
         assert_eq!(outcome["request_key"], key.as_str());
         assert_eq!(outcome["item"], item(i).as_str());
         match outcome["status"].as_str() {
-            Some("ok") => *ok_per_item.entry(item(i)).or_default() += 1,
-            Some("insufficient_stock") => {}
+            Some("ok") => {
+                *ok_per_item.entry(item(i)).or_default() += 1;
+                decided_on.entry("ok").or_insert((i, node));
+            }
+            Some("insufficient_stock") => {
+                decided_on.entry("insufficient_stock").or_insert((i, node));
+            }
             other => panic!("{key}: {other:?} in {outcome}"),
         }
     }
+    // A key means one request across nodes: reused on the other node for another qty,
+    // ok or refused, it is 409 with the original outcome; an exact repeat there is the
+    // original.
+    for (status, (i, node)) in &decided_on {
+        let key = format!("k{i}");
+        let url = two.nodes[1 - node].url("/v1/shops/shop/txns");
+        let (code, reused) = post(
+            &c,
+            &url,
+            json!({"seller": "s", "item": item(*i), "qty": 2, "request_id": key}),
+        )
+        .await;
+        assert_eq!(
+            (code, &reused["error"], &reused["original"]["status"]),
+            (409, &json!("key_reused"), &json!(status)),
+            "{key}: {reused}"
+        );
+        let (code, again) = post(
+            &c,
+            &url,
+            json!({"seller": "s", "item": item(*i), "qty": 1, "request_id": key}),
+        )
+        .await;
+        assert_eq!(
+            (code, &again["status"]),
+            (200, &json!(status)),
+            "{key}: {again}"
+        );
+    }
+    assert_eq!(
+        decided_on.len(),
+        2,
+        "an ok and a refused key: {decided_on:?}"
+    );
     // One key sent to both nodes at once: both WorkManagers take it as new, both send
     // it, and the item's processor applies it once and answers the other as a repeat.
     for i in 0..ITEMS {
