@@ -74,7 +74,7 @@ impl Default for EngineConfig {
             shops_max: 10_000,
             shop_idle_ms: 60_000,
             holds_max: 1_000_000,
-            // At about 0.5 KB an item in memory (1 M items took 489 MB), about 1 GB.
+            // At about 0.25 KB an item in memory (docs/reliability.md), about 0.5 GB.
             items_max: 2_000_000,
         }
     }
