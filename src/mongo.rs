@@ -30,6 +30,7 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
+use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Metrics, Outcome,
     Recovered, RelayPage, StoreError,
@@ -868,32 +869,42 @@ impl Journal for MongoJournal {
                 .sort(doc! { "batch": 1, "seq": 1 })
                 .await
                 .map_err(storage)?;
-            let mut touched = HashMap::new();
             let mut last_batch = upto;
             let mut hold_changes = Vec::new();
+            // Every entry after the snapshot is checked as the processor checked it when
+            // it wrote it (gapless, never negative, each state following from the last):
+            // a journal that fails refuses the start.
+            let mut verifier = Verifier::new(
+                states
+                    .into_iter()
+                    .map(|((shop, item), state)| (shop, item, state)),
+            );
+            let mut entries = Vec::new();
             while let Some(d) = tail.try_next().await.map_err(storage)? {
                 last_batch = last_batch.max(d.get_i64("batch").unwrap_or(upto));
                 let entry = from_doc(d)?;
                 if entry.hold_id.is_some() {
                     hold_changes.push(entry.clone());
                 }
-                let Some(after) = entry.state_after() else {
-                    continue;
-                };
-                let key = (entry.shop.clone(), entry.item.clone());
-                let state = states.entry(key.clone()).or_default();
-                if after.seq <= state.seq {
-                    continue; // already in the snapshot
+                if entry.seq.is_some() {
+                    entries.push(entry);
                 }
-                // Paired with the processor's assertions: gapless and never negative.
-                if entry.prev_seq != Some(state.seq) || after.stock < 0 {
-                    return Err(storage(format!(
-                        "journal of {}/{} is not contiguous at seq {} (state at {})",
-                        entry.shop, entry.item, after.seq, state.seq
-                    )));
+            }
+            // Batch numbers are each node's own: an item that moved between nodes may
+            // have its entries in batches out of order, so each item's go in seq order.
+            entries.sort_by(|a, b| (&a.shop, &a.item, a.seq).cmp(&(&b.shop, &b.item, b.seq)));
+            for entry in &entries {
+                verifier
+                    .check(entry)
+                    .map_err(|why| storage(format!("the journal does not add up: {why}")))?;
+            }
+            let mut states = HashMap::new();
+            let mut touched = HashMap::new();
+            for (shop, item, state, moved) in verifier.into_items() {
+                if moved {
+                    touched.insert((shop.clone(), item.clone()), state);
                 }
-                *state = after;
-                touched.insert(key, after);
+                states.insert((shop, item), state);
             }
             if !touched.is_empty() {
                 tracing::info!(

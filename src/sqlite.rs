@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Metrics, Op,
     Outcome, Recovered, RelayPage, Request, Status, StoreError,
@@ -482,7 +483,7 @@ impl Journal for SqliteStore {
 
     fn recover(&self) -> Result<Recovered, StoreError> {
         self.read(|conn| {
-            let mut items: HashMap<(Arc<str>, Arc<str>), ItemState> = HashMap::new();
+            let mut snapshot = Vec::new();
             let mut stmt = conn.prepare("SELECT shop, item, stock, reserved, seq FROM items")?;
             let rows = stmt.query_map([], |row| {
                 Ok((
@@ -496,8 +497,7 @@ impl Journal for SqliteStore {
                 ))
             })?;
             for row in rows {
-                let (shop, item, state) = row?;
-                items.insert((shop, item), state);
+                snapshot.push(row?);
             }
             let upto: i64 = conn
                 .query_row(
@@ -507,39 +507,46 @@ impl Journal for SqliteStore {
                 )
                 .optional()?
                 .unwrap_or(0);
+            // Every entry after the snapshot is checked as the processor checked it when
+            // it wrote it (gapless, never negative, each state following from the last):
+            // a journal that fails refuses the start.
+            let mut verifier = Verifier::new(snapshot);
             let mut stmt = conn.prepare(
-                "SELECT shop, item, seq, prev_seq, stock_after, reserved_after FROM journal
+                "SELECT shop, item, op, qty, status, stock_before, stock_after,
+                        reserved_after, seq, prev_seq FROM journal
                  WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
             )?;
-            let rows = stmt.query_map([upto], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, u64>(2)?,
-                    row.get::<_, u64>(3)?,
-                    row.get::<_, i64>(4)?,
-                    row.get::<_, i64>(5)?,
-                ))
-            })?;
-            let mut replayed = 0u64;
-            for row in rows {
-                let (shop, item, seq, prev_seq, stock, reserved) = row?;
-                let state = items.entry((shop.into(), item.into())).or_default();
-                // Paired with the processor's assertions: the journal read back is
-                // gapless and never negative, or recovery refuses to start.
-                if prev_seq != state.seq || seq != prev_seq + 1 || stock < 0 {
-                    return Err(rusqlite::Error::InvalidParameterName(format!(
-                        "journal is not contiguous at seq {seq} (prev {prev_seq}, state {})",
-                        state.seq
-                    )));
-                }
-                *state = ItemState {
-                    stock,
-                    reserved,
-                    seq,
+            let mut rows = stmt.query([upto])?;
+            while let Some(row) = rows.next()? {
+                let op: String = row.get(2)?;
+                let status: String = row.get(4)?;
+                let entry = Entry {
+                    status: Status::parse(&status).unwrap_or(Status::Ok),
+                    stock_before: row.get(5)?,
+                    stock_after: row.get(6)?,
+                    reserved_after: Some(row.get::<_, Option<i64>>(7)?.unwrap_or(0)),
+                    seq: row.get(8)?,
+                    prev_seq: row.get(9)?,
+                    ..Entry::decided(
+                        row.get::<_, String>(0)?.into(),
+                        row.get::<_, String>(1)?.into(),
+                        Op::parse(&op).unwrap_or(Op::Decrement),
+                        row.get(3)?,
+                        0,
+                        0,
+                    )
                 };
-                replayed += 1;
+                verifier.check(&entry).map_err(|why| {
+                    rusqlite::Error::ToSqlConversionFailure(
+                        format!("the journal does not add up: {why}").into(),
+                    )
+                })?;
             }
+            let replayed = verifier.checked();
+            let items: Vec<(Arc<str>, Arc<str>, ItemState)> = verifier
+                .into_items()
+                .map(|(shop, item, state, _)| (shop, item, state))
+                .collect();
             let mut stmt = conn.prepare(
                 "SELECT shop, hold_id, item, qty, expires_at, status, seq FROM holds
                  WHERE status = 'held'",
@@ -558,10 +565,7 @@ impl Journal for SqliteStore {
                 .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
                 .collect::<Result<HashMap<i32, i64>, _>>()?;
             Ok(Recovered {
-                items: items
-                    .into_iter()
-                    .map(|((shop, item), state)| (shop, item, state))
-                    .collect(),
+                items,
                 log_offsets,
                 holds,
             })

@@ -4,7 +4,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -456,40 +456,6 @@ fn keys_create_prints_only_the_secret_and_neither_list_nor_the_file_holds_it() {
         String::from_utf8_lossy(&out.stderr).contains("--shop"),
         "{out:?}"
     );
-}
-
-/// Runs `nrtxn serve` that is expected to refuse to start: its exit status and stderr.
-fn serve_expecting_exit(dir: &Path, args: &[&str]) -> (std::process::ExitStatus, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nrtxn"))
-        .arg("serve")
-        .args(args)
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn nrtxn");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("nrtxn serve {args:?} did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (status, stderr)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,3 +125,41 @@ async fn crash_with_accepted_requests_undecided() -> (i64, i64) {
     assert_eq!(status, 200, "{polled}");
     (ok, expired)
 }
+
+/// Recovery checks every journal entry after the last snapshot as the processor checked
+/// it when writing (`nrtxn_actors::verify`): an entry changed on disk refuses the start
+/// with the item and seq named, rather than serving a stock that does not add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_entry_that_does_not_follow_from_the_one_before_refuses_the_start() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "shop", &[("sku", 10)]).await;
+    for i in 0..5 {
+        let (status, body) = post(
+            &c,
+            &server.url("/v1/shops/shop/txns"),
+            json!({"seller": "s", "item": "sku", "qty": 1, "request_id": format!("k{i}")}),
+        )
+        .await;
+        assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    }
+    // Killed, so no final snapshot covers the entries: recovery replays them.
+    server.kill();
+    let db = rusqlite::Connection::open(dir.path().join("data/nrtxn.db")).unwrap();
+    let changed = db
+        .execute(
+            "UPDATE journal SET stock_after = stock_after + 1 WHERE item = 'sku' AND seq = 4",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("shop/sku") && stderr.contains("seq 4"),
+        "{stderr}"
+    );
+}

@@ -94,9 +94,9 @@ pub fn apply(
         before.stock,
         after.stock
     );
-    assert_eq!(after.seq, before.seq + 1, "sequence must advance by one");
     *state = after;
     fill_states(&mut entry, before, after);
+    assert_follows(before, &entry);
     entry
 }
 
@@ -121,6 +121,7 @@ pub fn reject(
         ..Entry::of_request(req, now)
     };
     fill_states(&mut entry, before, after);
+    assert_follows(before, &entry);
     entry
 }
 
@@ -149,6 +150,7 @@ pub fn apply_hold_end(state: &mut ItemState, req: &Request, qty: i64, now: Milli
         ..Entry::of_request(req, now)
     };
     fill_states(&mut entry, before, after);
+    assert_follows(before, &entry);
     entry
 }
 
@@ -171,7 +173,16 @@ pub fn apply_load(
     *state = after;
     let mut entry = Entry::decided(shop.clone(), item.clone(), Op::Load, stock, now, now);
     fill_states(&mut entry, before, after);
+    assert_follows(before, &entry);
     entry
+}
+
+/// Paired with recovery's [`crate::verify::Verifier`]: the entry follows from the state
+/// before it by the rules of its op, computed apart from the step that made it.
+fn assert_follows(before: ItemState, entry: &Entry) {
+    if let Err(why) = crate::verify::check_entry(before, entry) {
+        panic!("entry does not follow from the item's state: {why}");
+    }
 }
 
 fn fill_states(entry: &mut Entry, before: ItemState, after: ItemState) {

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod ports;
 pub mod processor;
 pub mod types;
+pub mod verify;
 pub mod wheel;
 pub mod work_manager;
 

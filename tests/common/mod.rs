@@ -244,3 +244,37 @@ pub fn kafka_flags(test: &str) -> Option<Vec<String>> {
         }
     }
 }
+
+/// Runs `nrtxn serve` that is expected to refuse to start: its exit status and stderr.
+pub fn serve_expecting_exit(dir: &Path, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nrtxn"))
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nrtxn");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("nrtxn serve {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr)
+}
