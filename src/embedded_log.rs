@@ -12,10 +12,49 @@ use std::sync::Arc;
 use nrtxn_actors::{Dispatcher, Durable, Request, RequestLog, StoreError};
 use tokio::sync::oneshot;
 
+use crate::journal::LogJournal;
 use crate::sqlite::SqliteStore;
 
+/// Called once requests handed to [`RequestStore::accept`] are durable (or failed).
+pub type AcceptDone = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// Where fire-and-forget requests are made durable before their 202: the journal's log
+/// when it is the embedded journal, or the SQLite store beside a MongoDB journal.
+pub trait RequestStore: Send + Sync + 'static {
+    /// Makes the requests durable, then calls `done`.
+    fn accept(&self, reqs: Vec<Request>, done: AcceptDone);
+    /// Requests accepted durably and not yet decided, in acceptance order.
+    fn pending(&self) -> Result<Vec<Request>, StoreError>;
+    /// Forgets requests whose outcomes another journal holds (not durable by itself).
+    fn retire(&self, shop: Arc<str>, keys: Vec<Arc<str>>);
+}
+
+impl RequestStore for SqliteStore {
+    fn accept(&self, reqs: Vec<Request>, done: AcceptDone) {
+        SqliteStore::accept(self, reqs, done)
+    }
+    fn pending(&self) -> Result<Vec<Request>, StoreError> {
+        SqliteStore::pending(self)
+    }
+    fn retire(&self, shop: Arc<str>, keys: Vec<Arc<str>>) {
+        SqliteStore::retire(self, shop, keys)
+    }
+}
+
+impl RequestStore for LogJournal {
+    fn accept(&self, reqs: Vec<Request>, done: AcceptDone) {
+        LogJournal::accept(self, reqs, done)
+    }
+    fn pending(&self) -> Result<Vec<Request>, StoreError> {
+        LogJournal::pending(self)
+    }
+    fn retire(&self, shop: Arc<str>, keys: Vec<Arc<str>>) {
+        LogJournal::retire(self, shop, keys)
+    }
+}
+
 pub struct EmbeddedLog {
-    store: Arc<SqliteStore>,
+    store: Arc<dyn RequestStore>,
     dispatcher: Dispatcher,
     /// The journal is another store (MongoDB): decided requests are retired by a write
     /// of their own, not by the journal's transaction.
@@ -25,7 +64,7 @@ pub struct EmbeddedLog {
 impl EmbeddedLog {
     /// `journal_is_store`: the same SQLite store is also the journal.
     pub fn new(
-        store: Arc<SqliteStore>,
+        store: Arc<dyn RequestStore>,
         dispatcher: Dispatcher,
         journal_is_store: bool,
     ) -> EmbeddedLog {

@@ -14,7 +14,8 @@ use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
 
 use crate::config::{EdgeSettings, Settings};
-use crate::embedded_log::EmbeddedLog;
+use crate::embedded_log::{EmbeddedLog, RequestStore};
+use crate::journal::LogJournal;
 use crate::keys::{redact_uri, KeyReloader};
 use crate::mongo::MongoJournal;
 use crate::sqlite::SqliteStore;
@@ -132,23 +133,33 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             .map(|(rate_per_s, burst)| ShopRateLimiter::new(rate_per_s, burst)),
     ));
     let metrics = Arc::new(Metrics::new());
-    // The embedded store always holds the request log's durable part (fire-and-forget
-    // requests), and the journal too unless MongoDB is configured.
-    let store = SqliteStore::open(&settings.data_dir, metrics.clone())
-        .with_context(|| format!("data_dir: cannot open {}", settings.data_dir.display()))?;
-    let journal: Arc<dyn Journal> = match &settings.mongo_uri {
-        Some(uri) => MongoJournal::open(
-            uri,
-            settings.kafka.as_ref().map_or(0, |k| k.node_id),
-            settings.engine.shards * nrtxn_actors::processor::BATCHES_IN_FLIGHT_MAX,
-            metrics.clone(),
-        )
-        .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?,
-        None => store.clone(),
+    // The data dir always holds the request log's durable part (fire-and-forget
+    // requests): in the embedded journal's log, or beside a MongoDB journal in SQLite.
+    let cannot_open = || format!("data_dir: cannot open {}", settings.data_dir.display());
+    let mut side_store = None;
+    let (journal, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = match &settings.mongo_uri
+    {
+        Some(uri) => {
+            let journal = MongoJournal::open(
+                uri,
+                settings.kafka.as_ref().map_or(0, |k| k.node_id),
+                settings.engine.shards * nrtxn_actors::processor::BATCHES_IN_FLIGHT_MAX,
+                metrics.clone(),
+            )
+            .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
+            let store =
+                SqliteStore::open(&settings.data_dir, metrics.clone()).with_context(cannot_open)?;
+            side_store = Some(store.clone());
+            (journal, store)
+        }
+        None => {
+            let journal =
+                LogJournal::open(&settings.data_dir, metrics.clone()).with_context(cannot_open)?;
+            (journal.clone(), journal)
+        }
     };
     let journal_is_store = settings.mongo_uri.is_none();
     let outbox = journal.clone();
-    let log_store = store.clone();
     let kafka = settings.kafka.clone();
     let mut log_error = None;
     let engine = Engine::start(
@@ -259,7 +270,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         relay.stop();
     }
     engine.shutdown().await;
-    if !journal_is_store {
+    if let Some(store) = side_store {
         store.close();
     }
     tracing::info!("shutdown complete");

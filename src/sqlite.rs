@@ -35,6 +35,7 @@ use nrtxn_actors::{
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::journal::segment::Chain;
 use crate::keyfilter::KeyFilter;
 
 /// Commands waiting for the writer; senders block beyond it (admission control upstream
@@ -110,11 +111,14 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 ";
 
-type AcceptDone = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+use crate::embedded_log::AcceptDone;
 
 enum Command {
-    Append(Vec<Entry>, AppendDone),
-    Accept(Vec<Request>, AcceptDone),
+    /// Entries to write; with a log mark when they come from the journal's log (the
+    /// views of [`crate::journal::LogJournal`]): the mark is written in the same
+    /// transaction, so the views know where in the log they stand.
+    Append(Vec<Entry>, AppendDone, Option<Chain>),
+    Accept(Vec<Request>, AcceptDone, Option<Chain>),
     /// Fire-and-forget requests decided in another journal: forget them.
     Retire(Arc<str>, Vec<Arc<str>>),
     /// The outbox relay published every event up to this journal id.
@@ -125,8 +129,8 @@ enum Command {
 impl Command {
     fn weight(&self) -> usize {
         match self {
-            Command::Append(e, _) => e.len(),
-            Command::Accept(r, _) => r.len(),
+            Command::Append(e, ..) => e.len(),
+            Command::Accept(r, ..) => r.len(),
             Command::Retire(_, keys) => keys.len(),
             Command::RelaySave(..) | Command::Close(_) => 0,
         }
@@ -138,6 +142,8 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(5
 
 pub struct SqliteStore {
     path: std::path::PathBuf,
+    /// Whether each commit is synced (see [`open`]).
+    durable: bool,
     tx: SyncSender<Command>,
     readers: Mutex<Vec<Connection>>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -151,7 +157,7 @@ fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 
-fn open(path: &Path) -> Result<Connection, StoreError> {
+fn open(path: &Path, durable: bool) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(storage)?;
     // 4 KiB pages (SQLite's default, set explicitly; takes effect when the file is
     // created). Each commit rewrites the tail page of the journal and of each index in
@@ -165,7 +171,10 @@ fn open(path: &Path) -> Result<Connection, StoreError> {
         .map_err(storage)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(storage)?;
-    conn.pragma_update(None, "synchronous", "FULL")
+    // A store that is the durable record syncs every commit. The log's views (rebuilt
+    // from the log after a crash) sync only at checkpoints: in WAL mode that still
+    // survives a crash whole, losing at most the last commits, which the log replays.
+    conn.pragma_update(None, "synchronous", if durable { "FULL" } else { "NORMAL" })
         .map_err(storage)?;
     // 64 MiB of page cache: the index pages a batch touches stay in memory.
     conn.pragma_update(None, "cache_size", -65_536)
@@ -176,9 +185,23 @@ fn open(path: &Path) -> Result<Connection, StoreError> {
 impl SqliteStore {
     /// Opens (or creates) `dir/nrtxn.db` and starts the writer thread.
     pub fn open(dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<SqliteStore>, StoreError> {
+        SqliteStore::open_as(dir, metrics, true)
+    }
+
+    /// Opens `dir/nrtxn.db` as views derived from the journal's log: commits are not
+    /// synced one by one (see [`open`]).
+    pub fn open_views(dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<SqliteStore>, StoreError> {
+        SqliteStore::open_as(dir, metrics, false)
+    }
+
+    fn open_as(
+        dir: &Path,
+        metrics: Arc<Metrics>,
+        durable: bool,
+    ) -> Result<Arc<SqliteStore>, StoreError> {
         std::fs::create_dir_all(dir).map_err(storage)?;
         let path = dir.join("nrtxn.db");
-        let conn = open(&path)?;
+        let conn = open(&path, durable)?;
         migrate(&conn).map_err(storage)?;
         conn.execute_batch(SCHEMA).map_err(storage)?;
         // After the schema, so it also covers journals made before the index existed.
@@ -193,7 +216,7 @@ impl SqliteStore {
         // instead, in PASSIVE mode, which never blocks the writer.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(storage)?;
-        let checkpoint_conn = open(&path)?;
+        let checkpoint_conn = open(&path, durable)?;
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let checkpointer = std::thread::Builder::new()
             .name("journal-checkpoint".into())
@@ -219,6 +242,7 @@ impl SqliteStore {
             .map_err(storage)?;
         Ok(Arc::new(SqliteStore {
             path,
+            durable,
             tx,
             readers: Mutex::new(Vec::new()),
             writer: Mutex::new(Some(writer)),
@@ -229,11 +253,48 @@ impl SqliteStore {
 
     /// Makes fire-and-forget requests durable, then calls `done`.
     pub fn accept(&self, reqs: Vec<Request>, done: AcceptDone) {
-        if let Err(mpsc::SendError(Command::Accept(_, done))) =
-            self.tx.send(Command::Accept(reqs, done))
+        self.accept_marked(reqs, done, None)
+    }
+
+    /// Like [`SqliteStore::accept`], recording in the same transaction that the views
+    /// stand at `mark` in the journal's log.
+    pub fn accept_marked(&self, reqs: Vec<Request>, done: AcceptDone, mark: Option<Chain>) {
+        if let Err(mpsc::SendError(Command::Accept(_, done, _))) =
+            self.tx.send(Command::Accept(reqs, done, mark))
         {
             done(Err(StoreError::Closed));
         }
+    }
+
+    /// Like [`Journal::append`], recording in the same transaction that the views stand
+    /// at `mark` in the journal's log.
+    pub fn append_marked(&self, entries: Vec<Entry>, done: AppendDone, mark: Option<Chain>) {
+        if let Err(mpsc::SendError(Command::Append(entries, done, _))) =
+            self.tx.send(Command::Append(entries, done, mark))
+        {
+            done(entries, Err(StoreError::Closed));
+        }
+    }
+
+    /// Where in the journal's log the views stand: the chain after the last record they
+    /// hold (`None`: they hold none, or were written before the log existed).
+    pub fn log_mark(&self) -> Result<Option<Chain>, StoreError> {
+        self.read(|conn| {
+            let get = |key: &str| -> Result<Option<i64>, rusqlite::Error> {
+                conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+                    .optional()
+            };
+            let Some(next) = get("log_next_lsn")? else {
+                return Ok(None);
+            };
+            let hi = get("log_parent_hi")?.unwrap_or(0) as u64;
+            let lo = get("log_parent_lo")?.unwrap_or(0) as u64;
+            Ok(Some(Chain {
+                next_lsn: next as u64,
+                parent: (u128::from(hi) << 64) | u128::from(lo),
+                epoch: get("log_epoch")?.unwrap_or(0) as u64,
+            }))
+        })
     }
 
     /// Forgets fire-and-forget requests whose outcomes another journal holds. Not
@@ -271,7 +332,7 @@ impl SqliteStore {
         let conn = self.readers.lock().map_err(storage)?.pop();
         let conn = match conn {
             Some(c) => c,
-            None => open(&self.path)?,
+            None => open(&self.path, self.durable)?,
         };
         let result = f(&conn).map_err(storage);
         if let Ok(mut pool) = self.readers.lock() {
@@ -429,11 +490,7 @@ fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error>
 
 impl Journal for SqliteStore {
     fn append(&self, entries: Vec<Entry>, done: AppendDone) {
-        if let Err(mpsc::SendError(Command::Append(entries, done))) =
-            self.tx.send(Command::Append(entries, done))
-        {
-            done(entries, Err(StoreError::Closed));
-        }
+        self.append_marked(entries, done, None)
     }
 
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
@@ -742,8 +799,8 @@ impl Writer {
             let failed = result.is_err();
             for cmd in cmds {
                 match cmd {
-                    Command::Append(entries, done) => done(entries, result.clone()),
-                    Command::Accept(_, done) => done(result.clone()),
+                    Command::Append(entries, done, _) => done(entries, result.clone()),
+                    Command::Accept(_, done, _) => done(result.clone()),
                     Command::Retire(..) => {}
                     Command::RelaySave(_, ack) => {
                         let _ = ack.send(result.clone());
@@ -808,9 +865,15 @@ impl Writer {
                 "INSERT INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
             )?;
             let mut offsets: HashMap<i32, i64> = HashMap::new();
+            let mut mark: Option<Chain> = None;
             for cmd in cmds {
+                if let Command::Append(_, _, Some(m)) | Command::Accept(_, _, Some(m)) = cmd {
+                    if mark.is_none_or(|had| had.next_lsn < m.next_lsn) {
+                        mark = Some(*m);
+                    }
+                }
                 match cmd {
-                    Command::Append(entries, _) => {
+                    Command::Append(entries, ..) => {
                         for rows in entries.chunks(ROWS_PER_INSERT) {
                             if rows.len() == ROWS_PER_INSERT {
                                 for (row, e) in rows.iter().enumerate() {
@@ -869,7 +932,7 @@ impl Writer {
                             }
                         }
                     }
-                    Command::Accept(reqs, _) => {
+                    Command::Accept(reqs, ..) => {
                         for r in reqs {
                             let body = serde_json::to_string(r).map_err(|e| {
                                 rusqlite::Error::ToSqlConversionFailure(Box::new(e))
@@ -900,6 +963,16 @@ impl Writer {
             )?;
             for (partition, offset) in offsets {
                 applied.execute(params![partition, offset])?;
+            }
+            if let Some(m) = mark {
+                let mut set = tx.prepare_cached(
+                    "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                )?;
+                set.execute(params!["log_next_lsn", m.next_lsn as i64])?;
+                set.execute(params!["log_parent_hi", (m.parent >> 64) as u64 as i64])?;
+                set.execute(params!["log_parent_lo", m.parent as u64 as i64])?;
+                set.execute(params!["log_epoch", m.epoch as i64])?;
             }
         }
         if snapshot {

@@ -4,3 +4,6 @@
 
 pub mod codec;
 pub mod segment;
+pub mod store;
+
+pub use store::LogJournal;

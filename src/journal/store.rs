@@ -1,0 +1,412 @@
+//! The embedded journal (issue 12): the log is the durable record, and the queryable
+//! views (outcomes by key, events by item, holds, item snapshots, the fire-and-forget
+//! requests still pending) are derived from it off the commit path.
+//!
+//! - **Commit path.** One writer thread takes every append and accept waiting, writes
+//!   each as a record, syncs once (`fdatasync`), and only then calls their callbacks:
+//!   no answer goes out before its record is durable.
+//! - **Views.** After the sync the same batches go to the views (SQLite, written without
+//!   a sync per commit; see `docs/decisions/journal-log.md`), each with the log position
+//!   it brings them to, written in the same transaction.
+//! - **Reads** wait until the views hold everything durable when the read began, so a
+//!   read never misses an acknowledged entry.
+//! - **Recovery** reads the log from where the views stand, checking every record
+//!   (checksums, chain, epochs: [`super::segment::scan`]), applies what the views lack,
+//!   and then rebuilds the items from the views, checking every entry after the last
+//!   snapshot ([`nrtxn_actors::verify`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nrtxn_actors::ports::{AppendDone, Recovered, RelayPage};
+use nrtxn_actors::{
+    now_ms, Entry, Event, HoldView, ItemState, Journal, Metrics, Outcome, Request, StoreError,
+};
+
+use super::codec;
+use super::segment::{self, scan, Chain, LogError, LogWriter};
+use crate::embedded_log::AcceptDone;
+use crate::sqlite::SqliteStore;
+
+/// Record kinds.
+const KIND_ENTRIES: u8 = 1;
+const KIND_ACCEPTED: u8 = 2;
+/// A new segment is started past this size.
+pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Commands waiting for the writer, at most (a sender waits beyond it).
+const QUEUE_MAX: usize = 4096;
+/// Entries one group commit takes at most, so its latency and memory stay bounded.
+const GROUP_ENTRIES_MAX: usize = 65_536;
+/// How long a read waits for the views to catch up before it fails (503).
+const VIEWS_WAIT: Duration = Duration::from_secs(10);
+
+enum Command {
+    Append(Vec<Entry>, AppendDone),
+    Accept(Vec<Request>, AcceptDone),
+    Close(mpsc::Sender<()>),
+}
+
+impl Command {
+    fn weight(&self) -> usize {
+        match self {
+            Command::Append(e, _) => e.len(),
+            Command::Accept(r, _) => r.len(),
+            Command::Close(_) => 0,
+        }
+    }
+}
+
+/// How far the log is durable, and how far the views hold it (record numbers).
+#[derive(Default)]
+struct Progress {
+    durable: AtomicU64,
+    applied: Mutex<u64>,
+    caught_up: Condvar,
+}
+
+impl Progress {
+    fn applied(&self, lsn: u64) {
+        if let Ok(mut a) = self.applied.lock() {
+            *a = (*a).max(lsn);
+            self.caught_up.notify_all();
+        }
+    }
+
+    /// Waits until the views hold every record durable now.
+    fn wait_views(&self) -> Result<(), StoreError> {
+        let target = self.durable.load(Ordering::Acquire);
+        let deadline = Instant::now() + VIEWS_WAIT;
+        let mut applied = self.applied.lock().map_err(|_| StoreError::Closed)?;
+        while *applied < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StoreError::Storage(format!(
+                    "the journal's views are behind the log (at record {}, durable {target})",
+                    *applied
+                )));
+            }
+            applied = self
+                .caught_up
+                .wait_timeout(applied, left)
+                .map_err(|_| StoreError::Closed)?
+                .0;
+        }
+        Ok(())
+    }
+}
+
+pub struct LogJournal {
+    views: Arc<SqliteStore>,
+    tx: SyncSender<Command>,
+    progress: Arc<Progress>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    dir: PathBuf,
+}
+
+fn store_error(e: LogError) -> StoreError {
+    StoreError::Storage(e.to_string())
+}
+
+impl LogJournal {
+    /// Opens the journal in `data_dir` (the log in `journal/`, the views in
+    /// `nrtxn.db`), recovering as the module's documentation says.
+    pub fn open(data_dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<LogJournal>, StoreError> {
+        let views = SqliteStore::open_views(data_dir, metrics.clone())?;
+        let dir = data_dir.join("journal");
+        // Views with no mark hold nothing of the log: either they were written before
+        // the log existed (a data dir of the SQLite journal, migrated as it is: the log
+        // starts after them), or they were lost, and are rebuilt from the log's first
+        // record, which must then still be there.
+        let log_exists = !segment::segments(&dir)
+            .map_err(|e| StoreError::Storage(e.to_string()))?
+            .is_empty();
+        let from = match views.log_mark()? {
+            Some(mark) => mark,
+            None if log_exists => Chain {
+                next_lsn: 1,
+                ..Chain::default()
+            },
+            None => Chain::default(),
+        };
+        let progress = Arc::new(Progress::default());
+        progress.applied(from.next_lsn.saturating_sub(1));
+        let started = Instant::now();
+        let mut replayed = 0u64;
+        let end = scan(&dir, from, |record| {
+            let mark = Chain {
+                next_lsn: record.header.lsn + 1,
+                parent: record.header.checksum,
+                epoch: record.header.epoch,
+            };
+            let applied = progress.clone();
+            let lsn = record.header.lsn;
+            match record.header.kind {
+                KIND_ENTRIES => {
+                    let entries = codec::decode(record.body, record.header.at_ms)?;
+                    replayed += entries.len() as u64;
+                    views.append_marked(
+                        entries,
+                        Box::new(move |_, r| {
+                            if r.is_ok() {
+                                applied.applied(lsn)
+                            }
+                        }),
+                        Some(mark),
+                    );
+                }
+                KIND_ACCEPTED => {
+                    let reqs: Vec<Request> = serde_json::from_slice(record.body)
+                        .map_err(|e| format!("accepted requests: {e}"))?;
+                    views.accept_marked(
+                        reqs,
+                        Box::new(move |r| {
+                            if r.is_ok() {
+                                applied.applied(lsn)
+                            }
+                        }),
+                        Some(mark),
+                    );
+                }
+                other => return Err(format!("unknown record kind {other}")),
+            }
+            Ok(())
+        })
+        .map_err(store_error)?;
+        if let Some(torn) = &end.torn {
+            tracing::warn!(
+                file = %torn.file.display(),
+                offset = torn.offset,
+                bytes = torn.bytes,
+                "journal: a torn tail (written when the process stopped, never acknowledged) is cut off"
+            );
+        }
+        progress
+            .durable
+            .store(end.chain.next_lsn.saturating_sub(1), Ordering::Release);
+        progress.wait_views()?;
+        tracing::info!(
+            records = end.records,
+            entries = replayed,
+            ms = started.elapsed().as_millis() as u64,
+            "journal log read and views brought up to it"
+        );
+        let writer = LogWriter::open(&dir, &end, 0, SEGMENT_BYTES).map_err(store_error)?;
+        let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
+        let thread_views = views.clone();
+        let thread_progress = progress.clone();
+        let writer = std::thread::Builder::new()
+            .name("journal-log".into())
+            .spawn(move || run(writer, rx, thread_views, thread_progress, metrics))
+            .map_err(|e| StoreError::Storage(e.to_string()))?;
+        Ok(Arc::new(LogJournal {
+            views,
+            tx,
+            progress,
+            writer: Mutex::new(Some(writer)),
+            dir,
+        }))
+    }
+
+    /// Makes fire-and-forget requests durable (a record of the log), then calls `done`.
+    pub fn accept(&self, reqs: Vec<Request>, done: AcceptDone) {
+        if let Err(mpsc::SendError(Command::Accept(_, done))) =
+            self.tx.send(Command::Accept(reqs, done))
+        {
+            done(Err(StoreError::Closed));
+        }
+    }
+
+    /// Requests accepted durably and not yet decided, in acceptance order.
+    pub fn pending(&self) -> Result<Vec<Request>, StoreError> {
+        self.progress.wait_views()?;
+        self.views.pending()
+    }
+
+    /// Requests are retired by the journal's own entries (`logged`): nothing to do.
+    pub fn retire(&self, _shop: Arc<str>, _keys: Vec<Arc<str>>) {}
+
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// The writer thread: group commits until closed.
+fn run(
+    mut log: LogWriter,
+    rx: Receiver<Command>,
+    views: Arc<SqliteStore>,
+    progress: Arc<Progress>,
+    metrics: Arc<Metrics>,
+) {
+    let mut body = Vec::new();
+    let mut closing = None;
+    while closing.is_none() {
+        let Ok(first) = rx.recv() else { break };
+        let mut weight = first.weight();
+        let mut cmds = vec![first];
+        while weight < GROUP_ENTRIES_MAX {
+            match rx.try_recv() {
+                Ok(c) => {
+                    weight += c.weight();
+                    cmds.push(c);
+                }
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        let started = Instant::now();
+        let now = now_ms();
+        let mut marks = Vec::with_capacity(cmds.len());
+        let mut result: Result<(), LogError> = Ok(());
+        for cmd in &cmds {
+            body.clear();
+            let kind = match cmd {
+                Command::Append(entries, _) => {
+                    codec::encode(entries, now, &mut body);
+                    KIND_ENTRIES
+                }
+                Command::Accept(reqs, _) => {
+                    if let Err(e) = serde_json::to_writer(&mut body, reqs) {
+                        result = Err(LogError::Io(std::io::Error::other(e)));
+                        break;
+                    }
+                    KIND_ACCEPTED
+                }
+                Command::Close(_) => {
+                    marks.push(None);
+                    continue;
+                }
+            };
+            match log.append(kind, now, &body) {
+                Ok(_) => marks.push(Some(log.chain())),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = log.sync();
+        }
+        metrics
+            .journal_write_seconds
+            .observe(started.elapsed().as_secs_f64());
+        metrics.journal_txn_entries.observe(weight as f64);
+        if let Err(e) = result {
+            // Memory is ahead of the journal: stopping is the only honest move; a
+            // restart rebuilds every item from what is durable.
+            tracing::error!(error = %e, "stopping: the journal's log can no longer be written");
+            let err = StoreError::Storage(e.to_string());
+            for cmd in cmds {
+                match cmd {
+                    Command::Append(entries, done) => done(entries, Err(err.clone())),
+                    Command::Accept(_, done) => done(Err(err.clone())),
+                    Command::Close(_) => {}
+                }
+            }
+            std::process::exit(70);
+        }
+        progress
+            .durable
+            .store(log.chain().next_lsn - 1, Ordering::Release);
+        for (cmd, mark) in cmds.into_iter().zip(marks) {
+            let lsn = mark.map_or(0, |m| m.next_lsn - 1);
+            let applied = progress.clone();
+            let on_views = move |r: Result<(), StoreError>| match r {
+                Ok(()) => applied.applied(lsn),
+                Err(e) => {
+                    tracing::error!(error = %e, "stopping: the journal's views can no longer be written");
+                    std::process::exit(70);
+                }
+            };
+            match cmd {
+                Command::Append(entries, done) => {
+                    let copy = entries.clone();
+                    done(entries, Ok(()));
+                    views.append_marked(copy, Box::new(move |_, r| on_views(r)), mark);
+                }
+                Command::Accept(reqs, done) => {
+                    done(Ok(()));
+                    views.accept_marked(reqs, Box::new(on_views), mark);
+                }
+                Command::Close(ack) => closing = Some(ack),
+            }
+        }
+    }
+    if let Some(ack) = closing {
+        let _ = ack.send(());
+    }
+}
+
+impl Journal for LogJournal {
+    fn append(&self, entries: Vec<Entry>, done: AppendDone) {
+        if let Err(mpsc::SendError(Command::Append(entries, done))) =
+            self.tx.send(Command::Append(entries, done))
+        {
+            done(entries, Err(StoreError::Closed));
+        }
+    }
+
+    fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        self.progress.wait_views()?;
+        self.views.outcomes(shop, keys)
+    }
+
+    fn recover(&self) -> Result<Recovered, StoreError> {
+        self.progress.wait_views()?;
+        self.views.recover()
+    }
+
+    fn item_states(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<ItemState>>, StoreError> {
+        self.progress.wait_views()?;
+        self.views.item_states(items)
+    }
+
+    fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
+        self.progress.wait_views()?;
+        self.views.holds(shop, hold_ids)
+    }
+
+    fn events(
+        &self,
+        shop: &str,
+        item: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.progress.wait_views()?;
+        self.views.events(shop, item, after, limit)
+    }
+
+    fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
+        self.progress.wait_views()?;
+        self.views.relay_read(cursor, limit)
+    }
+
+    fn relay_cursor(&self) -> Result<u64, StoreError> {
+        self.views.relay_cursor()
+    }
+
+    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
+        self.views.relay_save(cursor)
+    }
+
+    fn close(&self) {
+        let (ack, done) = mpsc::channel();
+        if self.tx.send(Command::Close(ack)).is_ok() {
+            let _ = done.recv();
+        }
+        if let Some(handle) = self.writer.lock().ok().and_then(|mut w| w.take()) {
+            let _ = handle.join();
+        }
+        let _ = self.progress.wait_views();
+        self.views.close();
+    }
+}
