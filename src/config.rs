@@ -125,6 +125,14 @@ pub struct ServeArgs {
     /// [default: 10000].
     #[arg(long, env = "NRTXN_CONNECTIONS_MAX")]
     pub connections_max: Option<usize>,
+    /// How long the embedded journal remembers a request key (and keeps its entry for
+    /// polls and events), in seconds; a key used again after it is a new request
+    /// [default: 604800, seven days].
+    #[arg(long, env = "NRTXN_KEY_WINDOW_SECS")]
+    pub key_window_secs: Option<u64>,
+    /// Size of one segment of the embedded journal's log, in MiB [default: 64].
+    #[arg(long, env = "NRTXN_JOURNAL_SEGMENT_MB")]
+    pub journal_segment_mb: Option<u64>,
     /// Serve without access keys on a non-loopback address while the key store has no
     /// unrevoked key (protected mode refuses to start there otherwise). Keys, once
     /// created, are always checked.
@@ -189,6 +197,9 @@ pub mod defaults {
     /// 64 bodies of the largest kind (a 4 MiB load) at once.
     pub const BODY_BYTES_MAX: usize = 256 * 1024 * 1024;
     pub const CONNECTIONS_MAX: usize = 10_000;
+    /// Seven days, as idempotency windows go (Stripe keeps keys 24 hours).
+    pub const KEY_WINDOW_SECS: u64 = 7 * 86_400;
+    pub const JOURNAL_SEGMENT_MB: u64 = 64;
 }
 
 /// Where the access keys are: the options `serve` and `keys` share.
@@ -245,6 +256,8 @@ pub struct Settings {
     pub body_timeout_ms: u64,
     pub body_bytes_max: usize,
     pub connections_max: usize,
+    /// What the embedded journal keeps on disk, and for how long.
+    pub retention: crate::journal::Retention,
     pub engine: EngineConfig,
     pub edge: EdgeSettings,
 }
@@ -415,6 +428,22 @@ impl ServeArgs {
                 1,
                 1_000_000,
             )?,
+            retention: crate::journal::Retention {
+                key_window_ms: in_range(
+                    "key_window_secs",
+                    pick!(key_window_secs, defaults::KEY_WINDOW_SECS),
+                    1,
+                    10 * 365 * 86_400,
+                )? as i64
+                    * 1_000,
+                segment_bytes: in_range(
+                    "journal_segment_mb",
+                    pick!(journal_segment_mb, defaults::JOURNAL_SEGMENT_MB),
+                    1,
+                    1_024,
+                )? * 1024
+                    * 1024,
+            },
             engine,
             edge: self.edge(&file)?,
         })

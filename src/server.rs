@@ -153,8 +153,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             (journal, store)
         }
         None => {
-            let journal =
-                LogJournal::open(&settings.data_dir, metrics.clone()).with_context(cannot_open)?;
+            let journal = LogJournal::open(&settings.data_dir, metrics.clone(), settings.retention)
+                .with_context(cannot_open)?;
             (journal.clone(), journal)
         }
     };

@@ -123,6 +123,9 @@ enum Command {
     Retire(Arc<str>, Vec<Arc<str>>),
     /// The outbox relay published every event up to this journal id.
     RelaySave(i64, mpsc::Sender<Result<(), StoreError>>),
+    /// Forget entries decided before this time (ms), at most this many: see
+    /// [`SqliteStore::prune`].
+    Prune(i64, usize, mpsc::Sender<Result<usize, StoreError>>),
     Close(mpsc::Sender<()>),
 }
 
@@ -132,7 +135,7 @@ impl Command {
             Command::Append(e, ..) => e.len(),
             Command::Accept(r, ..) => r.len(),
             Command::Retire(_, keys) => keys.len(),
-            Command::RelaySave(..) | Command::Close(_) => 0,
+            Command::RelaySave(..) | Command::Prune(..) | Command::Close(_) => 0,
         }
     }
 }
@@ -274,6 +277,30 @@ impl SqliteStore {
         {
             done(entries, Err(StoreError::Closed));
         }
+    }
+
+    /// Deletes up to `max` entries decided before `before_ms` (ms since the epoch) that
+    /// the last item snapshot covers (and the outbox relay has published); returns how
+    /// many went. Their keys are then forgotten: see `docs/decisions/journal-log.md`.
+    pub fn prune(&self, before_ms: i64, max: usize) -> Result<usize, StoreError> {
+        let (ack, done) = mpsc::channel();
+        self.tx
+            .send(Command::Prune(before_ms, max, ack))
+            .map_err(|_| StoreError::Closed)?;
+        done.recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// The log mark that is on disk for good: read, then a checkpoint that copies the
+    /// whole WAL into the database file and syncs it. `None` when the checkpoint could
+    /// not finish (readers held frames) or the views have no mark.
+    pub fn durable_mark(&self) -> Result<Option<Chain>, StoreError> {
+        let mark = self.log_mark()?;
+        let complete = self.read(|conn| {
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                Ok(row.get::<_, i64>(0)? == 0 && row.get::<_, i64>(1)? == row.get::<_, i64>(2)?)
+            })
+        })?;
+        Ok(mark.filter(|_| complete))
     }
 
     /// Where in the journal's log the views stand: the chain after the last record they
@@ -636,22 +663,29 @@ impl Journal for SqliteStore {
         self.read(|conn| {
             // The item's last entry, through the index on (shop, item, seq). Entries
             // written before holds existed have no reserved_after: nothing was reserved.
-            let mut stmt = conn.prepare_cached(
+            let mut last = conn.prepare_cached(
                 "SELECT stock_after, COALESCE(reserved_after, 0), seq FROM journal
                  WHERE shop = ?1 AND item = ?2 AND seq IS NOT NULL
                  ORDER BY seq DESC LIMIT 1",
             )?;
+            // Or its snapshot, if the entries it covers were pruned and none came since.
+            let mut snapshot = conn.prepare_cached(
+                "SELECT stock, reserved, seq FROM items WHERE shop = ?1 AND item = ?2",
+            )?;
+            let state = |row: &rusqlite::Row<'_>| {
+                Ok(ItemState {
+                    stock: row.get(0)?,
+                    reserved: row.get(1)?,
+                    seq: row.get(2)?,
+                })
+            };
             items
                 .iter()
                 .map(|(shop, item)| {
-                    stmt.query_row(params![&**shop, &**item], |row| {
-                        Ok(ItemState {
-                            stock: row.get(0)?,
-                            reserved: row.get(1)?,
-                            seq: row.get(2)?,
-                        })
-                    })
-                    .optional()
+                    let key = params![&**shop, &**item];
+                    let a = last.query_row(key, state).optional()?;
+                    let b = snapshot.query_row(key, state).optional()?;
+                    Ok(a.into_iter().chain(b).max_by_key(|s| s.seq))
                 })
                 .collect()
         })
@@ -752,6 +786,8 @@ struct Writer {
     keys: Arc<KeyFilter>,
     /// Latest state of every item written since the last snapshot.
     dirty: HashMap<(Arc<str>, Arc<str>), ItemState>,
+    /// Entries the last [`Command::Prune`] deleted.
+    pruned: usize,
     txns_since_snapshot: u32,
 }
 
@@ -762,6 +798,7 @@ impl Writer {
             metrics,
             keys,
             dirty: HashMap::new(),
+            pruned: 0,
             txns_since_snapshot: 0,
         }
     }
@@ -804,6 +841,9 @@ impl Writer {
                     Command::Retire(..) => {}
                     Command::RelaySave(_, ack) => {
                         let _ = ack.send(result.clone());
+                    }
+                    Command::Prune(_, _, ack) => {
+                        let _ = ack.send(result.clone().map(|()| self.pruned));
                     }
                     Command::Close(ack) => closing = Some(ack),
                 }
@@ -944,6 +984,23 @@ impl Writer {
                         for key in keys {
                             retire.execute(params![&**shop, &**key])?;
                         }
+                    }
+                    Command::Prune(before, max, _) => {
+                        // Only entries a snapshot covers (recovery starts after it), and
+                        // only those the outbox relay has published, if it runs.
+                        self.pruned = tx
+                            .prepare_cached(
+                                "DELETE FROM journal WHERE id IN (
+                                    SELECT id FROM journal
+                                    WHERE id <= (SELECT COALESCE(MAX(value), 0) FROM meta
+                                                 WHERE key = 'snapshot_journal_id')
+                                      AND id <= COALESCE((SELECT value FROM meta
+                                                          WHERE key = 'relay_journal_id'),
+                                                         9223372036854775807)
+                                      AND completed_at < ?1
+                                    ORDER BY id LIMIT ?2)",
+                            )?
+                            .execute(params![before, *max as i64])?;
                     }
                     Command::RelaySave(id, _) => {
                         tx.prepare_cached(

@@ -6,4 +6,4 @@ pub mod codec;
 pub mod segment;
 pub mod store;
 
-pub use store::LogJournal;
+pub use store::{LogJournal, Retention};

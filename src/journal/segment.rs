@@ -461,23 +461,31 @@ impl LogWriter {
         Ok(())
     }
 
-    /// Deletes the segments whose records all come before `lsn` (a snapshot covers
-    /// them); returns how many went.
+    /// See [`retire_before`].
     pub fn retire_before(&self, lsn: u64) -> Result<usize, LogError> {
-        let segs = segments(&self.dir)?;
-        let mut gone = 0;
-        for w in segs.windows(2) {
-            let ((_, path), (next_first, _)) = (&w[0], &w[1]);
-            if *next_first <= lsn {
-                std::fs::remove_file(path)?;
-                gone += 1;
+        retire_before(&self.dir, lsn)
+    }
+}
+
+/// Deletes the segments of the log in `dir` whose records all come before `lsn` (the
+/// views hold them for good); returns how many went. The newest segment always stays.
+pub fn retire_before(dir: &Path, lsn: u64) -> Result<usize, LogError> {
+    let segs = segments(dir)?;
+    let mut gone = 0;
+    for w in segs.windows(2) {
+        let ((_, path), (next_first, _)) = (&w[0], &w[1]);
+        if *next_first <= lsn {
+            match std::fs::remove_file(path) {
+                Ok(()) => gone += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
             }
         }
-        if gone > 0 {
-            File::open(&self.dir)?.sync_all()?;
-        }
-        Ok(gone)
     }
+    if gone > 0 {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(gone)
 }
 
 fn create_segment(dir: &Path, first_lsn: u64) -> Result<File, LogError> {

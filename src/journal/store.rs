@@ -43,6 +43,29 @@ const QUEUE_MAX: usize = 4096;
 const GROUP_ENTRIES_MAX: usize = 65_536;
 /// How long a read waits for the views to catch up before it fails (503).
 const VIEWS_WAIT: Duration = Duration::from_secs(10);
+/// How often old segments are retired and old entries pruned from the views.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(2);
+/// Entries one prune deletes at most (one short transaction of the views' writer).
+const PRUNE_MAX: usize = 10_000;
+
+/// What the journal keeps on disk, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Entries (and so their request keys) older than this leave the views; a key used
+    /// again after it is a new request.
+    pub key_window_ms: i64,
+    /// A new segment of the log is started past this size.
+    pub segment_bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            key_window_ms: 7 * 24 * 3_600_000,
+            segment_bytes: SEGMENT_BYTES,
+        }
+    }
+}
 
 enum Command {
     Append(Vec<Entry>, AppendDone),
@@ -104,6 +127,8 @@ pub struct LogJournal {
     tx: SyncSender<Command>,
     progress: Arc<Progress>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Dropping the sender stops the maintenance thread.
+    maintainer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
     dir: PathBuf,
 }
 
@@ -114,7 +139,11 @@ fn store_error(e: LogError) -> StoreError {
 impl LogJournal {
     /// Opens the journal in `data_dir` (the log in `journal/`, the views in
     /// `nrtxn.db`), recovering as the module's documentation says.
-    pub fn open(data_dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<LogJournal>, StoreError> {
+    pub fn open(
+        data_dir: &Path,
+        metrics: Arc<Metrics>,
+        retention: Retention,
+    ) -> Result<Arc<LogJournal>, StoreError> {
         let views = SqliteStore::open_views(data_dir, metrics.clone())?;
         let dir = data_dir.join("journal");
         // Views with no mark hold nothing of the log: either they were written before
@@ -194,7 +223,8 @@ impl LogJournal {
             ms = started.elapsed().as_millis() as u64,
             "journal log read and views brought up to it"
         );
-        let writer = LogWriter::open(&dir, &end, 0, SEGMENT_BYTES).map_err(store_error)?;
+        let writer =
+            LogWriter::open(&dir, &end, 0, retention.segment_bytes).map_err(store_error)?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
         let thread_views = views.clone();
         let thread_progress = progress.clone();
@@ -202,11 +232,26 @@ impl LogJournal {
             .name("journal-log".into())
             .spawn(move || run(writer, rx, thread_views, thread_progress, metrics))
             .map_err(|e| StoreError::Storage(e.to_string()))?;
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (m_views, m_dir) = (views.clone(), dir.clone());
+        let maintainer = std::thread::Builder::new()
+            .name("journal-retention".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(MAINTAIN_EVERY)
+                {
+                    if let Err(e) = maintain(&m_views, &m_dir, retention) {
+                        tracing::warn!(error = %e, "journal retention failed; retrying");
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Storage(e.to_string()))?;
         Ok(Arc::new(LogJournal {
             views,
             tx,
             progress,
             writer: Mutex::new(Some(writer)),
+            maintainer: Mutex::new(Some((stop, maintainer))),
             dir,
         }))
     }
@@ -233,6 +278,27 @@ impl LogJournal {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Retires the segments the views hold for good, and prunes entries past the key window
+/// from the views (a batch at a time, so the writer is never held for long).
+fn maintain(views: &SqliteStore, dir: &Path, retention: Retention) -> Result<(), StoreError> {
+    if let Some(mark) = views.durable_mark()? {
+        let gone = segment::retire_before(dir, mark.next_lsn).map_err(store_error)?;
+        if gone > 0 {
+            tracing::info!(
+                segments = gone,
+                before = mark.next_lsn,
+                "journal segments retired"
+            );
+        }
+    }
+    let before = now_ms() - retention.key_window_ms;
+    let pruned = views.prune(before, PRUNE_MAX)?;
+    if pruned > 0 {
+        tracing::debug!(entries = pruned, "entries past the key window pruned");
+    }
+    Ok(())
 }
 
 /// The writer thread: group commits until closed.
@@ -399,6 +465,10 @@ impl Journal for LogJournal {
     }
 
     fn close(&self) {
+        if let Some((stop, handle)) = self.maintainer.lock().ok().and_then(|mut m| m.take()) {
+            drop(stop);
+            let _ = handle.join();
+        }
         let (ack, done) = mpsc::channel();
         if self.tx.send(Command::Close(ack)).is_ok() {
             let _ = done.recv();
