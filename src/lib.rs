@@ -1,6 +1,7 @@
 //! The `nrtxn` binary's library: configuration, the embedded adapters (SQLite journal,
 //! in-process request log), the wiring of `serve`, and the event follower of `follow`.
 
+pub mod backup;
 pub mod config;
 pub mod embedded_log;
 pub mod follow;

@@ -45,6 +45,25 @@ enum MainCommand {
     /// Manage access keys, in the store `serve` reads with the same --data-dir or
     /// --mongo-uri (works while servers run; they pick changes up within 5 s).
     Keys(KeysArgs),
+    /// Copy an embedded data dir into a new folder, while the server runs: the copy holds
+    /// everything acknowledged before the backup began, checked as a start checks it.
+    Backup {
+        /// The data dir of the running (or stopped) server.
+        #[arg(long, env = "NRTXN_DATA_DIR", default_value = "./data")]
+        data_dir: std::path::PathBuf,
+        /// A new folder (it must not exist, or be empty).
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
+    /// Make a backup the data dir of a server again: copies it into a new, empty data dir.
+    Restore {
+        /// The folder `nrtxn backup --to` wrote.
+        #[arg(long)]
+        from: std::path::PathBuf,
+        /// The new data dir (it must not exist, or be empty).
+        #[arg(long, env = "NRTXN_DATA_DIR")]
+        data_dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -221,6 +240,27 @@ fn main() -> ExitCode {
             .build()
             .context("cannot start the runtime")
             .and_then(|rt| rt.block_on(keys(args.command))),
+        MainCommand::Backup { data_dir, to } => {
+            nrtxn::backup::backup(&data_dir, &to).map(|r| {
+                eprintln!(
+                    "nrtxn: backup of {} in {}: {} log segments ({} bytes) checked, {} records past the views' position",
+                    data_dir.display(),
+                    to.display(),
+                    r.segments,
+                    r.bytes,
+                    r.records
+                );
+            })
+        }
+        MainCommand::Restore { from, data_dir } => {
+            nrtxn::backup::restore(&from, &data_dir).map(|()| {
+                eprintln!(
+                    "nrtxn: {} restored into {}; start the server on it",
+                    from.display(),
+                    data_dir.display()
+                );
+            })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -205,3 +205,95 @@ async fn keys_past_their_window_are_forgotten_and_the_item_stays_whole() {
         "{again}"
     );
 }
+
+/// Runs `nrtxn ARGS`, which must succeed.
+fn nrtxn(args: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nrtxn"))
+        .args(args)
+        .output()
+        .expect("run nrtxn");
+    assert!(out.status.success(), "nrtxn {args:?}: {out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_taken_under_load_restores_every_outcome_acknowledged_before_it() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--journal-segment-mb", "1"]);
+    let c = client();
+    load(&c, &server, "shop", &[("a", 1_000_000), ("b", 1_000_000)]).await;
+    // Sales on two items from four callers until told to stop; every answer is kept
+    // with the time it came.
+    let answers: Arc<Mutex<Vec<(std::time::Instant, Value)>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..4)
+        .map(|t| {
+            let (c, url) = (c.clone(), server.url("/v1/shops/shop/txns"));
+            let (answers, stop) = (answers.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let item = ["a", "b"][i % 2];
+                    let body = json!({"seller": "s", "item": item, "qty": 1,
+                                      "request_id": format!("t{t}-{i}")});
+                    let (status, outcome) = post(&c, &url, body).await;
+                    assert_eq!(status, 200, "{outcome}");
+                    answers
+                        .lock()
+                        .unwrap()
+                        .push((std::time::Instant::now(), outcome));
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let data = dir.path().join("data");
+    let copy = dir.path().join("backup");
+    let began = std::time::Instant::now();
+    let (d, b) = (data.to_str().unwrap(), copy.to_str().unwrap());
+    tokio::task::spawn_blocking({
+        let (d, b) = (d.to_string(), b.to_string());
+        move || nrtxn(&["backup", "--data-dir", &d, "--to", &b])
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    drop(server);
+    let before: Vec<Value> = answers
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(at, _)| *at < began)
+        .map(|(_, o)| o.clone())
+        .collect();
+    assert!(before.len() > 100, "too little load: {}", before.len());
+
+    let restored = tempfile::tempdir().unwrap();
+    let r = restored.path().join("data");
+    nrtxn(&["restore", "--from", b, "--data-dir", r.to_str().unwrap()]);
+    let server = Server::start(restored.path(), &[]);
+    for o in &before {
+        let key = o["request_key"].as_str().unwrap();
+        let (status, polled) = get(&c, &server.url(&format!("/v1/shops/shop/txns/{key}"))).await;
+        assert_eq!((status, &polled), (200, o), "{key}");
+    }
+    // Each item adds up: every entry in the copy is a sale of one.
+    for item in ["a", "b"] {
+        let (_, state) = get(&c, &server.url(&format!("/v1/shops/shop/items/{item}"))).await;
+        let seq = state["seq"].as_i64().unwrap();
+        assert_eq!(
+            state["stock"].as_i64().unwrap(),
+            1_000_000 - (seq - 1),
+            "{state}"
+        );
+    }
+    eprintln!(
+        "{} outcomes acknowledged before the backup, all restored",
+        before.len()
+    );
+}

@@ -1,0 +1,1 @@
+fn main(){ let _ = redb::Database::create("/tmp/bt.redb").unwrap(); }

@@ -1,0 +1,181 @@
+//! `nrtxn backup` and `nrtxn restore`: a copy of an embedded data dir, taken while the
+//! server runs, that starts as the acknowledged state at the moment it was taken.
+//!
+//! A backup copies, in this order:
+//! 1. the log's segments as they are;
+//! 2. the views (`nrtxn.db`) and the access keys (`keys.sqlite`), each as one consistent
+//!    snapshot (`VACUUM INTO`), the views' log position with them;
+//! 3. the segments again: every one that is new or has grown since step 1, so the copy
+//!    of the log reaches at least as far as the views do.
+//!
+//! Then the copy is checked as a start would check it ([`scan`] from the views'
+//! position: every checksum, the chain, no gap). A segment retired between steps 1 and 3
+//! could leave a gap; the backup then starts over (a few times at most).
+//!
+//! The last record of a segment still being written may be copied half: that is a torn
+//! tail, which a start of the copy cuts off. It was not yet acknowledged when the copy
+//! reached it, so the copy holds everything acknowledged before the backup began.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use crate::journal::segment::{scan, segments, Chain};
+
+const VIEWS: &str = "nrtxn.db";
+const KEYS: &str = "keys.sqlite";
+const LOG_DIR: &str = "journal";
+const ATTEMPTS: u32 = 5;
+
+/// What a backup holds, for the message at its end.
+#[derive(Debug)]
+pub struct BackupReport {
+    pub segments: usize,
+    pub bytes: u64,
+    pub records: u64,
+}
+
+/// Copies the data dir `from` into the new folder `to` (see the module's documentation).
+pub fn backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
+    if !from.join(VIEWS).exists() {
+        bail!(
+            "{} holds no embedded journal (no {VIEWS}); with --mongo-uri, back MongoDB up with its own tools",
+            from.display()
+        );
+    }
+    let mut last_err = None;
+    for attempt in 1..=ATTEMPTS {
+        if to.exists() && std::fs::read_dir(to)?.next().is_some() {
+            if attempt == 1 {
+                bail!("--to {} exists and is not empty", to.display());
+            }
+            std::fs::remove_dir_all(to)?;
+        }
+        match try_backup(from, to) {
+            Ok(report) => return Ok(report),
+            Err(e) => {
+                tracing::warn!(attempt, error = %e, "backup not consistent; starting over");
+                last_err = Some(e);
+            }
+        }
+    }
+    Err(last_err.expect("at least one attempt")).context("backup failed")
+}
+
+fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
+    let log_to = to.join(LOG_DIR);
+    std::fs::create_dir_all(&log_to)?;
+    let mut copied: Vec<(PathBuf, u64)> = Vec::new();
+    copy_segments(&from.join(LOG_DIR), &log_to, &mut copied)?;
+    snapshot_sqlite(&from.join(VIEWS), &to.join(VIEWS))?;
+    if from.join(KEYS).exists() {
+        snapshot_sqlite(&from.join(KEYS), &to.join(KEYS))?;
+    }
+    copy_segments(&from.join(LOG_DIR), &log_to, &mut copied)?;
+    // The copy starts as a start would: from where its views stand.
+    let mark = views_mark(&to.join(VIEWS))?;
+    let from_chain = match mark {
+        Some(m) => m,
+        None if !copied.is_empty() => Chain {
+            next_lsn: 1,
+            ..Chain::default()
+        },
+        None => Chain::default(),
+    };
+    let end = scan(&log_to, from_chain, |_| Ok(())).context("the copied log does not check out")?;
+    for f in [VIEWS, KEYS] {
+        if to.join(f).exists() {
+            std::fs::File::open(to.join(f))?.sync_all()?;
+        }
+    }
+    std::fs::File::open(&log_to)?.sync_all()?;
+    std::fs::File::open(to)?.sync_all()?;
+    Ok(BackupReport {
+        segments: segments(&log_to)?.len(),
+        bytes: copied.iter().map(|(_, n)| n).sum(),
+        records: end.records,
+    })
+}
+
+/// Copies every segment of `from` that `copied` does not have at its current length.
+fn copy_segments(from: &Path, to: &Path, copied: &mut Vec<(PathBuf, u64)>) -> anyhow::Result<()> {
+    for (_, path) in segments(from)? {
+        let name = path.file_name().expect("a segment has a name");
+        let len = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            // Retired since it was listed: the views hold it for good.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if copied.iter().any(|(p, n)| p == &path && *n >= len) {
+            continue;
+        }
+        let target = to.join(name);
+        let n = match std::fs::copy(&path, &target) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
+        std::fs::File::open(&target)?.sync_all()?;
+        copied.retain(|(p, _)| p != &path);
+        copied.push((path, n));
+    }
+    Ok(())
+}
+
+/// One consistent copy of a live SQLite database (its WAL included).
+fn snapshot_sqlite(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let conn = Connection::open_with_flags(from, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .with_context(|| format!("cannot open {}", from.display()))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    let target = to.to_str().context("the backup's path is not UTF-8")?;
+    conn.execute("VACUUM INTO ?1", [target])
+        .with_context(|| format!("cannot copy {}", from.display()))?;
+    Ok(())
+}
+
+fn views_mark(views: &Path) -> anyhow::Result<Option<Chain>> {
+    let conn = Connection::open_with_flags(views, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let get = |key: &str| -> anyhow::Result<Option<i64>> {
+        Ok(conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()?)
+    };
+    let Some(next) = get("log_next_lsn")? else {
+        return Ok(None);
+    };
+    let hi = get("log_parent_hi")?.unwrap_or(0) as u64;
+    let lo = get("log_parent_lo")?.unwrap_or(0) as u64;
+    Ok(Some(Chain {
+        next_lsn: next as u64,
+        parent: (u128::from(hi) << 64) | u128::from(lo),
+        epoch: get("log_epoch")?.unwrap_or(0) as u64,
+    }))
+}
+
+/// Copies a backup into a new data dir, which must not exist or be empty.
+pub fn restore(backup: &Path, data_dir: &Path) -> anyhow::Result<()> {
+    if !backup.join(VIEWS).exists() {
+        bail!("{} is not an nrtxn backup (no {VIEWS})", backup.display());
+    }
+    if data_dir.exists() && std::fs::read_dir(data_dir)?.next().is_some() {
+        bail!(
+            "--data-dir {} is not empty: restore into a new folder (and stop any server on the old one)",
+            data_dir.display()
+        );
+    }
+    let log_to = data_dir.join(LOG_DIR);
+    std::fs::create_dir_all(&log_to)?;
+    for f in [VIEWS, KEYS] {
+        if backup.join(f).exists() {
+            std::fs::copy(backup.join(f), data_dir.join(f))?;
+            std::fs::File::open(data_dir.join(f))?.sync_all()?;
+        }
+    }
+    let mut copied = Vec::new();
+    copy_segments(&backup.join(LOG_DIR), &log_to, &mut copied)?;
+    std::fs::File::open(&log_to)?.sync_all()?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    Ok(())
+}
