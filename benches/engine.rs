@@ -1,17 +1,19 @@
-//! Engine benchmark without HTTP: one hot item, the durable SQLite journal, decrements
+//! Engine benchmark without HTTP: one hot item, the embedded journal, decrements
 //! submitted through the shop's WorkManager exactly as the API submits them.
 //!
 //! `cargo bench --bench engine -- [decrements] [submit_chunk] [concurrent_chunks]`
 //! prints decrements per second, the batch sizes the processor journaled, and the
-//! journal transactions it took.
+//! journal's group commits. `NRTXN_BENCH_JOURNAL=sqlite` runs it on the SQLite journal
+//! the log replaced (the same store, synced at every commit), for comparison.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use nrtxn::embedded_log::EmbeddedLog;
+use nrtxn::embedded_log::{EmbeddedLog, RequestStore};
+use nrtxn::journal::{LogJournal, Retention};
 use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::{
-    now_ms, Admission, Engine, EngineConfig, Metrics, Op, Request, RequestLog, Status,
+    now_ms, Admission, Engine, EngineConfig, Journal, Metrics, Op, Request, RequestLog, Status,
 };
 
 fn arg(n: usize, default: usize) -> usize {
@@ -23,6 +25,19 @@ fn arg(n: usize, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// This process's CPU time so far (user + system), from `/proc/self/stat`.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime is the 12th, stime
+    // the 13th, in clock ticks (100 a second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
 fn main() {
     let total = arg(0, 1_000_000);
     let chunk = arg(1, 1_000);
@@ -30,8 +45,15 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     actix_rt::System::new().block_on(async move {
         let metrics = Arc::new(Metrics::new());
-        let store = SqliteStore::open(dir.path(), metrics.clone()).expect("store");
-        let log_store = store.clone();
+        let sqlite = std::env::var("NRTXN_BENCH_JOURNAL").is_ok_and(|j| j == "sqlite");
+        let (store, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = if sqlite {
+            let s = SqliteStore::open(dir.path(), metrics.clone()).expect("store");
+            (s.clone(), s)
+        } else {
+            let j = LogJournal::open(dir.path(), metrics.clone(), Retention::default())
+                .expect("journal");
+            (j.clone(), j)
+        };
         let cfg = EngineConfig {
             inflight_max: 10_000_000,
             shop_pending_max: 10_000_000,
@@ -53,6 +75,7 @@ fn main() {
             .expect("load");
 
         let started = Instant::now();
+        let cpu_started = cpu_seconds();
         let mut ok = 0usize;
         let mut rejected = 0usize;
         let mut sent = 0usize;
@@ -107,18 +130,27 @@ fn main() {
             }
         }
         let secs = started.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu_started;
         let state = engine.item(&shop, &item).await.expect("item").expect("loaded");
         assert_eq!(ok as i64, stock, "every unit sold exactly once");
         assert_eq!(state.stock, 0, "no oversell, nothing left");
         let batches = metrics.batch_entries.get_sample_count();
         let txns = metrics.journal_txn_entries.get_sample_count();
-        println!("engine: one hot item, durable SQLite journal (WAL, synchronous=FULL)");
         println!(
-            "  decrements {total} (ok {ok}, insufficient_stock {rejected}) in {secs:.2} s: {:.0} decrements/s",
-            total as f64 / secs
+            "engine: one hot item, {}",
+            if sqlite {
+                "the SQLite journal (WAL, synchronous=FULL)"
+            } else {
+                "the embedded journal's log (one fdatasync per group) and its SQLite views"
+            }
         );
         println!(
-            "  processor batches {batches}, mean {:.0} entries; journal transactions {txns}, mean {:.0} entries, mean write {:.2} ms",
+            "  decrements {total} (ok {ok}, insufficient_stock {rejected}) in {secs:.2} s: {:.0} decrements/s, CPU {:.0} ns per decision",
+            total as f64 / secs,
+            cpu * 1e9 / total as f64
+        );
+        println!(
+            "  processor batches {batches}, mean {:.0} entries; journal group commits {txns}, mean {:.0} entries, mean write {:.2} ms",
             metrics.batch_entries.get_sample_sum() / batches.max(1) as f64,
             metrics.journal_txn_entries.get_sample_sum() / txns.max(1) as f64,
             1000.0 * metrics.journal_write_seconds.get_sample_sum() / txns.max(1) as f64,

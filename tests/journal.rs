@@ -297,3 +297,73 @@ async fn a_backup_taken_under_load_restores_every_outcome_acknowledged_before_it
         before.len()
     );
 }
+
+/// Writes a data dir the way the SQLite journal did before the log existed (the same
+/// SQLite store, synced at every commit, as the journal itself): `sku` loaded with 10
+/// and three sales, keys `m0`..`m2`.
+fn legacy_data_dir(data: &Path) {
+    use nrtxn::embedded_log::EmbeddedLog;
+    use nrtxn::sqlite::SqliteStore;
+    use nrtxn_actors::{now_ms, Admission, Engine, EngineConfig, Metrics, Op, Request};
+    let data = data.to_path_buf();
+    std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            let metrics = std::sync::Arc::new(Metrics::new());
+            let store = SqliteStore::open(&data, metrics.clone()).unwrap();
+            let log = store.clone();
+            let engine = Engine::start(
+                EngineConfig::default(),
+                store,
+                move |d, _| std::sync::Arc::new(EmbeddedLog::new(log, d, true)) as _,
+                metrics,
+            )
+            .unwrap();
+            let shop: std::sync::Arc<str> = "shop".into();
+            engine.load(&shop, vec![("sku".into(), 10)]).await.unwrap();
+            for i in 0..3 {
+                let req = Request {
+                    seller: Some("s".into()),
+                    ..Request::new(
+                        shop.clone(),
+                        "sku".into(),
+                        format!("m{i}").into(),
+                        Op::Decrement,
+                        1,
+                        now_ms(),
+                    )
+                };
+                let admitted = engine.submit(&shop, vec![(req, true)]).await.unwrap();
+                for a in admitted.admissions {
+                    if let Admission::Wait(rx) = a {
+                        rx.await.unwrap();
+                    }
+                }
+            }
+            engine.shutdown().await;
+        })
+    })
+    .join()
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_of_the_sqlite_journal_is_taken_over_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    legacy_data_dir(&dir.path().join("data"));
+    assert!(!dir.path().join("data/journal").exists());
+    let c = client();
+    for round in 0..2 {
+        let server = Server::start(dir.path(), &[]);
+        for i in 0..3 {
+            let (status, polled) = get(&c, &server.url(&format!("/v1/shops/shop/txns/m{i}"))).await;
+            assert_eq!((status, &polled["seq"]), (200, &json!(i + 2)), "{polled}");
+        }
+        let (status, next) = post(
+            &c,
+            &server.url("/v1/shops/shop/txns"),
+            json!({"seller": "s", "item": "sku", "qty": 1, "request_id": format!("new{round}")}),
+        )
+        .await;
+        assert_eq!((status, &next["seq"]), (200, &json!(5 + round)), "{next}");
+    }
+}
