@@ -237,11 +237,19 @@ impl SqliteStore {
             .map_err(storage)?;
         let keys = Arc::new(KeyFilter::new());
         load_keys(&conn, &keys).map_err(storage)?;
+        // The items changed after the last snapshot (before a crash) go into the next
+        // snapshot with the ones changed from now on: that snapshot covers every entry
+        // up to it, so it must hold each of those items' last state.
+        let dirty = tail_states(&conn).map_err(storage)?;
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let writer_keys = keys.clone();
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || Writer::new(conn, metrics, writer_keys).run(rx))
+            .spawn(move || {
+                let mut writer = Writer::new(conn, metrics, writer_keys);
+                writer.dirty = dirty;
+                writer.run(rx)
+            })
             .map_err(storage)?;
         Ok(Arc::new(SqliteStore {
             path,
@@ -496,6 +504,41 @@ fn hold_view(row: &rusqlite::Row<'_>) -> Result<HoldView, rusqlite::Error> {
     })
 }
 
+/// Item states by shop and item.
+type States = HashMap<(Arc<str>, Arc<str>), ItemState>;
+
+/// The last state of every item with entries after the last snapshot.
+fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
+    let upto: i64 = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'snapshot_journal_id'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(0);
+    let mut stmt = conn.prepare(
+        "SELECT shop, item, stock_after, COALESCE(reserved_after, 0), seq FROM journal
+         WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
+    )?;
+    let mut rows = stmt.query([upto])?;
+    let mut out = HashMap::new();
+    while let Some(row) = rows.next()? {
+        out.insert(
+            (
+                Arc::<str>::from(row.get::<_, String>(0)?),
+                Arc::<str>::from(row.get::<_, String>(1)?),
+            ),
+            ItemState {
+                stock: row.get(2)?,
+                reserved: row.get(3)?,
+                seq: row.get(4)?,
+            },
+        );
+    }
+    Ok(out)
+}
+
 /// Fills the key filter from the journal's key index (a covering scan).
 fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error> {
     let started = Instant::now();
@@ -604,8 +647,15 @@ impl Journal for SqliteStore {
             while let Some(row) = rows.next()? {
                 let op: String = row.get(2)?;
                 let status: String = row.get(4)?;
+                let unreadable = |what: &str, v: &str| {
+                    rusqlite::Error::ToSqlConversionFailure(
+                        format!("the journal has an entry with an unknown {what} {v:?}").into(),
+                    )
+                };
+                let status = Status::parse(&status).ok_or_else(|| unreadable("status", &status))?;
+                let op = Op::parse(&op).ok_or_else(|| unreadable("op", &op))?;
                 let entry = Entry {
-                    status: Status::parse(&status).unwrap_or(Status::Ok),
+                    status,
                     stock_before: row.get(5)?,
                     stock_after: row.get(6)?,
                     reserved_after: Some(row.get::<_, Option<i64>>(7)?.unwrap_or(0)),
@@ -614,7 +664,7 @@ impl Journal for SqliteStore {
                     ..Entry::decided(
                         row.get::<_, String>(0)?.into(),
                         row.get::<_, String>(1)?.into(),
-                        Op::parse(&op).unwrap_or(Op::Decrement),
+                        op,
                         row.get(3)?,
                         0,
                         0,
@@ -785,7 +835,7 @@ struct Writer {
     metrics: Arc<Metrics>,
     keys: Arc<KeyFilter>,
     /// Latest state of every item written since the last snapshot.
-    dirty: HashMap<(Arc<str>, Arc<str>), ItemState>,
+    dirty: States,
     /// Entries the last [`Command::Prune`] deleted.
     pruned: usize,
     txns_since_snapshot: u32,

@@ -101,8 +101,8 @@ pub enum LogError {
     Io(#[from] io::Error),
     #[error(
         "journal corrupt in {file} at byte {offset} (record {lsn}): {detail}. Records after it \
-         were acknowledged, so the start is refused: restore the data dir from a backup \
-         (`nrtxn restore`), or move the file aside to start from what precedes it"
+         may have been acknowledged, so the start is refused: restore the data dir from a \
+         backup (`nrtxn restore`)"
     )]
     Corrupt {
         file: PathBuf,
@@ -205,6 +205,8 @@ pub fn scan(
         }
     }
     let n = segs.len();
+    // The last record number seen, skipped or not: the log must reach `from`.
+    let mut seen = None::<u64>;
     for (i, (first, path)) in segs.iter().enumerate().skip(start) {
         if i > start && *first != chain.next_lsn {
             return Err(LogError::Gap {
@@ -277,6 +279,7 @@ pub fn scan(
                     header.lsn
                 )));
             }
+            seen = Some(header.lsn);
             let skipped = header.lsn < chain.next_lsn;
             if !skipped {
                 if chain.next_lsn > 0 && header.lsn != chain.next_lsn {
@@ -320,6 +323,16 @@ pub fn scan(
         }
         last = Some((path.clone(), data.len() as u64));
     }
+    if let Some(lsn) = seen {
+        if lsn + 1 < from.next_lsn {
+            return Err(LogError::Gap {
+                detail: format!(
+                    "the log ends at record {lsn}, but what was derived from it reaches record {}",
+                    from.next_lsn - 1
+                ),
+            });
+        }
+    }
     Ok(ScanEnd {
         chain,
         last,
@@ -351,29 +364,14 @@ pub struct LogWriter {
 impl LogWriter {
     /// Opens the log for appending where `end` (a scan's) says it ends, cutting off a
     /// torn tail, under a new epoch one above every epoch in the log (or `epoch_at_least`
-    /// if higher).
+    /// if higher). `lock` is the log's lock ([`lock`]), held from before the scan.
     pub fn open(
         dir: &Path,
         end: &ScanEnd,
         epoch_at_least: u64,
         segment_bytes: u64,
+        lock: File,
     ) -> Result<LogWriter, LogError> {
-        std::fs::create_dir_all(dir)?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("LOCK"))?;
-        lock.try_lock().map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!(
-                    "{} is in use by another nrtxn process (it holds {})",
-                    dir.display(),
-                    dir.join("LOCK").display()
-                ),
-            )
-        })?;
         let epoch = (end.chain.epoch + 1).max(epoch_at_least);
         let (file, offset) = match &end.last {
             Some((path, len)) => {
@@ -488,6 +486,38 @@ pub fn retire_before(dir: &Path, lsn: u64) -> Result<usize, LogError> {
     Ok(gone)
 }
 
+/// Takes the log's lock (`dir/LOCK`), which one process holds while it reads or writes
+/// the log and what derives from it: a second one is refused.
+pub fn lock(dir: &Path) -> Result<File, LogError> {
+    std::fs::create_dir_all(dir)?;
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))?;
+    lock.try_lock().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "{} is in use by another nrtxn process (it holds {})",
+                dir.display(),
+                dir.join("LOCK").display()
+            ),
+        )
+    })?;
+    Ok(lock)
+}
+
+/// Makes what was written to the newest segment durable before it is read: a record
+/// written but not synced when the process died is then read back only if it is on
+/// disk for good.
+pub fn sync_newest(dir: &Path) -> Result<(), LogError> {
+    if let Some((_, path)) = segments(dir)?.pop() {
+        File::open(path)?.sync_data()?;
+    }
+    Ok(())
+}
+
 fn create_segment(dir: &Path, first_lsn: u64) -> Result<File, LogError> {
     let path = dir.join(segment_name(first_lsn));
     let f = OpenOptions::new()
@@ -516,7 +546,7 @@ mod tests {
 
     fn write(dir: &Path, n: u64, segment_bytes: u64) -> ScanEnd {
         let (_, end) = bodies(dir, Chain::default()).unwrap();
-        let mut w = LogWriter::open(dir, &end, 0, segment_bytes).unwrap();
+        let mut w = LogWriter::open(dir, &end, 0, segment_bytes, lock(dir).unwrap()).unwrap();
         for i in 0..n {
             w.append(3, i as i64, format!("body {i}").as_bytes())
                 .unwrap();
@@ -600,7 +630,8 @@ mod tests {
         // on) appends after a newer one: its records are refused.
         let dir = tempfile::tempdir().unwrap();
         let end = write(dir.path(), 2, 1 << 20);
-        let mut w = LogWriter::open(dir.path(), &end, 0, 1 << 20).unwrap();
+        let mut w =
+            LogWriter::open(dir.path(), &end, 0, 1 << 20, lock(dir.path()).unwrap()).unwrap();
         assert_eq!(w.epoch(), 2);
         w.append(3, 0, b"newer").unwrap();
         w.epoch = 1;
@@ -615,10 +646,8 @@ mod tests {
     fn a_second_writer_on_the_same_log_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let end = write(dir.path(), 1, 1 << 20);
-        let _w = LogWriter::open(dir.path(), &end, 0, 1 << 20).unwrap();
-        let err = LogWriter::open(dir.path(), &end, 0, 1 << 20)
-            .err()
-            .expect("refused");
+        let _w = LogWriter::open(dir.path(), &end, 0, 1 << 20, lock(dir.path()).unwrap()).unwrap();
+        let err = lock(dir.path()).expect_err("refused");
         assert!(err.to_string().contains("in use"), "{err}");
     }
 
@@ -640,7 +669,7 @@ mod tests {
         })
         .unwrap();
         let end = bodies(dir.path(), Chain::default()).unwrap().1;
-        let w = LogWriter::open(dir.path(), &end, 0, 500).unwrap();
+        let w = LogWriter::open(dir.path(), &end, 0, 500, lock(dir.path()).unwrap()).unwrap();
         assert!(w.retire_before(26).unwrap() > 0);
         drop(w);
         let (tail, _) = bodies(dir.path(), chain_at_25).unwrap();

@@ -144,8 +144,13 @@ impl LogJournal {
         metrics: Arc<Metrics>,
         retention: Retention,
     ) -> Result<Arc<LogJournal>, StoreError> {
-        let views = SqliteStore::open_views(data_dir, metrics.clone())?;
         let dir = data_dir.join("journal");
+        // Held from before the views are touched: a second process on this data dir is
+        // refused before it can read or replay anything.
+        let lock = segment::lock(&dir).map_err(store_error)?;
+        // What the log holds is read back only once it is on disk for good.
+        segment::sync_newest(&dir).map_err(store_error)?;
+        let views = SqliteStore::open_views(data_dir, metrics.clone())?;
         // Views with no mark hold nothing of the log: either they were written before
         // the log existed (a data dir of the SQLite journal, migrated as it is: the log
         // starts after them), or they were lost, and are rebuilt from the log's first
@@ -224,7 +229,7 @@ impl LogJournal {
             "journal log read and views brought up to it"
         );
         let writer =
-            LogWriter::open(&dir, &end, 0, retention.segment_bytes).map_err(store_error)?;
+            LogWriter::open(&dir, &end, 0, retention.segment_bytes, lock).map_err(store_error)?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
         let thread_views = views.clone();
         let thread_progress = progress.clone();
