@@ -918,7 +918,7 @@ impl Processor {
         }
         for ((shop, item), state) in stale.into_iter().zip(states) {
             let epoch = epochs[&(shop.clone(), item.clone())];
-            let shop_items = self.items.entry(shop).or_default();
+            let shop_items = self.items.entry(shop.clone()).or_default();
             match (shop_items.get_mut(&item), state) {
                 (Some(slot), Some(st)) => {
                     // Ahead of the journal only by this node's own batches in flight.
@@ -934,7 +934,12 @@ impl Processor {
                     self.resident += 1;
                     self.resident_gauge.inc();
                 }
-                (None, None) => {}
+                (None, None) => {
+                    // An unknown item: no empty map left behind for its shop.
+                    if shop_items.is_empty() {
+                        self.items.remove(&shop);
+                    }
+                }
             }
         }
     }
