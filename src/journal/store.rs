@@ -99,10 +99,14 @@ impl Progress {
         }
     }
 
-    /// Waits until the views hold every record durable now.
+    /// Waits until the views hold every record durable now, at most [`VIEWS_WAIT`].
     fn wait_views(&self) -> Result<(), StoreError> {
+        self.wait_views_for(VIEWS_WAIT)
+    }
+
+    fn wait_views_for(&self, most: Duration) -> Result<(), StoreError> {
         let target = self.durable.load(Ordering::Acquire);
-        let deadline = Instant::now() + VIEWS_WAIT;
+        let deadline = Instant::now() + most;
         let mut applied = self.applied.lock().map_err(|_| StoreError::Closed)?;
         while *applied < target {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -221,7 +225,14 @@ impl LogJournal {
         progress
             .durable
             .store(end.chain.next_lsn.saturating_sub(1), Ordering::Release);
-        progress.wait_views()?;
+        // Views rebuilt from a long log take as long as the log is: no limit at start,
+        // only word of the progress.
+        while let Err(e) = progress.wait_views() {
+            if matches!(e, StoreError::Closed) {
+                return Err(e);
+            }
+            tracing::info!("journal: bringing the views up to the log ({e})");
+        }
         tracing::info!(
             records = end.records,
             entries = replayed,
