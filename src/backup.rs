@@ -19,9 +19,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, OpenFlags};
 
 use crate::journal::segment::{scan, segments, Chain};
+use crate::sqlite::read_log_mark;
 
 const VIEWS: &str = "nrtxn.db";
 const KEYS: &str = "keys.sqlite";
@@ -137,21 +138,7 @@ fn snapshot_sqlite(from: &Path, to: &Path) -> anyhow::Result<()> {
 
 fn views_mark(views: &Path) -> anyhow::Result<Option<Chain>> {
     let conn = Connection::open_with_flags(views, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    let get = |key: &str| -> anyhow::Result<Option<i64>> {
-        Ok(conn
-            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-            .optional()?)
-    };
-    let Some(next) = get("log_next_lsn")? else {
-        return Ok(None);
-    };
-    let hi = get("log_parent_hi")?.unwrap_or(0) as u64;
-    let lo = get("log_parent_lo")?.unwrap_or(0) as u64;
-    Ok(Some(Chain {
-        next_lsn: next as u64,
-        parent: (u128::from(hi) << 64) | u128::from(lo),
-        epoch: get("log_epoch")?.unwrap_or(0) as u64,
-    }))
+    Ok(read_log_mark(&conn)?)
 }
 
 /// Copies a backup into a new data dir, which must not exist or be empty.

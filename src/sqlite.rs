@@ -314,22 +314,7 @@ impl SqliteStore {
     /// Where in the journal's log the views stand: the chain after the last record they
     /// hold (`None`: they hold none, or were written before the log existed).
     pub fn log_mark(&self) -> Result<Option<Chain>, StoreError> {
-        self.read(|conn| {
-            let get = |key: &str| -> Result<Option<i64>, rusqlite::Error> {
-                conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-                    .optional()
-            };
-            let Some(next) = get("log_next_lsn")? else {
-                return Ok(None);
-            };
-            let hi = get("log_parent_hi")?.unwrap_or(0) as u64;
-            let lo = get("log_parent_lo")?.unwrap_or(0) as u64;
-            Ok(Some(Chain {
-                next_lsn: next as u64,
-                parent: (u128::from(hi) << 64) | u128::from(lo),
-                epoch: get("log_epoch")?.unwrap_or(0) as u64,
-            }))
-        })
+        self.read(read_log_mark)
     }
 
     /// Forgets fire-and-forget requests whose outcomes another journal holds. Not
@@ -502,6 +487,46 @@ fn hold_view(row: &rusqlite::Row<'_>) -> Result<HoldView, rusqlite::Error> {
         status: HoldStatus::parse(&status).unwrap_or(HoldStatus::Held),
         seq: row.get(6)?,
     })
+}
+
+/// The log mark the views' `meta` holds (see [`SqliteStore::log_mark`]), read on `conn`.
+pub fn read_log_mark(conn: &Connection) -> Result<Option<Chain>, rusqlite::Error> {
+    let get = |key: &str| -> Result<Option<i64>, rusqlite::Error> {
+        conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+    };
+    let Some(next) = get("log_next_lsn")? else {
+        return Ok(None);
+    };
+    let hi = get("log_parent_hi")?.unwrap_or(0) as u64;
+    let lo = get("log_parent_lo")?.unwrap_or(0) as u64;
+    Ok(Some(Chain {
+        next_lsn: next as u64,
+        parent: (u128::from(hi) << 64) | u128::from(lo),
+        epoch: get("log_epoch")?.unwrap_or(0) as u64,
+    }))
+}
+
+/// A writer thread's next group: the first command to come, then every one already
+/// waiting, until their weight (entries) reaches `max`. `None` once every sender is gone.
+pub(crate) fn gather<C>(
+    rx: &Receiver<C>,
+    max: usize,
+    weight: impl Fn(&C) -> usize,
+) -> Option<(Vec<C>, usize)> {
+    let first = rx.recv().ok()?;
+    let mut total = weight(&first);
+    let mut cmds = vec![first];
+    while total < max {
+        match rx.try_recv() {
+            Ok(c) => {
+                total += weight(&c);
+                cmds.push(c);
+            }
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+        }
+    }
+    Some((cmds, total))
 }
 
 /// Item states by shop and item.
@@ -856,18 +881,9 @@ impl Writer {
     fn run(mut self, rx: Receiver<Command>) {
         let mut closing = None;
         while closing.is_none() {
-            let Ok(first) = rx.recv() else { break };
-            let mut weight = first.weight();
-            let mut cmds = vec![first];
-            while weight < TXN_ENTRIES_MAX {
-                match rx.try_recv() {
-                    Ok(c) => {
-                        weight += c.weight();
-                        cmds.push(c);
-                    }
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
-            }
+            let Some((cmds, weight)) = gather(&rx, TXN_ENTRIES_MAX, Command::weight) else {
+                break;
+            };
             let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
             let started = Instant::now();
             let result = self.write(&cmds, snapshot).map_err(storage);

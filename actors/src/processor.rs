@@ -986,7 +986,7 @@ impl Processor {
         // message per shop, and other nodes' through the log's hook.
         let mut by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>> = HashMap::new();
         let mut remote: HashMap<u32, Vec<Arc<Outcome>>> = HashMap::new();
-        let mut counts = [0u64; STATUSES.len()];
+        let mut counts = [0u64; Status::ALL.len()];
         let mut route = |origin: Option<u32>, outcome: Arc<Outcome>| match (origin, hooks) {
             (Some(node), Some(h)) if node != h.node_id => {
                 remote.entry(node).or_default().push(outcome)
@@ -1020,7 +1020,7 @@ impl Processor {
             if *n > 0 {
                 self.metrics
                     .decisions
-                    .with_label_values(&[STATUSES[i].as_str()])
+                    .with_label_values(&[Status::ALL[i].as_str()])
                     .inc_by(*n);
             }
         }
@@ -1044,17 +1044,8 @@ impl Processor {
     }
 }
 
-const STATUSES: [Status; 6] = [
-    Status::Ok,
-    Status::InsufficientStock,
-    Status::UnknownItem,
-    Status::Expired,
-    Status::LimitExceeded,
-    Status::UnknownHold,
-];
-
 fn status_index(s: Status) -> usize {
-    STATUSES.iter().position(|x| *x == s).unwrap_or(0)
+    Status::ALL.iter().position(|x| *x == s).unwrap_or(0)
 }
 
 struct BatchBuilt {

@@ -66,6 +66,17 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every op, in a fixed order (the journal log's codes are positions in it).
+    pub const ALL: [Op; 7] = [
+        Op::Decrement,
+        Op::Increment,
+        Op::Load,
+        Op::Hold,
+        Op::Confirm,
+        Op::Release,
+        Op::Expire,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Decrement => "decrement",
@@ -114,6 +125,16 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in a fixed order (the journal log's codes are positions in it).
+    pub const ALL: [Status; 6] = [
+        Status::Ok,
+        Status::InsufficientStock,
+        Status::UnknownItem,
+        Status::Expired,
+        Status::LimitExceeded,
+        Status::UnknownHold,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Ok => "ok",

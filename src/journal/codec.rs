@@ -34,24 +34,6 @@ const F_LOG_POS: u32 = 1 << 16;
 const F_PREV_SEQ: u32 = 1 << 17;
 const F_ALL: u32 = (1 << 18) - 1;
 
-const OPS: [Op; 7] = [
-    Op::Decrement,
-    Op::Increment,
-    Op::Load,
-    Op::Hold,
-    Op::Confirm,
-    Op::Release,
-    Op::Expire,
-];
-const STATUSES: [Status; 6] = [
-    Status::Ok,
-    Status::InsufficientStock,
-    Status::UnknownItem,
-    Status::Expired,
-    Status::LimitExceeded,
-    Status::UnknownHold,
-];
-
 /// What identifies a request apart from its key: its kind and op, item, quantity and (a
 /// hold's) TTL. Two uses of one key with different fingerprints are two requests: the
 /// second is refused as a reused key.
@@ -66,13 +48,14 @@ pub fn fingerprint(op: Op, item: &str, qty: i64, ttl_ms: Option<i64>) -> u64 {
 }
 
 fn op_code(op: Op) -> u8 {
-    OPS.iter()
+    Op::ALL
+        .iter()
         .position(|o| *o == op)
         .expect("every op is listed") as u8
 }
 
 fn status_code(s: Status) -> u8 {
-    STATUSES
+    Status::ALL
         .iter()
         .position(|x| *x == s)
         .expect("every status is listed") as u8
@@ -262,8 +245,8 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
     }
     let has = |f: u32| flags & f != 0;
     let codes = r.byte()?;
-    let op = *OPS.get(usize::from(codes & 0x0f)).ok_or("unknown op")?;
-    let status = *STATUSES
+    let op = *Op::ALL.get(usize::from(codes & 0x0f)).ok_or("unknown op")?;
+    let status = *Status::ALL
         .get(usize::from(codes >> 4))
         .ok_or("unknown status")?;
     let qty = r.ivar()?;

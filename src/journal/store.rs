@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ use nrtxn_actors::{
 use super::codec;
 use super::segment::{self, scan, Chain, LogError, LogWriter};
 use crate::embedded_log::AcceptDone;
-use crate::sqlite::SqliteStore;
+use crate::sqlite::{gather, SqliteStore};
 
 /// Record kinds.
 const KIND_ENTRIES: u8 = 1;
@@ -328,18 +328,9 @@ fn run(
     let mut body = Vec::new();
     let mut closing = None;
     while closing.is_none() {
-        let Ok(first) = rx.recv() else { break };
-        let mut weight = first.weight();
-        let mut cmds = vec![first];
-        while weight < GROUP_ENTRIES_MAX {
-            match rx.try_recv() {
-                Ok(c) => {
-                    weight += c.weight();
-                    cmds.push(c);
-                }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
-        }
+        let Some((cmds, weight)) = gather(&rx, GROUP_ENTRIES_MAX, Command::weight) else {
+            break;
+        };
         let started = Instant::now();
         let now = now_ms();
         let mut marks = Vec::with_capacity(cmds.len());
