@@ -2,22 +2,28 @@
 //!
 //! Collections (database from the URI's path, else `nrtxn`):
 //! - `journal`: one document per decision or load, the entry's fields plus `batch` (the
-//!   writer's batch number, for recovery, and `node`, the id of the node that wrote it,
-//!   for that node's outbox relay). Unique indexes on `(shop, request_key)` for
-//!   documents with a key and on `(shop, item, seq)` for documents with a sequence, so
-//!   every document is covered by one and a retried batch can never insert twice.
+//!   writer's batch number, for recovery), `node` (the id of the node that wrote it, for
+//!   that node's outbox relay), `epoch` (the partition lease it was written under) and
+//!   `fingerprint` (of the request's op, item, quantity and TTL, checked on every
+//!   read). Unique indexes on `(shop, request_key)` for documents with a key and on
+//!   `(shop, item, seq)` for documents with a sequence, so every document is covered by
+//!   one and a retried batch can never insert twice.
+//! - `leases`: `{_id: partition, epoch, node, offset}` per request-log partition: the
+//!   node holding its write lease, under which epoch, and how far the log is applied.
 //! - `items`: the snapshot of each item (`shop, item, stock, reserved, seq`), unique on
-//!   `(shop, item)`, updated after each batch.
-//! - `meta`: `{_id: "snapshot", batch}`: every batch up to this one is in `items`;
-//!   `{_id: "relay:{node}", batch}`: the outbox relay of node `node` published every
-//!   event of that node's batches up to this one.
+//!   `(shop, item)`, moved forward at most every second.
+//! - `meta`: `{_id: "snapshot:{node}", batch}`: every batch of node `node` up to this
+//!   one is in `items`; `{_id: "relay:{node}", batch}`: the outbox relay of node `node`
+//!   published every event of that node's batches up to this one.
 //! - `holds`: one document per hold (`shop, hold_id, item, qty, expires_at, status,
-//!   seq`), unique on `(shop, hold_id)`, updated with the snapshots.
+//!   seq`), unique on `(shop, hold_id)`.
 //!
 //! One writer task takes the waiting batches (up to [`TXN_ENTRIES_MAX`] entries) into one
-//! unordered `insert_many`, then updates the snapshots, then `meta`, then answers. A crash
-//! between the journal write and the snapshot update leaves `meta` behind; recovery
-//! replays the journal after it and rewrites the snapshots. Only operations that MongoDB
+//! transaction: the journal documents, the holds they change, and the fence: each
+//! partition's lease must still be at the epoch its entries were read under (several
+//! nodes; see [`Leases`]). Then it answers. Entries of a partition whose lease moved on
+//! are refused whole ([`StoreError::Fenced`]), the rest written. Snapshots follow off the
+//! answer path; recovery replays the journal after them. Only operations that MongoDB
 //! 6 and 7 support on a replica set are used.
 
 use std::collections::HashMap;
@@ -29,10 +35,10 @@ use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
-use mongodb::{Collection, Database, IndexModel};
+use mongodb::{ClientSession, Collection, Database, IndexModel};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
-    AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Metrics, Outcome,
+    AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Leases, Metrics, Outcome,
     Recovered, RelayPage, StoreError,
 };
 use tokio::sync::mpsc;
@@ -47,9 +53,13 @@ const TXN_ENTRIES_MAX: usize = 16_384;
 const QUEUE_MIN: usize = 1024;
 /// Statements per `update` command (the server's limit is 100,000).
 const UPDATES_PER_COMMAND: usize = 10_000;
-/// A failed batch write is retried this many times (duplicates of a retry are skipped
-/// by the unique indexes) before the journal gives up and the process stops.
-const WRITE_ATTEMPTS: u32 = 3;
+/// How long a journal transaction that failed for the connection or the server is tried
+/// again before the journal gives up and the process stops: longer than a primary's
+/// election, and than a stall that cost this node its connections.
+const WRITE_RETRY_FOR: Duration = Duration::from_secs(60);
+/// The snapshots (`items`) are written at most this often, after the answers: recovery
+/// replays the journal after them.
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
 
 enum Command {
     Append(Vec<Entry>, AppendDone),
@@ -91,11 +101,33 @@ fn to_doc(entry: &Entry, batch: i64, node: u32) -> Result<Document, StoreError> 
     let mut doc = mongodb::bson::to_document(entry).map_err(storage)?;
     doc.insert("batch", batch);
     doc.insert("node", node as i64);
+    doc.insert("fingerprint", fingerprint_of(entry));
     Ok(doc)
 }
 
+/// The entry's request fingerprint (kind, item, quantity, TTL), as the embedded journal
+/// keeps it: stored in each document and checked when it is read, so a document altered
+/// in those fields is refused, not served.
+fn fingerprint_of(e: &Entry) -> i64 {
+    crate::journal::codec::fingerprint(e.op, &e.item, e.qty, e.ttl_ms) as i64
+}
+
 fn from_doc(doc: Document) -> Result<Entry, StoreError> {
-    mongodb::bson::from_document(doc).map_err(storage)
+    let stored = doc.get_i64("fingerprint").ok();
+    let id = doc.get("_id").cloned();
+    let entry: Entry = mongodb::bson::from_document(doc).map_err(storage)?;
+    // Documents written before fingerprints were kept have none.
+    if stored.is_some_and(|f| f != fingerprint_of(&entry)) {
+        return Err(storage(format!(
+            "journal document {} (shop {}, item {}, seq {:?}) does not match its fingerprint: \
+             it was altered; restore the journal from a backup",
+            id.map_or_else(|| "?".to_string(), |i| i.to_string()),
+            entry.shop,
+            entry.item,
+            entry.seq
+        )));
+    }
+    Ok(entry)
 }
 
 fn holds(db: &Database) -> Collection<Document> {
@@ -186,6 +218,9 @@ impl MongoJournal {
                 .default_database()
                 .unwrap_or_else(|| client.database("nrtxn"));
             create_indexes(&db).await?;
+            // A transaction this node's previous process left open (killed in it) ends
+            // now, not at the server's transaction lifetime.
+            end_writer_session(&db, node).await?;
             let keys = Arc::new(KeyFilter::new());
             let mut cursor = journal(&db)
                 .find(doc! { "request_key": { "$type": "string" } })
@@ -217,6 +252,10 @@ impl MongoJournal {
             next_batch,
             node,
             written_batch: written_batch.clone(),
+            session: None,
+            hold: fault_hold(),
+            unsnapshotted: HashMap::new(),
+            snapshot_at: Instant::now(),
         };
         rt.spawn(writer.run(rx));
         Ok(Arc::new(MongoJournal {
@@ -368,77 +407,72 @@ async fn create_indexes(db: &Database) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The last state of every item a batch touched.
-fn last_states<'a>(
-    entries: impl Iterator<Item = &'a Entry>,
-) -> HashMap<(Arc<str>, Arc<str>), ItemState> {
-    let mut out = HashMap::new();
-    for e in entries {
-        if let Some(state) = e.state_after() {
-            out.insert((e.shop.clone(), e.item.clone()), state);
-        }
-    }
-    out
-}
-
-/// How far the request log is applied, per partition (`offsets`: `{_id: partition,
-/// offset}`), only ever raised.
-async fn write_offsets(db: &Database, batches: &[Vec<Entry>]) -> Result<(), StoreError> {
-    let mut offsets: HashMap<i32, i64> = HashMap::new();
-    for pos in batches.iter().flatten().filter_map(|e| e.log_pos) {
-        let o = offsets.entry(pos.partition).or_insert(pos.offset);
-        *o = (*o).max(pos.offset);
-    }
-    let updates: Vec<Document> = offsets
-        .into_iter()
-        .map(|(partition, offset)| {
-            doc! {
-                "q": { "_id": partition },
-                "u": { "$max": { "offset": offset } },
-                "upsert": true,
-            }
-        })
-        .collect();
-    update_all(db, "offsets", updates).await
-}
-
-/// Runs `updates` (statements of the `update` command) in as few commands as possible,
-/// with the database's write concern: one round trip instead of one per document (13 ms
-/// each on the test server). A statement that fails only because its upsert hit a
-/// unique index (code 11000) is not an error: callers use a filter that does not match
-/// when the stored document is already newer.
+/// Runs `updates` (statements of the `update` command) in as few commands as possible:
+/// one round trip instead of one per document (13 ms each on the test server). Outside
+/// a transaction (`session` `None`) with the database's write concern; inside one, the
+/// commit's. A statement that fails only because its upsert hit a unique index (code
+/// 11000) is not an error: callers use a filter that does not match when the stored
+/// document is already newer. Returns how many documents the statements matched.
 async fn update_all(
     db: &Database,
     collection: &str,
     updates: Vec<Document>,
-) -> Result<(), StoreError> {
+    mut session: Option<&mut ClientSession>,
+) -> Result<u64, mongodb::error::Error> {
+    let mut matched = 0;
     for chunk in updates.chunks(UPDATES_PER_COMMAND) {
         let mut cmd = doc! { "update": collection, "updates": chunk.to_vec(), "ordered": false };
-        if let Some(wc) = db.write_concern() {
-            cmd.insert(
-                "writeConcern",
-                mongodb::bson::to_document(wc).map_err(storage)?,
-            );
-        }
-        let reply = db.run_command(cmd).await.map_err(storage)?;
+        let reply = match session.as_deref_mut() {
+            Some(s) => db.run_command(cmd).session(s).await?,
+            None => {
+                if let Some(wc) = db.write_concern() {
+                    let wc = mongodb::bson::to_document(wc)
+                        .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
+                    cmd.insert("writeConcern", wc);
+                }
+                db.run_command(cmd).await?
+            }
+        };
         if let Ok(wc) = reply.get_document("writeConcernError") {
-            return Err(storage(format!("{collection}: write concern: {wc}")));
+            return Err(mongodb::error::Error::custom(format!(
+                "{collection}: write concern: {wc}"
+            )));
         }
         if let Ok(errors) = reply.get_array("writeErrors") {
             for e in errors {
                 let code = e.as_document().and_then(|d| d.get_i32("code").ok());
                 if code != Some(11000) {
-                    return Err(storage(format!("{collection}: {e}")));
+                    return Err(mongodb::error::Error::custom(format!("{collection}: {e}")));
                 }
             }
         }
+        matched += match reply.get("n") {
+            Some(Bson::Int32(n)) => *n as u64,
+            Some(Bson::Int64(n)) => *n as u64,
+            _ => 0,
+        };
     }
-    Ok(())
+    Ok(matched)
 }
 
+/// [`update_all`] outside a transaction, its error a [`StoreError`].
+async fn update_now(
+    db: &Database,
+    collection: &str,
+    updates: Vec<Document>,
+) -> Result<(), StoreError> {
+    update_all(db, collection, updates, None)
+        .await
+        .map(drop)
+        .map_err(storage)
+}
+
+/// Moves the snapshots of `states` forward and records that `node`'s batches up to
+/// `batch` are in them.
 async fn write_snapshots(
     db: &Database,
     states: HashMap<(Arc<str>, Arc<str>), ItemState>,
+    node: u32,
     batch: i64,
 ) -> Result<(), StoreError> {
     // Each only ever moves a snapshot forward: with several nodes, one that owned the
@@ -454,16 +488,111 @@ async fn write_snapshots(
             }
         })
         .collect();
-    update_all(db, "items", updates).await?;
+    update_now(db, "items", updates).await?;
     db.collection::<Document>("meta")
         .update_one(
-            doc! { "_id": "snapshot" },
+            doc! { "_id": snapshot_mark(node) },
             doc! { "$max": { "batch": batch } },
         )
         .upsert(true)
         .await
         .map_err(storage)?;
     Ok(())
+}
+
+/// The `meta` document recording how far node `node`'s batches are in the snapshots.
+fn snapshot_mark(node: u32) -> String {
+    format!("snapshot:{node}")
+}
+
+/// The `meta` document naming the session node `node`'s journal writer runs its
+/// transactions in: `{_id: "writer:{node}", lsid}`.
+fn writer_mark(node: u32) -> String {
+    format!("writer:{node}")
+}
+
+/// Ends the session node `node`'s writer recorded, and so aborts any transaction it
+/// left open (a process killed or stalled in the middle of one): its uncommitted
+/// documents would otherwise hold their keys until the server's transaction lifetime
+/// (60 s) runs out. A live writer whose session is ended retries in a new one.
+async fn end_writer_session(db: &Database, node: u32) -> Result<(), StoreError> {
+    let mark = db
+        .collection::<Document>("meta")
+        .find_one(doc! { "_id": writer_mark(node) })
+        .await
+        .map_err(storage)?;
+    if let Some(lsid) = mark.as_ref().and_then(|d| d.get_document("lsid").ok()) {
+        db.client()
+            .database("admin")
+            .run_command(doc! { "killSessions": [lsid.clone()] })
+            .await
+            .map_err(storage)?;
+        tracing::info!(node, "ended the journal session node {node} left");
+    }
+    Ok(())
+}
+
+/// A fault for tests, from `NRTXN_FAULT_JOURNAL_HOLD_MS`: each transaction waits this
+/// long between its documents and its fence, so that a node stopped (SIGSTOP) under load
+/// is stopped inside one, with decisions not yet written, as a slow database or a long
+/// pause would leave it. Production never sets it.
+fn fault_hold() -> Option<Duration> {
+    let ms: u64 = std::env::var("NRTXN_FAULT_JOURNAL_HOLD_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    tracing::warn!(ms, "fault injected: each journal transaction is held open");
+    Some(Duration::from_millis(ms))
+}
+
+/// A partition's lease document: `{_id: partition, epoch, node, offset}`.
+fn leases(db: &Database) -> Collection<Document> {
+    db.collection("leases")
+}
+
+/// The fence of a write: per partition its entries were read from, the epoch they were
+/// read under, and the highest offset among them (recorded in the lease, as how far the
+/// request log is applied).
+type Fences = HashMap<i32, (u64, i64)>;
+
+/// How one journal transaction ended, short of an error.
+enum Txn {
+    Committed,
+    /// Refused: these partitions' leases are no longer at the epochs written under.
+    Stale(Vec<(i32, u64)>),
+    /// Refused: these documents (by index) are in the journal already, exactly so (a
+    /// retried commit that had committed after all).
+    Written(Vec<usize>),
+}
+
+/// An error of a transaction: one worth retrying (a lost connection, a write
+/// conflict, a primary stepping down), or one that no retry mends.
+enum TxnError {
+    Retry(mongodb::error::Error),
+    Fatal(StoreError),
+}
+
+impl From<mongodb::error::Error> for TxnError {
+    fn from(e: mongodb::error::Error) -> TxnError {
+        TxnError::Retry(e)
+    }
+}
+
+/// The journal documents that say the same decision as `mine` (same item, seq, key,
+/// status and quantity): duplicates of a write that had committed.
+fn same_decision(mine: &Document, theirs: &Document) -> bool {
+    ["shop", "item", "seq", "request_key", "status", "qty"]
+        .iter()
+        .all(|f| mine.get(f) == theirs.get(f))
+}
+
+/// The filter finding the journal document that holds `doc`'s place: its key, or for
+/// a load (no key) its item and seq.
+fn place_of(doc: &Document) -> Document {
+    match doc.get("request_key") {
+        Some(Bson::String(key)) => doc! { "shop": doc.get("shop"), "request_key": key },
+        _ => doc! { "shop": doc.get("shop"), "item": doc.get("item"), "seq": doc.get("seq") },
+    }
 }
 
 struct Writer {
@@ -473,11 +602,32 @@ struct Writer {
     next_batch: i64,
     node: u32,
     written_batch: Arc<AtomicI64>,
+    /// The session the transactions run in; made again after an error.
+    session: Option<ClientSession>,
+    /// A fault for tests ([`fault_hold`]).
+    hold: Option<Duration>,
+    /// Items' states written since the last snapshot, which is written at most every
+    /// [`SNAPSHOT_EVERY`], off the answer path (recovery replays what it lacks).
+    unsnapshotted: HashMap<(Arc<str>, Arc<str>), ItemState>,
+    snapshot_at: Instant,
 }
 
 impl Writer {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(first) = rx.recv().await {
+        loop {
+            let first = if self.unsnapshotted.is_empty() {
+                rx.recv().await
+            } else {
+                let due = SNAPSHOT_EVERY.saturating_sub(self.snapshot_at.elapsed());
+                match tokio::time::timeout(due, rx.recv()).await {
+                    Ok(cmd) => cmd,
+                    Err(_) => {
+                        self.snapshot().await;
+                        continue;
+                    }
+                }
+            };
+            let Some(first) = first else { return };
             let mut appends = Vec::new();
             let mut close = None;
             let mut weight = 0;
@@ -504,97 +654,365 @@ impl Writer {
                     .journal_write_seconds
                     .observe(started.elapsed().as_secs_f64());
                 self.metrics.journal_txn_entries.observe(weight as f64);
-                let failed = result.is_err();
-                if let Err(e) = &result {
-                    tracing::error!(error = %e, "journal batch failed");
-                }
-                for (entries, done) in batches.into_iter().zip(dones) {
-                    done(entries, result.clone());
-                }
-                if failed {
+                let fatal = match result {
+                    Ok(fenced) => {
+                        for (entries, done) in batches.into_iter().zip(dones) {
+                            let refused = entries.iter().any(|e| {
+                                e.log_pos
+                                    .is_some_and(|p| fenced.contains(&(p.partition, p.epoch)))
+                            });
+                            let result = match refused {
+                                true => Err(StoreError::Fenced(fenced.clone())),
+                                false => Ok(()),
+                            };
+                            done(entries, result);
+                        }
+                        false
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "journal batch failed");
+                        for (entries, done) in batches.into_iter().zip(dones) {
+                            done(entries, Err(e.clone()));
+                        }
+                        true
+                    }
+                };
+                if fatal {
                     tracing::error!("stopping: the journal can no longer be written");
                     std::process::exit(70);
                 }
+                if self.snapshot_at.elapsed() >= SNAPSHOT_EVERY {
+                    self.snapshot().await;
+                }
             }
             if let Some(ack) = close {
+                self.snapshot().await;
                 let _ = ack.send(());
                 return;
             }
         }
     }
 
-    async fn write(&mut self, batches: &[Vec<Entry>]) -> Result<(), StoreError> {
-        let batch = self.next_batch;
-        self.next_batch += 1;
-        let mut docs = Vec::new();
-        for entries in batches {
-            for e in entries {
-                if let Some(key) = &e.request_key {
-                    self.keys.insert(&e.shop, key);
-                }
-                docs.push(to_doc(e, batch, self.node)?);
+    /// Writes the snapshots of the items changed since the last one. A failure is only
+    /// logged: the states stay, to be written next time, and recovery replays the
+    /// journal after the last snapshot anyway.
+    async fn snapshot(&mut self) {
+        self.snapshot_at = Instant::now();
+        if self.unsnapshotted.is_empty() {
+            return;
+        }
+        let states = std::mem::take(&mut self.unsnapshotted);
+        let batch = self.written_batch.load(Ordering::Acquire);
+        if let Err(e) = write_snapshots(&self.db, states.clone(), self.node, batch).await {
+            tracing::warn!(error = %e, "snapshot write failed; retried later");
+            for (k, s) in states {
+                self.unsnapshotted.entry(k).or_insert(s);
             }
         }
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.insert(&docs).await {
-                Ok(()) => break,
-                Err(e) if attempt < WRITE_ATTEMPTS => {
-                    tracing::warn!(error = %e, attempt, "journal insert failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 * attempt as u64)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        write_offsets(&self.db, batches).await?;
-        update_all(&self.db, "holds", hold_updates(batches.iter().flatten())).await?;
-        write_snapshots(&self.db, last_states(batches.iter().flatten()), batch).await?;
-        self.written_batch.store(batch, Ordering::Release);
-        Ok(())
     }
 
-    /// One unordered `insert_many`. Duplicates are documents a previous attempt already
-    /// wrote: each is checked to be the very same decision, and then skipped.
-    async fn insert(&self, docs: &[Document]) -> Result<(), StoreError> {
-        let err = match journal(&self.db).insert_many(docs).ordered(false).await {
-            Ok(_) => return Ok(()),
-            Err(e) => e,
-        };
-        let ErrorKind::InsertMany(failure) = err.kind.as_ref() else {
-            return Err(storage(err));
-        };
-        if let Some(wc) = &failure.write_concern_error {
-            return Err(storage(format!("write concern: {}", wc.message)));
+    /// Writes the batches as one journal transaction, fenced by the leases of the
+    /// partitions their entries were read from. Returns the `(partition, epoch)` whose
+    /// entries were refused (not written: their lease passed to another node).
+    /// Errors of the connection or the server (a node stalled past the session timeout
+    /// finds its connections gone) are retried for [`WRITE_RETRY_FOR`]: the fence is
+    /// what makes a retry safe, and duplicates of a commit that went through are found
+    /// and taken as written.
+    async fn write(&mut self, batches: &[Vec<Entry>]) -> Result<Vec<(i32, u64)>, StoreError> {
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        let entries: Vec<&Entry> = batches.iter().flatten().collect();
+        let mut docs = Vec::with_capacity(entries.len());
+        for e in &entries {
+            docs.push(to_doc(e, batch, self.node)?);
         }
-        for w in failure.write_errors.iter().flatten() {
-            if w.code != 11000 {
-                return Err(storage(format!("insert: {}", w.message)));
+        let tags: Vec<Option<(i32, u64)>> = entries
+            .iter()
+            .map(|e| e.log_pos.map(|p| (p.partition, p.epoch)))
+            .collect();
+        // Entries read under an older epoch than others of their partition in this write
+        // are stale already.
+        let mut newest: HashMap<i32, u64> = HashMap::new();
+        for (p, e) in tags.iter().flatten() {
+            let n = newest.entry(*p).or_insert(*e);
+            *n = (*n).max(*e);
+        }
+        let mut refused: Vec<(i32, u64)> = Vec::new();
+        for (p, e) in tags.iter().flatten() {
+            if *e < newest[p] && !refused.contains(&(*p, *e)) {
+                refused.push((*p, *e));
             }
-            let mine = &docs[w.index];
-            let filter = match mine.get("request_key") {
-                Some(Bson::String(key)) => doc! { "shop": mine.get("shop"), "request_key": key },
-                _ => {
-                    doc! { "shop": mine.get("shop"), "item": mine.get("item"), "seq": mine.get("seq") }
+        }
+        let mut written = vec![false; docs.len()];
+        let started = Instant::now();
+        let mut wait = Duration::from_millis(50);
+        loop {
+            let live: Vec<usize> = (0..docs.len())
+                .filter(|&i| !written[i] && !tags[i].is_some_and(|t| refused.contains(&t)))
+                .collect();
+            let mut fences: Fences = HashMap::new();
+            for &i in &live {
+                if let (Some((p, e)), Some(pos)) = (tags[i], entries[i].log_pos) {
+                    let f = fences.entry(p).or_insert((e, pos.offset));
+                    f.1 = f.1.max(pos.offset);
                 }
-            };
-            let theirs = journal(&self.db)
-                .find_one(filter)
-                .await
-                .map_err(storage)?
-                .ok_or_else(|| storage("duplicate key, but no document holds it"))?;
-            let same = ["item", "seq", "request_key", "status", "qty"]
-                .iter()
-                .all(|f| mine.get(f) == theirs.get(f));
-            if !same {
-                // Two writers decided the same item or key: the single-writer rule is
-                // broken and nothing written after this can be trusted.
-                return Err(storage(format!(
-                    "conflicting journal entry: {mine} against {theirs}"
-                )));
+            }
+            match self.transaction(&docs, &live, &entries, &fences).await {
+                Ok(Txn::Committed) => break,
+                Ok(Txn::Stale(stale)) => {
+                    tracing::warn!(?stale, "journal write fenced: partitions' leases moved on");
+                    refused.extend(stale);
+                }
+                Ok(Txn::Written(found)) => {
+                    for i in found {
+                        written[i] = true;
+                    }
+                }
+                Err(TxnError::Fatal(e)) => return Err(e),
+                Err(TxnError::Retry(e)) if started.elapsed() < WRITE_RETRY_FOR => {
+                    tracing::warn!(error = %e, "journal transaction failed; retrying");
+                    self.session = None;
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(TxnError::Retry(e)) => return Err(storage(e)),
             }
         }
-        Ok(())
+        for (i, e) in entries.iter().enumerate() {
+            if tags[i].is_some_and(|t| refused.contains(&t)) {
+                continue;
+            }
+            if let Some(key) = &e.request_key {
+                self.keys.insert(&e.shop, key);
+            }
+            if let Some(state) = e.state_after() {
+                self.unsnapshotted
+                    .insert((e.shop.clone(), e.item.clone()), state);
+            }
+        }
+        self.written_batch.store(batch, Ordering::Release);
+        Ok(refused)
+    }
+
+    /// One transaction: the documents `live` of `docs`, the holds they change, then the
+    /// fence (each partition's lease still at its epoch, raised to the highest offset
+    /// written), then the commit: three round trips, four when holds change. The lease
+    /// is written last so that it is locked only for the commit's round trip.
+    async fn transaction(
+        &mut self,
+        docs: &[Document],
+        live: &[usize],
+        entries: &[&Entry],
+        fences: &Fences,
+    ) -> Result<Txn, TxnError> {
+        if self.session.is_none() {
+            let session = self.db.client().start_session().await?;
+            // Recorded so that whoever comes after this process (its restart, or a node
+            // taking its partitions) can end a transaction it left open: until then
+            // its uncommitted documents would hold their keys.
+            self.db
+                .collection::<Document>("meta")
+                .update_one(
+                    doc! { "_id": writer_mark(self.node) },
+                    doc! { "$set": { "lsid": session.id().clone() } },
+                )
+                .upsert(true)
+                .await?;
+            self.session = Some(session);
+        }
+        let db = self.db.clone();
+        let session = self.session.as_mut().expect("made above");
+        session.start_transaction().await?;
+        let outcome =
+            Self::transaction_body(&db, session, docs, live, entries, fences, self.hold).await;
+        match outcome {
+            Ok(Txn::Committed) => {
+                // A commit whose result is unknown is retried by the driver once; past
+                // that, the whole transaction is retried, and finds its own documents.
+                session.commit_transaction().await?;
+                Ok(Txn::Committed)
+            }
+            Err(TxnError::Retry(e)) if is_duplicate(&e) => {
+                let _ = session.abort_transaction().await;
+                // The node that holds a lease now may have written these places: the
+                // fence decides first. Duplicates under leases still held are this
+                // writer's own commit that went through.
+                let stale = stale_fences(&db, fences).await?;
+                if !stale.is_empty() {
+                    return Ok(Txn::Stale(stale));
+                }
+                Self::already_written(&db, docs, live).await
+            }
+            other => {
+                let _ = session.abort_transaction().await;
+                match other {
+                    Ok(Txn::Stale(_)) => match stale_fences(&db, fences).await? {
+                        stale if stale.is_empty() => {
+                            // The lease update matched fewer than asked, yet every lease
+                            // is at its epoch: try again.
+                            Err(TxnError::Retry(mongodb::error::Error::custom(
+                                "fence matched fewer leases than asked",
+                            )))
+                        }
+                        stale => Ok(Txn::Stale(stale)),
+                    },
+                    other => other,
+                }
+            }
+        }
+    }
+
+    async fn transaction_body(
+        db: &Database,
+        session: &mut ClientSession,
+        docs: &[Document],
+        live: &[usize],
+        entries: &[&Entry],
+        fences: &Fences,
+        hold: Option<Duration>,
+    ) -> Result<Txn, TxnError> {
+        if !live.is_empty() {
+            journal(db)
+                .insert_many(live.iter().map(|&i| &docs[i]))
+                .session(&mut *session)
+                .await?;
+        }
+        let holds = hold_updates(live.iter().map(|&i| entries[i]));
+        if !holds.is_empty() {
+            update_all(db, "holds", holds, Some(&mut *session)).await?;
+        }
+        if let Some(hold) = hold {
+            tokio::time::sleep(hold).await;
+        }
+        if !fences.is_empty() {
+            let updates: Vec<Document> = fences
+                .iter()
+                .map(|(p, (epoch, offset))| {
+                    doc! {
+                        "q": { "_id": p, "epoch": *epoch as i64 },
+                        "u": { "$max": { "offset": offset } },
+                    }
+                })
+                .collect();
+            let matched = update_all(db, "leases", updates, Some(&mut *session)).await?;
+            if matched < fences.len() as u64 {
+                return Ok(Txn::Stale(Vec::new()));
+            }
+        }
+        Ok(Txn::Committed)
+    }
+
+    /// After a transaction refused for duplicates: which of the `live` documents are in
+    /// the journal already, exactly so. A different decision in a document's place is
+    /// fatal: two writers decided the same item or key.
+    async fn already_written(
+        db: &Database,
+        docs: &[Document],
+        live: &[usize],
+    ) -> Result<Txn, TxnError> {
+        let mut found = Vec::new();
+        for chunk in live.chunks(500) {
+            let filter =
+                doc! { "$or": chunk.iter().map(|&i| place_of(&docs[i])).collect::<Vec<_>>() };
+            let theirs = find_all(journal(db), filter)
+                .await
+                .map_err(|e| TxnError::Retry(mongodb::error::Error::custom(e.to_string())))?;
+            for &i in chunk {
+                let mine = &docs[i];
+                let place = place_of(mine);
+                let Some(t) = theirs
+                    .iter()
+                    .find(|t| place.iter().all(|(k, v)| t.get(k) == Some(v)))
+                else {
+                    continue;
+                };
+                if !same_decision(mine, t) {
+                    return Err(TxnError::Fatal(storage(format!(
+                        "conflicting journal entry: {mine} against {t}"
+                    ))));
+                }
+                found.push(i);
+            }
+        }
+        if found.is_empty() {
+            return Err(TxnError::Retry(mongodb::error::Error::custom(
+                "duplicate key, but no document holds it",
+            )));
+        }
+        Ok(Txn::Written(found))
+    }
+}
+
+/// Whether `e` is a unique index's refusal (code 11000).
+fn is_duplicate(e: &mongodb::error::Error) -> bool {
+    match e.kind.as_ref() {
+        ErrorKind::InsertMany(f) => f.write_errors.iter().flatten().any(|w| w.code == 11000),
+        ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => w.code == 11000,
+        ErrorKind::Command(c) => c.code == 11000,
+        _ => false,
+    }
+}
+
+/// Of `fences`, the `(partition, epoch)` whose lease is at another epoch now.
+async fn stale_fences(db: &Database, fences: &Fences) -> Result<Vec<(i32, u64)>, TxnError> {
+    if fences.is_empty() {
+        return Ok(Vec::new());
+    }
+    let parts: Vec<i32> = fences.keys().copied().collect();
+    let current: HashMap<i32, i64> = leases(db)
+        .find(doc! { "_id": { "$in": parts } })
+        .await?
+        .try_collect::<Vec<Document>>()
+        .await?
+        .iter()
+        .filter_map(|d| Some((d.get_i32("_id").ok()?, d.get_i64("epoch").ok()?)))
+        .collect();
+    Ok(fences
+        .iter()
+        .filter(|(p, (epoch, _))| current.get(p) != Some(&(*epoch as i64)))
+        .map(|(p, (epoch, _))| (*p, *epoch))
+        .collect())
+}
+
+impl Leases for MongoJournal {
+    /// Per partition, one `findAndModify`: the lease's epoch raised by one, this node
+    /// named as its holder. Before that, the session of each other node that held one
+    /// of them is ended, so a transaction it left open (it stalled in one) no longer
+    /// holds keys this node is about to write; whatever it writes after finds the epoch
+    /// moved and is refused.
+    fn take(&self, partitions: &[i32]) -> Result<Vec<u64>, StoreError> {
+        let db = self.db.clone();
+        let (me, partitions) = (self.node, partitions.to_vec());
+        let node = me as i64;
+        self.wait(async move {
+            let held = find_all(leases(&db), doc! { "_id": { "$in": partitions.clone() } }).await?;
+            let mut others: Vec<u32> = held
+                .iter()
+                .filter_map(|d| d.get_i64("node").ok())
+                .map(|n| n as u32)
+                .filter(|n| *n != me)
+                .collect();
+            others.sort_unstable();
+            others.dedup();
+            for other in others {
+                end_writer_session(&db, other).await?;
+            }
+            let mut epochs = Vec::with_capacity(partitions.len());
+            for p in partitions {
+                let lease = leases(&db)
+                    .find_one_and_update(
+                        doc! { "_id": p },
+                        doc! { "$inc": { "epoch": 1_i64 }, "$set": { "node": node } },
+                    )
+                    .upsert(true)
+                    .return_document(mongodb::options::ReturnDocument::After)
+                    .await
+                    .map_err(storage)?
+                    .ok_or_else(|| storage("lease upsert returned no document"))?;
+                epochs.push(lease.get_i64("epoch").map_err(storage)? as u64);
+            }
+            Ok(epochs)
+        })
     }
 }
 
@@ -857,19 +1275,36 @@ impl Journal for MongoJournal {
                 };
                 states.insert((shop.into(), item.into()), state);
             }
-            let upto = db
-                .collection::<Document>("meta")
-                .find_one(doc! { "_id": "snapshot" })
-                .await
-                .map_err(storage)?
-                .and_then(|d| d.get_i64("batch").ok())
-                .unwrap_or(0);
+            // How far each node's batches are in the snapshots (`snapshot:{node}`; the
+            // single `snapshot` of earlier versions stands for the nodes without one).
+            let mut marks: Vec<(i64, i64)> = Vec::new();
+            let mut legacy = 0;
+            for d in find_all(db.collection("meta"), doc! {}).await? {
+                let batch = d.get_i64("batch").unwrap_or(0);
+                match d.get_str("_id") {
+                    Ok("snapshot") => legacy = batch,
+                    Ok(id) => {
+                        if let Some(node) =
+                            id.strip_prefix("snapshot:").and_then(|n| n.parse().ok())
+                        {
+                            marks.push((node, batch));
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+            let mut after: Vec<Document> = marks
+                .iter()
+                .map(|(node, batch)| doc! { "node": node, "batch": { "$gt": batch } })
+                .collect();
+            let known: Vec<i64> = marks.iter().map(|(n, _)| *n).collect();
+            after.push(doc! { "node": { "$nin": known }, "batch": { "$gt": legacy } });
             let mut tail = journal(&db)
-                .find(doc! { "batch": { "$gt": upto } })
+                .find(doc! { "$or": after })
                 .sort(doc! { "batch": 1, "seq": 1 })
                 .await
                 .map_err(storage)?;
-            let mut last_batch = upto;
+            let mut last_batch: HashMap<u32, i64> = HashMap::new();
             let mut hold_changes = Vec::new();
             // Every entry after the snapshot is checked as the processor checked it when
             // it wrote it (gapless, never negative, each state following from the last):
@@ -881,7 +1316,10 @@ impl Journal for MongoJournal {
             );
             let mut entries = Vec::new();
             while let Some(d) = tail.try_next().await.map_err(storage)? {
-                last_batch = last_batch.max(d.get_i64("batch").unwrap_or(upto));
+                if let (Ok(node), Ok(batch)) = (d.get_i64("node"), d.get_i64("batch")) {
+                    let b = last_batch.entry(node as u32).or_insert(batch);
+                    *b = (*b).max(batch);
+                }
                 let entry = from_doc(d)?;
                 if entry.hold_id.is_some() {
                     hold_changes.push(entry.clone());
@@ -911,8 +1349,14 @@ impl Journal for MongoJournal {
                     items = touched.len(),
                     "rebuilding snapshots from the journal"
                 );
-                update_all(&db, "holds", hold_updates(hold_changes.iter())).await?;
-                write_snapshots(&db, touched, last_batch).await?;
+                update_now(&db, "holds", hold_updates(hold_changes.iter())).await?;
+                let mut nodes = last_batch.into_iter();
+                if let Some((node, batch)) = nodes.next() {
+                    write_snapshots(&db, touched, node, batch).await?;
+                }
+                for (node, batch) in nodes {
+                    write_snapshots(&db, HashMap::new(), node, batch).await?;
+                }
             }
             let pending = find_all(holds(&db), doc! { "status": "held" })
                 .await?
@@ -920,15 +1364,15 @@ impl Journal for MongoJournal {
                 .map(hold_from_doc)
                 .collect::<Result<Vec<_>, _>>()?;
             tracing::info!(items = states.len(), "journal recovered");
-            let mut log_offsets = HashMap::new();
-            let mut cursor = db
-                .collection::<Document>("offsets")
-                .find(doc! {})
-                .await
-                .map_err(storage)?;
-            while let Some(d) = cursor.try_next().await.map_err(storage)? {
-                if let (Ok(p), Ok(o)) = (d.get_i32("_id"), d.get_i64("offset")) {
-                    log_offsets.insert(p, o);
+            // How far the request log is applied, per partition: in the leases, and in
+            // `offsets` as earlier versions kept it.
+            let mut log_offsets: HashMap<i32, i64> = HashMap::new();
+            for coll in ["leases", "offsets"] {
+                for d in find_all(db.collection(coll), doc! {}).await? {
+                    if let (Ok(p), Ok(o)) = (d.get_i32("_id"), d.get_i64("offset")) {
+                        let at = log_offsets.entry(p).or_insert(o);
+                        *at = (*at).max(o);
+                    }
                 }
             }
             Ok(Recovered {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
 use anyhow::{bail, Context};
-use nrtxn_actors::{Engine, Journal, Metrics, RequestLog};
+use nrtxn_actors::{Engine, Journal, Leases, Metrics, RequestLog};
 use nrtxn_api::auth::{Gate, KeySet, OpenWhenNoKey, ShopRateLimiter};
 use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
@@ -137,6 +137,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     // requests): in the embedded journal's log, or beside a MongoDB journal in SQLite.
     let cannot_open = || format!("data_dir: cannot open {}", settings.data_dir.display());
     let mut side_store = None;
+    let mut leases: Option<Arc<dyn Leases>> = None;
     let (journal, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = match &settings.mongo_uri
     {
         Some(uri) => {
@@ -150,6 +151,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             let store =
                 SqliteStore::open(&settings.data_dir, metrics.clone()).with_context(cannot_open)?;
             side_store = Some(store.clone());
+            leases = Some(journal.clone());
             (journal, store)
         }
         None => {
@@ -169,7 +171,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             None => Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
                 as Arc<dyn RequestLog>,
             Some(k) => {
-                match KafkaLog::start(k, dispatcher.clone()) {
+                match KafkaLog::start(k, dispatcher.clone(), leases) {
                     Ok(log) => log,
                     Err(e) => {
                         // Reported below, after the engine is built; nothing reaches it.

@@ -27,7 +27,7 @@ async fn journal_documents_and_indexes_are_as_documented_to_another_client() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--mongo-uri", &uri]);
+    let mut server = Server::start(dir.path(), &["--mongo-uri", &uri]);
     let c = client();
     load(&c, &server, "s1", &[("a", 3), ("b", 1)]).await;
     let url = server.url("/v1/shops/s1/txns");
@@ -42,6 +42,9 @@ async fn journal_documents_and_indexes_are_as_documented_to_another_client() {
         assert!(status == 200 || status == 202, "{res}");
     }
     poll_decided(&c, &server, "s1", "x:b:4").await;
+    // The snapshots (`items`) follow the journal within a second; a clean stop writes
+    // them at once.
+    assert!(server.terminate().success());
     let python =
         std::env::var("NRTXN_TEST_PYTHON").expect("NRTXN_TEST_PYTHON (scripts/test.sh sets it)");
     let out = std::process::Command::new(python)

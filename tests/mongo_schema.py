@@ -17,13 +17,21 @@ FIELDS = {
     "stock_after": (int, type(None)), "reserved_after": (int, type(None)),
     "submitted_at": int, "completed_at": int, "seller": (str, type(None)),
     "buyer": (str, type(None)), "remarks": (str, type(None)), "batch": int, "node": int,
+    # xxh3-64 of the request's op, item, quantity and TTL, as a signed 64-bit integer.
+    "fingerprint": int,
 }
+# Only documents of requests read from a partitioned log (Kafka) carry these: the
+# partition, the offset and the epoch of the partition's lease they were written under.
+LOG_FIELDS = {"partition": int, "offset": int, "epoch": int}
 
 docs = list(db.journal.find())
 for d in docs:
     for field, kind in FIELDS.items():
         assert field in d, f"journal document lacks {field}: {d}"
         assert isinstance(d[field], kind), f"{field} is {type(d[field])}: {d}"
+    for field, kind in LOG_FIELDS.items():
+        if "partition" in d:
+            assert isinstance(d.get(field), kind), f"{field} of a log entry: {d}"
     assert d["op"] in ("decrement", "increment", "load"), d
     assert d["status"] in ("ok", "insufficient_stock", "unknown_item", "expired", "limit_exceeded"), d
     if d["seq"] is not None:

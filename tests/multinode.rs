@@ -47,12 +47,17 @@ struct Nodes {
 
 /// Starts node 0, then node 1, and waits until both hold partitions.
 async fn start_two(test: &str) -> Option<Nodes> {
+    start_two_env(test, &[]).await
+}
+
+/// [`start_two`], node 1 with the environment `env1` (faults to inject).
+async fn start_two_env(test: &str, env1: &[(&str, &str)]) -> Option<Nodes> {
     let flags: Vec<Vec<String>> = vec![node_flags(test, 0)?, node_flags(test, 1)?];
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let c = client();
     let start = |i: usize| {
         let f: Vec<&str> = flags[i].iter().map(String::as_str).collect();
-        Server::start(dirs[i].path(), &f)
+        Server::start_env(dirs[i].path(), &f, if i == 1 { env1 } else { &[] })
     };
     let started = std::time::Instant::now();
     let n0 = start(0);
@@ -260,8 +265,76 @@ struct Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn node_0_takes_over_when_node_1_is_killed_under_load() {
+    takeover_under_load("takeover", Fault::Kill).await;
+}
+
+/// Node 1 stalls (SIGSTOP) past the session timeout under load, node 0 takes its
+/// partitions (and their leases) over, then node 1 goes on (SIGCONT) with batches it
+/// decided under the old leases: the journal refuses them (fencing), node 1 keeps
+/// serving, and the journal holds exactly one gapless history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_stalls_past_the_session_timeout_is_fenced_and_goes_on() {
+    takeover_under_load("stall", Fault::Stall).await;
+}
+
+#[derive(PartialEq)]
+enum Fault {
+    /// SIGKILL node 1.
+    Kill,
+    /// SIGSTOP node 1 until node 0 holds its partitions, then SIGCONT.
+    Stall,
+}
+
+/// How many times a server's log says it was assigned partitions.
+fn assignments(server: &Server) -> usize {
+    server_log(server).matches("partitions assigned").count()
+}
+
+/// What a server logged so far, but the protected-mode notice.
+fn server_log(server: &Server) -> String {
+    std::fs::read_to_string(server.dir.join("server.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.contains("protected mode"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn signal(server: &Server, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig}");
+}
+
+/// A counter of a server's metrics (0 when absent).
+async fn counter(c: &reqwest::Client, server: &Server, name: &str) -> u64 {
+    let text = c
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// Two nodes under load from 16 clients, half on each; node 1 meets `fault`; node 0
+/// takes its partitions over. Then every answer polls the same, every item's journal is
+/// gapless and conserves stock, and every key is journaled once.
+async fn takeover_under_load(test: &str, fault: Fault) {
     const LOADED: i64 = 1_000;
-    let Some(mut two) = start_two("takeover").await else {
+    // A stalled node is stopped inside a journal transaction, with decisions not yet
+    // written: each of node 1's transactions is held open a while (a slow database).
+    let env1: &[(&str, &str)] = match fault {
+        Fault::Kill => &[],
+        Fault::Stall => &[("NRTXN_FAULT_JOURNAL_HOLD_MS", "300")],
+    };
+    let Some(mut two) = start_two_env(test, env1).await else {
         return;
     };
     let c = client();
@@ -326,18 +399,46 @@ async fn node_0_takes_over_when_node_1_is_killed_under_load() {
             break;
         }
     }
-    two.nodes[1].kill();
+    let assigned_before = assignments(&two.nodes[0]);
+    match fault {
+        Fault::Kill => two.nodes[1].kill(),
+        Fault::Stall => signal(&two.nodes[1], "-STOP"),
+    }
     let killed = std::time::Instant::now();
     let at_kill = seen.lock().unwrap().outcomes.len();
-    // Node 0's clients keep going while the group notices (10 s) and node 0 takes over,
-    // until node 0 has answered 200 more.
+    if fault == Fault::Stall {
+        // Node 0 is given node 1's partitions once the group notices (10 s); node 1
+        // goes on 2 s after, or after 40 s if that never shows.
+        while killed.elapsed() < Duration::from_secs(40)
+            && assignments(&two.nodes[0]) == assigned_before
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        eprintln!(
+            "node 0 assigned again: {}; node 1 goes on {} ms after its stall",
+            assignments(&two.nodes[0]) > assigned_before,
+            killed.elapsed().as_millis()
+        );
+        signal(&two.nodes[1], "-CONT");
+    }
+    // Node 0's clients keep going while the group notices and node 0 takes over, until
+    // node 0 has answered 200 more.
     let after = |s: &Seen| s.outcomes.len() >= at_kill + 200;
     while killed.elapsed() < Duration::from_secs(90) && !after(&seen.lock().unwrap()) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    if fault == Fault::Stall {
+        // And a while more, both nodes serving, node 1 back in the group.
+        let more = seen.lock().unwrap().outcomes.len() + 200;
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_secs(60) && seen.lock().unwrap().outcomes.len() < more {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     eprintln!(
-        "node 0 answered 200 more {} ms after the kill",
+        "node 0 answered 200 more {} ms after the fault",
         killed.elapsed().as_millis()
     );
     for t in futures::future::join_all(tasks).await {
@@ -403,6 +504,8 @@ async fn node_0_takes_over_when_node_1_is_killed_under_load() {
     let mut per_item: BTreeMap<String, Vec<&Document>> = BTreeMap::new();
     let mut keys: HashMap<&str, &Document> = HashMap::new();
     for d in &docs {
+        // Every entry was written under its partition's lease.
+        assert!(d.get_i64("epoch").unwrap_or(0) >= 1, "no lease epoch: {d}");
         if let Ok(key) = d.get_str("request_key") {
             assert!(keys.insert(key, d).is_none(), "{key} journaled twice");
         }
@@ -460,6 +563,24 @@ async fn node_0_takes_over_when_node_1_is_killed_under_load() {
         assert!(
             key.starts_with("~load:") || sent.contains_key(*key),
             "{key} journaled but never sent"
+        );
+    }
+    if fault == Fault::Stall {
+        // Node 1 is serving, and the journal refused what it decided under the leases
+        // it had lost.
+        let n1 = &two.nodes[1];
+        let res = c.get(n1.url("/v1/shops/shop/items/sku-0")).send().await;
+        assert!(
+            res.is_ok_and(|r| r.status() == 200),
+            "node 1 no longer serves; its log:\n{}",
+            server_log(n1)
+        );
+        let fenced = counter(&c, n1, "nrtxn_journal_fenced_total").await;
+        eprintln!("node 1: {fenced} batches fenced");
+        assert!(
+            fenced > 0,
+            "node 1 had no batch fenced; its log:\n{}",
+            server_log(n1)
         );
     }
     drop_database(&two.mongo).await;

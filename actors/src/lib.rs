@@ -18,8 +18,8 @@ pub mod work_manager;
 pub use engine::{Dispatcher, Engine, EngineConfig, EngineError};
 pub use metrics::Metrics;
 pub use ports::{
-    AppendDone, Durable, Journal, JournaledHook, LogHooks, Recovered, RelayPage, RemoteReplies,
-    RequestLog, StoreError,
+    AppendDone, Durable, Journal, JournaledHook, Leases, LogHooks, Recovered, RelayPage,
+    RemoteReplies, RequestLog, StoreError,
 };
 pub use types::*;
 pub use work_manager::{Admission, Admitted, PollResult};

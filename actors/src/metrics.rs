@@ -24,6 +24,10 @@ pub struct Metrics {
     /// Requests that reached a processor with a key that already had an outcome (a
     /// shared log: sent by two nodes, or delivered again after a crash or a rebalance).
     pub repeats: IntCounter,
+    /// Journal batches a journal shared by several nodes refused, whole or in part,
+    /// because their partition's write lease had passed to another node (a stale
+    /// writer, fenced).
+    pub journal_fenced: IntCounter,
     /// Events the outbox relay published to the events topic (a page sent again after a
     /// failure counts again).
     pub events_relayed: IntCounter,
@@ -89,6 +93,11 @@ impl Metrics {
             "Requests answered with their key's recorded outcome at the processor",
         )
         .expect("static metric definition");
+        let journal_fenced = IntCounter::new(
+            "nrtxn_journal_fenced_total",
+            "Journal batches refused because their partition's lease passed to another node",
+        )
+        .expect("static metric definition");
         let events_relayed = IntCounter::new(
             "nrtxn_events_relayed_total",
             "Events the outbox relay published to the events topic",
@@ -102,6 +111,7 @@ impl Metrics {
             Box::new(journal_write_seconds.clone()),
             Box::new(decisions.clone()),
             Box::new(repeats.clone()),
+            Box::new(journal_fenced.clone()),
             Box::new(events_relayed.clone()),
             Box::new(bound_used.clone()),
         ] {
@@ -116,6 +126,7 @@ impl Metrics {
             journal_write_seconds,
             decisions,
             repeats,
+            journal_fenced,
             events_relayed,
             bound_used,
         }

@@ -39,6 +39,24 @@ pub enum StoreError {
     Closed,
     #[error("the request log is full")]
     Full,
+    /// The journal refused the entries read from these partitions under these epochs
+    /// (`(partition, epoch)`): another node holds the partition's write lease now
+    /// ([`Leases`]). Nothing of them was written; every other entry of the batch is
+    /// durable.
+    #[error("refused: the write lease of partitions {0:?} passed to another node")]
+    Fenced(Vec<(i32, u64)>),
+}
+
+/// The write leases of a partitioned request log's partitions, kept by a journal that
+/// several nodes write. A node given partitions takes their leases before it reads
+/// them; each take gives the partition a new epoch, greater than any before, and from
+/// then on the journal refuses entries read under an older one
+/// ([`StoreError::Fenced`]). So a node that stalled while its partitions moved cannot
+/// write over the items their new owner took over.
+pub trait Leases: Send + Sync + 'static {
+    /// Takes the lease of each partition for this node; its new epoch, in the order
+    /// asked.
+    fn take(&self, partitions: &[i32]) -> Result<Vec<u64>, StoreError>;
 }
 
 /// Called once a journal batch is durable (or failed), with the batch handed back so the

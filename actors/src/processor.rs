@@ -11,7 +11,7 @@
 //! wheel ([`crate::wheel`]) of their expiries, and wakes when the next one is due (tick
 //! [`WHEEL_TICK_MS`]) to release it through the mailbox's high lane, like a return.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -175,6 +175,10 @@ pub struct Processor {
     /// the journal keeps each item's entries in sequence order. Nothing new is sent
     /// while it waits: that is the back-pressure.
     held_back: Option<(u64, Vec<Entry>)>,
+    /// Work taken from the mailbox that carries a partition's new epoch while batches
+    /// are in flight: it waits until they are all durable or fenced, so that the items
+    /// read again under the new epoch are read with nothing of the old one pending.
+    parked: Option<Vec<Work>>,
     journal: Arc<dyn Journal>,
     registry: Registry,
     metrics: Arc<Metrics>,
@@ -250,6 +254,7 @@ impl Processor {
             drain_scheduled: false,
             bounced: Arc::default(),
             held_back: None,
+            parked: None,
             journal,
             registry,
             metrics,
@@ -466,7 +471,7 @@ impl Processor {
     fn schedule(&mut self, ctx: &mut Context<Self>) {
         if !self.drain_scheduled
             && self.held_back.is_none()
-            && !self.mailbox.is_empty()
+            && (!self.mailbox.is_empty() || (self.parked.is_some() && self.in_flight.is_empty()))
             && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
         {
             self.drain_scheduled = true;
@@ -478,11 +483,20 @@ impl Processor {
 
     fn drain(&mut self, ctx: &mut Context<Self>) {
         self.drain_scheduled = false;
-        while self.held_back.is_none()
-            && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
-            && !self.mailbox.is_empty()
-        {
-            let works = self.mailbox.drain(self.batch_max);
+        while self.held_back.is_none() && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX {
+            let works = match self.parked.take() {
+                Some(works) if self.in_flight.is_empty() => works,
+                Some(works) => {
+                    self.parked = Some(works);
+                    break;
+                }
+                None if self.mailbox.is_empty() => break,
+                None => self.mailbox.drain(self.batch_max),
+            };
+            if !self.in_flight.is_empty() && self.epoch_moves(&works) {
+                self.parked = Some(works);
+                break;
+            }
             let batch = self.apply_batch(works);
             self.evict();
             self.arm_wake(ctx);
@@ -499,7 +513,7 @@ impl Processor {
                     None => {
                         let id = in_flight.id;
                         self.in_flight.push_back(in_flight);
-                        self.durable(id, Vec::new());
+                        self.durable(id, Vec::new(), &[]);
                     }
                 }
                 continue;
@@ -680,7 +694,7 @@ impl Processor {
         touched: &mut Vec<(Arc<str>, Arc<str>)>,
     ) -> Decision {
         if req.op == Op::Load {
-            let (slot, new) = slot_for(&mut self.items, &req.shop, &req.item, req.epoch);
+            let (slot, new) = slot_for(&mut self.items, &req.shop, &req.item, req.epoch());
             if new {
                 self.resident += 1;
                 self.resident_gauge.inc();
@@ -797,6 +811,19 @@ impl Processor {
     /// journal's key filter, which knows every key of the partitions this node reads:
     /// see [`Journal::learn_partition`]). Returns the requests to apply and the outcomes
     /// found.
+    /// Whether `works` carry a partition's epoch newer than the one this shard last
+    /// saw: the partition was assigned again (a lease taken again, with leases).
+    fn epoch_moves(&self, works: &[Work]) -> bool {
+        works.iter().any(|w| match w {
+            Work::Txn(req) => req.log_pos.is_some_and(|pos| {
+                self.partition_epochs
+                    .get(&pos.partition)
+                    .is_some_and(|seen| pos.epoch > *seen)
+            }),
+            _ => false,
+        })
+    }
+
     #[allow(clippy::type_complexity)]
     fn screen(
         &mut self,
@@ -807,7 +834,7 @@ impl Processor {
             if let Work::Txn(req) = &work {
                 if let Some(pos) = req.log_pos {
                     let newest = self.partition_epochs.entry(pos.partition).or_insert(0);
-                    if req.epoch < *newest {
+                    if req.epoch() < *newest {
                         tracing::debug!(
                             partition = pos.partition,
                             offset = pos.offset,
@@ -815,7 +842,7 @@ impl Processor {
                         );
                         continue;
                     }
-                    *newest = req.epoch;
+                    *newest = req.epoch();
                 }
             }
             kept.push(work);
@@ -858,10 +885,12 @@ impl Processor {
         for work in works {
             let Work::Txn(req) = work else { continue };
             let Some(pos) = req.log_pos else { continue };
-            if self.learned.get(&pos.partition) == Some(&req.epoch) {
+            if self.learned.get(&pos.partition) == Some(&req.epoch()) {
                 continue;
             }
-            let f = from.entry(pos.partition).or_insert((req.epoch, pos.offset));
+            let f = from
+                .entry(pos.partition)
+                .or_insert((req.epoch(), pos.offset));
             f.1 = f.1.min(pos.offset);
         }
         for (partition, (epoch, offset)) in from {
@@ -887,9 +916,9 @@ impl Processor {
                 .get(&req.shop)
                 .and_then(|m| m.get(&req.item))
                 .map(|s| s.epoch);
-            if current != Some(req.epoch) {
+            if current != Some(req.epoch()) {
                 let key = (req.shop.clone(), req.item.clone());
-                if epochs.insert(key.clone(), req.epoch).is_none() {
+                if epochs.insert(key.clone(), req.epoch()).is_none() {
                     stale.push(key);
                 }
             }
@@ -944,8 +973,12 @@ impl Processor {
         }
     }
 
-    fn durable(&mut self, id: u64, entries: Vec<Entry>) {
-        let Some(batch) = self.in_flight.pop_front() else {
+    /// Retires batch `id` once the journal answered it: what it wrote is answered; the
+    /// entries of `fenced` partitions (see [`StoreError::Fenced`]) are not, and their
+    /// items leave memory, to be read again from the journal if the partition comes
+    /// back.
+    fn durable(&mut self, id: u64, entries: Vec<Entry>, fenced: &[(i32, u64)]) {
+        let Some(mut batch) = self.in_flight.pop_front() else {
             tracing::error!(
                 shard = self.shard,
                 "durable batch without a batch in flight"
@@ -955,6 +988,27 @@ impl Processor {
         // The journal completes one shard's appends in the order they were sent.
         assert_eq!(batch.id, id, "journal appends completed out of order");
         debug_assert_eq!(batch.weight, entries.len());
+        let is_fenced =
+            |pos: &Option<LogPos>| pos.is_some_and(|p| fenced.contains(&(p.partition, p.epoch)));
+        let mut dropped: HashSet<(Arc<str>, Arc<str>)> = HashSet::new();
+        let entries: Vec<Entry> = if fenced.is_empty() {
+            entries
+        } else {
+            let (kept, refused): (Vec<Entry>, Vec<Entry>) =
+                entries.into_iter().partition(|e| !is_fenced(&e.log_pos));
+            dropped.extend(refused.into_iter().map(|e| (e.shop, e.item)));
+            batch
+                .states
+                .retain(|(shop, item, _)| !dropped.contains(&(shop.clone(), item.clone())));
+            // A load with a refused item is not answered: its caller sees it fail.
+            batch.loads.retain(|(_, views)| {
+                views
+                    .iter()
+                    .all(|(_, v)| !dropped.contains(&(v.shop.clone(), v.item.clone())))
+            });
+            batch.repeats.retain(|r| !is_fenced(&r.pos));
+            kept
+        };
         for key in &batch.keys {
             self.undurable.remove(key);
         }
@@ -1032,6 +1086,18 @@ impl Processor {
                 // be polled.
                 None => tracing::debug!(%shop, "no WorkManager for decided outcomes"),
             }
+        }
+        for (shop, item) in dropped {
+            if let Some(m) = self.items.get_mut(&shop) {
+                if m.remove(&item).is_some() {
+                    self.resident -= 1;
+                    self.resident_gauge.dec();
+                }
+                if m.is_empty() {
+                    self.items.remove(&shop);
+                }
+            }
+            self.complete = false;
         }
     }
 
@@ -1127,14 +1193,29 @@ impl Handler<Durable> for Processor {
             self.in_flight.retain(|b| b.id != msg.id);
             return;
         }
-        if let Err(e) = msg.result {
-            // Memory is now ahead of the journal. Going on would answer callers with
-            // outcomes that are not durable; stopping lets a restart rebuild every item
-            // from what the journal really holds, and callers poll or retry their keys.
-            tracing::error!(shard = self.shard, error = %e, "journal write failed; exiting");
-            std::process::exit(70);
-        }
-        self.durable(msg.id, msg.entries);
+        let fenced = match msg.result {
+            Ok(()) => Vec::new(),
+            Err(StoreError::Fenced(fenced)) => {
+                // This node lost the partitions' leases while it stalled: their entries
+                // were not written, and another node decides their requests now.
+                tracing::warn!(
+                    shard = self.shard,
+                    ?fenced,
+                    "journal refused entries of partitions this node no longer holds; their items leave memory"
+                );
+                self.metrics.journal_fenced.inc();
+                fenced
+            }
+            Err(e) => {
+                // Memory is now ahead of the journal. Going on would answer callers with
+                // outcomes that are not durable; stopping lets a restart rebuild every
+                // item from what the journal really holds, and callers poll or retry
+                // their keys.
+                tracing::error!(shard = self.shard, error = %e, "journal write failed; exiting");
+                std::process::exit(70);
+            }
+        };
+        self.durable(msg.id, msg.entries, &fenced);
         // Its items may leave memory now that the journal has them.
         self.evict();
         self.schedule(ctx);

@@ -160,11 +160,19 @@ impl Status {
 }
 
 /// Where a request sits in the request log (a Kafka partition and offset), so that its
-/// journal entry records how far the log has been applied.
+/// journal entry records how far the log has been applied, and the epoch under which
+/// this node read it.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogPos {
     pub partition: i32,
     pub offset: i64,
+    /// The partition's assignment epoch when the request was read: it changes each time
+    /// a node is (re)assigned the partition. An item whose state was read under an older
+    /// epoch is read again from the journal before it is applied, and a journal shared by
+    /// several nodes refuses entries whose epoch is no longer the partition's lease
+    /// ([`crate::ports::Leases`]). 0: no leases (a journal only this node writes).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// A validated stock change on its way to the item's processor.
@@ -202,11 +210,6 @@ pub struct Request {
     /// several nodes share the log; `None` is this node.
     #[serde(skip)]
     pub origin: Option<u32>,
-    /// The assignment epoch of the partition the request was read from: it changes each
-    /// time this node is (re)assigned the partition, and an item whose state was loaded
-    /// under an older epoch is reloaded from the journal before it is applied.
-    #[serde(skip)]
-    pub epoch: u64,
 }
 
 impl Request {
@@ -235,8 +238,13 @@ impl Request {
             logged: false,
             log_pos: None,
             origin: None,
-            epoch: 0,
         }
+    }
+
+    /// The assignment epoch of the partition the request was read from (see
+    /// [`LogPos::epoch`]); 0 when it did not come through a partitioned log.
+    pub fn epoch(&self) -> u64 {
+        self.log_pos.map_or(0, |p| p.epoch)
     }
 
     /// Why this request cannot be a repeat of the one that first used its key, whose

@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::{
-    Dispatcher, Durable, LogHooks, LogPos, Outcome, Request, RequestLog, StoreError,
+    Dispatcher, Durable, Leases, LogHooks, LogPos, Outcome, Request, RequestLog, StoreError,
 };
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -299,9 +299,12 @@ pub struct KafkaLog {
 impl KafkaLog {
     /// Creates the topics if missing, starts the producer, the reader pool and the
     /// reader of this node's responses partition, and attaches to the processors.
+    /// `leases`: the journal's partition leases when several nodes write it; each
+    /// partition assigned is then read under the epoch its lease take gave.
     pub fn start(
         settings: KafkaSettings,
         dispatcher: Dispatcher,
+        leases: Option<Arc<dyn Leases>>,
     ) -> Result<Arc<KafkaLog>, StoreError> {
         if settings.node_id as i64 >= i64::from(settings.response_partitions) {
             return Err(kafka_err(format!(
@@ -356,6 +359,8 @@ impl KafkaLog {
                 tracker: log.tracker.clone(),
                 next_epoch: epochs.clone(),
                 epochs: Mutex::new(HashMap::new()),
+                leases: leases.clone(),
+                stop: log.stop.clone(),
                 topic: settings.requests_topic.clone(),
             };
             let consumer: BaseConsumer<ReaderContext> = settings
@@ -534,9 +539,12 @@ fn start_responses_reader(
 /// partition assigned a new epoch.
 struct ReaderContext {
     tracker: Arc<Tracker>,
-    /// Shared by the pool: epochs only grow, across readers.
+    /// Shared by the pool: epochs only grow, across readers (without leases).
     next_epoch: Arc<AtomicU64>,
     epochs: Mutex<HashMap<i32, u64>>,
+    /// The journal's partition leases (several nodes): the epochs come from them.
+    leases: Option<Arc<dyn Leases>>,
+    stop: Arc<AtomicBool>,
     topic: String,
 }
 
@@ -547,6 +555,30 @@ impl ReaderContext {
             .ok()
             .and_then(|e| e.get(&partition).copied())
             .unwrap_or(0)
+    }
+}
+
+impl ReaderContext {
+    /// Takes the partitions' leases before any of their messages is read, retrying
+    /// while the journal cannot be reached: a message read without its lease would be
+    /// fenced anyway. Gives up only at shutdown (epoch 0: whatever is read then is
+    /// refused by the journal).
+    fn take_leases(&self, leases: &Arc<dyn Leases>, partitions: &[i32]) -> Vec<u64> {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match leases.take(partitions) {
+                Ok(epochs) => return epochs,
+                Err(e) if self.stop.load(Ordering::Acquire) => {
+                    tracing::warn!(error = %e, "partition leases not taken at shutdown");
+                    return vec![0; partitions.len()];
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, ?partitions, "taking partition leases failed; retrying");
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
     }
 }
 
@@ -602,13 +634,19 @@ impl ConsumerContext for ReaderContext {
             return;
         };
         let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        let taken = match &self.leases {
+            Some(leases) if !partitions.is_empty() => self.take_leases(leases, &partitions),
+            _ => partitions
+                .iter()
+                .map(|_| self.next_epoch.fetch_add(1, Ordering::AcqRel) + 1)
+                .collect(),
+        };
         if let Ok(mut epochs) = self.epochs.lock() {
-            for p in &partitions {
-                let epoch = self.next_epoch.fetch_add(1, Ordering::AcqRel) + 1;
-                epochs.insert(*p, epoch);
+            for (p, epoch) in partitions.iter().zip(&taken) {
+                epochs.insert(*p, *epoch);
             }
         }
-        tracing::info!(?partitions, "partitions assigned");
+        tracing::info!(?partitions, epochs = ?taken, "partitions assigned");
     }
 }
 
@@ -665,7 +703,11 @@ impl Reader {
     }
 
     fn handle(&self, partition: i32, offset: i64, payload: Option<&[u8]>) {
-        let pos = LogPos { partition, offset };
+        let pos = LogPos {
+            partition,
+            offset,
+            epoch: self.consumer.context().epoch(partition),
+        };
         let msg = match payload.map(serde_json::from_slice::<RequestMsg>) {
             Some(Ok(msg)) => msg,
             other => {
@@ -682,7 +724,6 @@ impl Reader {
         let mut req = msg.request;
         req.log_pos = Some(pos);
         req.origin = Some(msg.origin);
-        req.epoch = self.consumer.context().epoch(partition);
         self.tracker.dispatched(pos);
         self.dispatcher.dispatch(vec![req]);
     }

@@ -293,6 +293,8 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         true => Some(LogPos {
             partition: i32::try_from(r.ivar()?).map_err(|_| "partition out of range")?,
             offset: r.ivar()?,
+            // Only a journal shared by several nodes fences by epoch: not kept here.
+            epoch: 0,
         }),
         false => None,
     };
@@ -390,6 +392,7 @@ mod tests {
         unknown.log_pos = Some(LogPos {
             partition: 3,
             offset: 1 << 40,
+            epoch: 0,
         });
         let mut load = sale("t", "i", "~load", 1, 0, -5);
         load.op = Op::Load;

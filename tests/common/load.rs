@@ -92,7 +92,14 @@ pub async fn check_after_restart(server: &Server, seen: &Seen) {
         let key = format!("barrier-{item}");
         let body = json!({"seller": "s", "item": item, "qty": 1, "request_id": key});
         let (status, outcome) = post(&c, &server.url("/v1/shops/shop/txns"), body).await;
-        assert_eq!(status, 200, "barrier on {item}: {outcome}");
+        if status != 200 {
+            let log = std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "barrier on {item}: {status} {outcome}; the server's log ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         seen_sent.insert(key.clone(), (item.to_string(), "decrement".to_string(), 1));
         barriers.insert(key, outcome);
     }

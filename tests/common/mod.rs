@@ -28,8 +28,17 @@ impl Server {
         Server::start_on(dir, "127.0.0.1:0", extra)
     }
 
+    /// [`Server::start`] with these environment variables set (faults to inject).
+    pub fn start_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::spawn(dir, "127.0.0.1:0", extra, env)
+    }
+
     /// [`Server::start`] listening on `listen`.
     pub fn start_on(dir: &Path, listen: &str, extra: &[&str]) -> Server {
+        Server::spawn(dir, listen, extra, &[])
+    }
+
+    fn spawn(dir: &Path, listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -40,6 +49,7 @@ impl Server {
             .arg(dir.join("data"))
             .args(extra)
             .env("RUST_LOG", "warn,nrtxn=info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -74,6 +84,11 @@ impl Server {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
+    }
+
+    /// The process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     /// SIGKILL: no shutdown code runs.
