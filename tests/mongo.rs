@@ -104,3 +104,92 @@ async fn mongo_journal_keeps_holds_and_expires_them_after_a_sigkill() {
     }
     drop_database(&uri).await;
 }
+
+/// Damage done to the MongoDB journal behind nrtxn's back is refused, never served: a
+/// document altered in a field its fingerprint covers answers 503 when polled, and with
+/// the snapshots gone (so start-up replays every document) the start is refused, naming
+/// the document; so is a document missing from the middle of an item's history. With
+/// the journal mended, the node starts with exactly the acknowledged state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn altered_or_missing_journal_documents_are_refused_not_served() {
+    let Some(uri) = mongo_uri("damage") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--mongo-uri", uri.as_str()];
+    let mut server = Server::start(dir.path(), &flags);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    for key in ["k1", "k2", "k3"] {
+        let body = json!({"seller": "x", "item": "a", "qty": 1, "request_id": key});
+        let (status, res) = post(&c, &server.url("/v1/shops/s/txns"), body).await;
+        assert_eq!(status, 200, "{res}");
+    }
+    assert!(server.terminate().success());
+
+    let db = mongodb::Client::with_uri_str(&uri)
+        .await
+        .unwrap()
+        .default_database()
+        .unwrap();
+    let journal = db.collection::<mongodb::bson::Document>("journal");
+    let k2 = mongodb::bson::doc! { "shop": "s", "request_key": "k2" };
+    // Start-up replays every document once the snapshots are gone.
+    let forget_snapshots = || async {
+        db.collection::<mongodb::bson::Document>("items")
+            .delete_many(mongodb::bson::doc! {})
+            .await
+            .unwrap();
+        db.collection::<mongodb::bson::Document>("meta")
+            .delete_many(mongodb::bson::doc! { "_id": { "$regex": "^snapshot" } })
+            .await
+            .unwrap();
+    };
+
+    // An altered quantity.
+    journal
+        .update_one(k2.clone(), mongodb::bson::doc! { "$set": { "qty": 5_i64 } })
+        .await
+        .unwrap();
+    let mut server = Server::start(dir.path(), &flags);
+    let (status, body) = get(&c, &server.url("/v1/shops/s/txns/k2")).await;
+    assert_eq!(status, 503, "an altered document was served: {body}");
+    assert!(server.terminate().success());
+    forget_snapshots().await;
+    let (status, stderr) = serve_expecting_exit(dir.path(), &flags);
+    assert!(!status.success(), "started on an altered journal");
+    assert!(
+        stderr.contains("does not match its fingerprint") && stderr.contains("item a, seq Some(3)"),
+        "{stderr}"
+    );
+    journal
+        .update_one(k2.clone(), mongodb::bson::doc! { "$set": { "qty": 1_i64 } })
+        .await
+        .unwrap();
+
+    // A document missing from the middle of the item's history.
+    let kept = journal.find_one(k2.clone()).await.unwrap().unwrap();
+    journal.delete_one(k2.clone()).await.unwrap();
+    forget_snapshots().await;
+    let (status, stderr) = serve_expecting_exit(dir.path(), &flags);
+    assert!(!status.success(), "started with a document missing");
+    assert!(
+        stderr.contains("the journal does not add up") && stderr.contains("does not follow seq 2"),
+        "{stderr}"
+    );
+    journal.insert_one(kept).await.unwrap();
+
+    // Mended: exactly the acknowledged state, every answer the same.
+    let server = Server::start(dir.path(), &flags);
+    let (_, a) = get(&c, &server.url("/v1/shops/s/items/a")).await;
+    assert_eq!(
+        (a["stock"].as_i64(), a["seq"].as_u64()),
+        (Some(7), Some(4)),
+        "{a}"
+    );
+    for (key, seq) in [("k1", 2), ("k2", 3), ("k3", 4)] {
+        let (status, body) = get(&c, &server.url(&format!("/v1/shops/s/txns/{key}"))).await;
+        assert_eq!((status, body["seq"].as_u64()), (200, Some(seq)), "{body}");
+    }
+    drop_database(&uri).await;
+}
