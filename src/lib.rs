@@ -4,6 +4,7 @@
 pub mod backup;
 pub mod config;
 pub mod embedded_log;
+pub mod faults;
 pub mod follow;
 pub mod journal;
 pub mod keyfilter;

@@ -253,7 +253,7 @@ impl MongoJournal {
             node,
             written_batch: written_batch.clone(),
             session: None,
-            hold: fault_hold(),
+            hold: crate::faults::journal_hold(),
             unsnapshotted: HashMap::new(),
             snapshot_at: Instant::now(),
         };
@@ -532,19 +532,6 @@ async fn end_writer_session(db: &Database, node: u32) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// A fault for tests, from `NRTXN_FAULT_JOURNAL_HOLD_MS`: each transaction waits this
-/// long between its documents and its fence, so that a node stopped (SIGSTOP) under load
-/// is stopped inside one, with decisions not yet written, as a slow database or a long
-/// pause would leave it. Production never sets it.
-fn fault_hold() -> Option<Duration> {
-    let ms: u64 = std::env::var("NRTXN_FAULT_JOURNAL_HOLD_MS")
-        .ok()?
-        .parse()
-        .ok()?;
-    tracing::warn!(ms, "fault injected: each journal transaction is held open");
-    Some(Duration::from_millis(ms))
-}
-
 /// A partition's lease document: `{_id: partition, epoch, node, offset}`.
 fn leases(db: &Database) -> Collection<Document> {
     db.collection("leases")
@@ -604,7 +591,7 @@ struct Writer {
     written_batch: Arc<AtomicI64>,
     /// The session the transactions run in; made again after an error.
     session: Option<ClientSession>,
-    /// A fault for tests ([`fault_hold`]).
+    /// A fault for tests ([`crate::faults::journal_hold`]).
     hold: Option<Duration>,
     /// Items' states written since the last snapshot, which is written at most every
     /// [`SNAPSHOT_EVERY`], off the answer path (recovery replays what it lacks).

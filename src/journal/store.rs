@@ -327,92 +327,133 @@ fn run(
 ) {
     let mut body = Vec::new();
     let mut closing = None;
+    let hold = crate::faults::journal_hold();
     while closing.is_none() {
         let Some((cmds, weight)) = gather(&rx, GROUP_ENTRIES_MAX, Command::weight) else {
             break;
         };
-        let started = Instant::now();
-        let now = now_ms();
-        let mut marks = Vec::with_capacity(cmds.len());
-        let mut result: Result<(), LogError> = Ok(());
-        for cmd in &cmds {
-            body.clear();
-            let kind = match cmd {
-                Command::Append(entries, _) => {
-                    codec::encode(entries, now, &mut body);
-                    KIND_ENTRIES
+        match hold {
+            Some(hold) if cmds.iter().any(|c| matches!(c, Command::Append(..))) => {
+                // The fault: accepted requests are made durable (and answered) at once,
+                // the decisions only after the hold.
+                let (accepts, decisions): (Vec<Command>, Vec<Command>) = cmds
+                    .into_iter()
+                    .partition(|c| matches!(c, Command::Accept(..)));
+                let weight = accepts.iter().map(Command::weight).sum();
+                if !accepts.is_empty() {
+                    commit(
+                        &mut log, &mut body, accepts, weight, &views, &progress, &metrics,
+                    );
                 }
-                Command::Accept(reqs, _) => {
-                    if let Err(e) = serde_json::to_writer(&mut body, reqs) {
-                        result = Err(LogError::Io(std::io::Error::other(e)));
-                        break;
-                    }
-                    KIND_ACCEPTED
-                }
-                Command::Close(_) => {
-                    marks.push(None);
-                    continue;
-                }
-            };
-            match log.append(kind, now, &body) {
-                Ok(_) => marks.push(Some(log.chain())),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+                std::thread::sleep(hold);
+                let weight = decisions.iter().map(Command::weight).sum();
+                closing = commit(
+                    &mut log, &mut body, decisions, weight, &views, &progress, &metrics,
+                );
             }
-        }
-        if result.is_ok() {
-            result = log.sync();
-        }
-        metrics
-            .journal_write_seconds
-            .observe(started.elapsed().as_secs_f64());
-        metrics.journal_txn_entries.observe(weight as f64);
-        if let Err(e) = result {
-            // Memory is ahead of the journal: stopping is the only honest move; a
-            // restart rebuilds every item from what is durable.
-            tracing::error!(error = %e, "stopping: the journal's log can no longer be written");
-            let err = StoreError::Storage(e.to_string());
-            for cmd in cmds {
-                match cmd {
-                    Command::Append(entries, done) => done(entries, Err(err.clone())),
-                    Command::Accept(_, done) => done(Err(err.clone())),
-                    Command::Close(_) => {}
-                }
-            }
-            std::process::exit(70);
-        }
-        progress
-            .durable
-            .store(log.chain().next_lsn - 1, Ordering::Release);
-        for (cmd, mark) in cmds.into_iter().zip(marks) {
-            let lsn = mark.map_or(0, |m| m.next_lsn - 1);
-            let applied = progress.clone();
-            let on_views = move |r: Result<(), StoreError>| match r {
-                Ok(()) => applied.applied(lsn),
-                Err(e) => {
-                    tracing::error!(error = %e, "stopping: the journal's views can no longer be written");
-                    std::process::exit(70);
-                }
-            };
-            match cmd {
-                Command::Append(entries, done) => {
-                    let copy = entries.clone();
-                    done(entries, Ok(()));
-                    views.append_marked(copy, Box::new(move |_, r| on_views(r)), mark);
-                }
-                Command::Accept(reqs, done) => {
-                    done(Ok(()));
-                    views.accept_marked(reqs, Box::new(on_views), mark);
-                }
-                Command::Close(ack) => closing = Some(ack),
+            _ => {
+                closing = commit(
+                    &mut log, &mut body, cmds, weight, &views, &progress, &metrics,
+                )
             }
         }
     }
     if let Some(ack) = closing {
         let _ = ack.send(());
     }
+}
+
+/// One group commit: every command's record, one sync, then the callbacks and the
+/// views. Returns the acknowledgement of a `Close` among them.
+fn commit(
+    log: &mut LogWriter,
+    body: &mut Vec<u8>,
+    cmds: Vec<Command>,
+    weight: usize,
+    views: &Arc<SqliteStore>,
+    progress: &Arc<Progress>,
+    metrics: &Metrics,
+) -> Option<mpsc::Sender<()>> {
+    let mut closing = None;
+    let started = Instant::now();
+    let now = now_ms();
+    let mut marks = Vec::with_capacity(cmds.len());
+    let mut result: Result<(), LogError> = Ok(());
+    for cmd in &cmds {
+        body.clear();
+        let kind = match cmd {
+            Command::Append(entries, _) => {
+                codec::encode(entries, now, body);
+                KIND_ENTRIES
+            }
+            Command::Accept(reqs, _) => {
+                if let Err(e) = serde_json::to_writer(&mut *body, reqs) {
+                    result = Err(LogError::Io(std::io::Error::other(e)));
+                    break;
+                }
+                KIND_ACCEPTED
+            }
+            Command::Close(_) => {
+                marks.push(None);
+                continue;
+            }
+        };
+        match log.append(kind, now, body) {
+            Ok(_) => marks.push(Some(log.chain())),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        result = log.sync();
+    }
+    metrics
+        .journal_write_seconds
+        .observe(started.elapsed().as_secs_f64());
+    metrics.journal_txn_entries.observe(weight as f64);
+    if let Err(e) = result {
+        // Memory is ahead of the journal: stopping is the only honest move; a
+        // restart rebuilds every item from what is durable.
+        tracing::error!(error = %e, "stopping: the journal's log can no longer be written");
+        let err = StoreError::Storage(e.to_string());
+        for cmd in cmds {
+            match cmd {
+                Command::Append(entries, done) => done(entries, Err(err.clone())),
+                Command::Accept(_, done) => done(Err(err.clone())),
+                Command::Close(_) => {}
+            }
+        }
+        std::process::exit(70);
+    }
+    progress
+        .durable
+        .store(log.chain().next_lsn - 1, Ordering::Release);
+    for (cmd, mark) in cmds.into_iter().zip(marks) {
+        let lsn = mark.map_or(0, |m| m.next_lsn - 1);
+        let applied = progress.clone();
+        let on_views = move |r: Result<(), StoreError>| match r {
+            Ok(()) => applied.applied(lsn),
+            Err(e) => {
+                tracing::error!(error = %e, "stopping: the journal's views can no longer be written");
+                std::process::exit(70);
+            }
+        };
+        match cmd {
+            Command::Append(entries, done) => {
+                let copy = entries.clone();
+                done(entries, Ok(()));
+                views.append_marked(copy, Box::new(move |_, r| on_views(r)), mark);
+            }
+            Command::Accept(reqs, done) => {
+                done(Ok(()));
+                views.accept_marked(reqs, Box::new(on_views), mark);
+            }
+            Command::Close(ack) => closing = Some(ack),
+        }
+    }
+    closing
 }
 
 impl Journal for LogJournal {

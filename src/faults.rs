@@ -1,0 +1,18 @@
+//! Faults the tests inject through the environment, to produce on purpose a state that
+//! timing produces only now and then. Production never sets them; each says so in the
+//! log when it is set.
+
+use std::time::Duration;
+
+/// `NRTXN_FAULT_JOURNAL_HOLD_MS`: each journal write of decisions waits this long before
+/// it is made durable (the embedded log: before its `fdatasync`; MongoDB: inside the
+/// transaction, before the fence), as a slow disk or database would. A process killed
+/// or stopped under load is then caught with decisions made and not yet durable.
+pub fn journal_hold() -> Option<Duration> {
+    let ms: u64 = std::env::var("NRTXN_FAULT_JOURNAL_HOLD_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    tracing::warn!(ms, "fault injected: each journal write is held back");
+    Some(Duration::from_millis(ms))
+}
