@@ -744,7 +744,13 @@ impl Writer {
                     f.1 = f.1.max(pos.offset);
                 }
             }
-            match self.transaction(&docs, &live, &entries, &fences).await {
+            // The holds of every entry not refused, also those a previous attempt wrote:
+            // their updates only move a hold forward, so applying one again is harmless.
+            let kept: Vec<&Entry> = (0..docs.len())
+                .filter(|&i| !tags[i].is_some_and(|t| refused.contains(&t)))
+                .map(|i| entries[i])
+                .collect();
+            match self.transaction(&docs, &live, &kept, &fences).await {
                 Ok(Txn::Committed) => break,
                 Ok(Txn::Stale(stale)) => {
                     tracing::warn!(?stale, "journal write fenced: partitions' leases moved on");
@@ -789,9 +795,22 @@ impl Writer {
         &mut self,
         docs: &[Document],
         live: &[usize],
-        entries: &[&Entry],
+        kept: &[&Entry],
         fences: &Fences,
     ) -> Result<Txn, TxnError> {
+        let db = self.db.clone();
+        if fences.is_empty() {
+            // Nothing to fence (no partitioned log: one node writes): no transaction,
+            // two round trips at most. A duplicate is found as after a transaction.
+            return match Self::transaction_body(&db, None, docs, live, kept, fences, self.hold)
+                .await
+            {
+                Err(TxnError::Retry(e)) if is_duplicate(&e) => {
+                    Self::already_written(&db, docs, live).await
+                }
+                other => other,
+            };
+        }
         if self.session.is_none() {
             let session = self.db.client().start_session().await?;
             // Recorded so that whoever comes after this process (its restart, or a node
@@ -807,11 +826,18 @@ impl Writer {
                 .await?;
             self.session = Some(session);
         }
-        let db = self.db.clone();
         let session = self.session.as_mut().expect("made above");
         session.start_transaction().await?;
-        let outcome =
-            Self::transaction_body(&db, session, docs, live, entries, fences, self.hold).await;
+        let outcome = Self::transaction_body(
+            &db,
+            Some(&mut *session),
+            docs,
+            live,
+            kept,
+            fences,
+            self.hold,
+        )
+        .await;
         match outcome {
             Ok(Txn::Committed) => {
                 // A commit whose result is unknown is retried by the driver once; past
@@ -849,24 +875,28 @@ impl Writer {
         }
     }
 
+    /// The statements of a batch: in `session`'s transaction, or (no fences) on their
+    /// own, the insert unordered so that a duplicate does not stop the others.
     async fn transaction_body(
         db: &Database,
-        session: &mut ClientSession,
+        mut session: Option<&mut ClientSession>,
         docs: &[Document],
         live: &[usize],
-        entries: &[&Entry],
+        kept: &[&Entry],
         fences: &Fences,
         hold: Option<Duration>,
     ) -> Result<Txn, TxnError> {
         if !live.is_empty() {
-            journal(db)
-                .insert_many(live.iter().map(|&i| &docs[i]))
-                .session(&mut *session)
-                .await?;
+            let coll = journal(db);
+            let insert = coll.insert_many(live.iter().map(|&i| &docs[i]));
+            match session.as_deref_mut() {
+                Some(s) => insert.session(s).await?,
+                None => insert.ordered(false).await?,
+            };
         }
-        let holds = hold_updates(live.iter().map(|&i| entries[i]));
+        let holds = hold_updates(kept.iter().copied());
         if !holds.is_empty() {
-            update_all(db, "holds", holds, Some(&mut *session)).await?;
+            update_all(db, "holds", holds, session.as_deref_mut()).await?;
         }
         if let Some(hold) = hold {
             tokio::time::sleep(hold).await;
@@ -881,7 +911,7 @@ impl Writer {
                     }
                 })
                 .collect();
-            let matched = update_all(db, "leases", updates, Some(&mut *session)).await?;
+            let matched = update_all(db, "leases", updates, session).await?;
             if matched < fences.len() as u64 {
                 return Ok(Txn::Stale(Vec::new()));
             }
