@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nrtxn::embedded_log::EmbeddedLog;
 use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::{
-    now_ms, Admission, Engine, EngineConfig, Journal, Metrics, Op, Request, RequestLog, Status,
+    now_ms, Admission, Engine, EngineConfig, ItemReads, Metrics, Op, Request, RequestLog, Status,
 };
 
 const ITEMS: usize = 100;

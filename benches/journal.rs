@@ -12,7 +12,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::apply::apply;
-use nrtxn_actors::{Entry, ItemState, Journal, Metrics, Op, Request};
+use nrtxn_actors::{Entry, ItemState, JournalWrite, Lifecycle, Metrics, Op, Request};
 
 const NOW_MS: i64 = 1_700_000_000_000;
 

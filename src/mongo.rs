@@ -36,10 +36,11 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{ClientSession, Collection, Database, IndexModel};
+use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
-    AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Leases, Metrics, Outcome,
-    Recovered, RelayPage, StoreError,
+    AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Leases, Metrics, Outcome, Recovered,
+    RelayPage, StoreError,
 };
 use tokio::sync::mpsc;
 
@@ -514,7 +515,8 @@ fn writer_mark(node: u32) -> String {
 /// Ends the session node `node`'s writer recorded, and so aborts any transaction it
 /// left open (a process killed or stalled in the middle of one): its uncommitted
 /// documents would otherwise hold their keys until the server's transaction lifetime
-/// (60 s) runs out. A live writer whose session is ended retries in a new one.
+/// (60 s) runs out. A live writer whose session is ended retries in a new one. Ending
+/// it may fail (the user lacks the right): that is logged, not fatal.
 async fn end_writer_session(db: &Database, node: u32) -> Result<(), StoreError> {
     let mark = db
         .collection::<Document>("meta")
@@ -522,12 +524,21 @@ async fn end_writer_session(db: &Database, node: u32) -> Result<(), StoreError> 
         .await
         .map_err(storage)?;
     if let Some(lsid) = mark.as_ref().and_then(|d| d.get_document("lsid").ok()) {
-        db.client()
+        let ended = db
+            .client()
             .database("admin")
             .run_command(doc! { "killSessions": [lsid.clone()] })
-            .await
-            .map_err(storage)?;
-        tracing::info!(node, "ended the journal session node {node} left");
+            .await;
+        match ended {
+            Ok(_) => tracing::info!(node, "ended the journal session node {node} left"),
+            // Not fatal: the fence holds without it; only a transaction left open keeps
+            // its keys until the server's transaction lifetime ends it.
+            Err(e) => tracing::warn!(
+                node,
+                error = %e,
+                "could not end the journal session node {node} left (the user needs killAnySession); a transaction it left open holds its keys until it times out"
+            ),
+        }
     }
     Ok(())
 }
@@ -1033,7 +1044,7 @@ impl Leases for MongoJournal {
     }
 }
 
-impl Journal for MongoJournal {
+impl JournalWrite for MongoJournal {
     fn append(&self, entries: Vec<Entry>, done: AppendDone) {
         if let Err(e) = self.tx.try_send(Command::Append(entries, done)) {
             // The queue is sized for every append the processors can have outstanding,
@@ -1048,7 +1059,9 @@ impl Journal for MongoJournal {
             }
         }
     }
+}
 
+impl Outcomes for MongoJournal {
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         let maybe: Vec<String> = keys
             .iter()
@@ -1058,50 +1071,14 @@ impl Journal for MongoJournal {
         self.find_outcomes(shop, keys, maybe)
     }
 
-    fn learn_partition(&self, partition: i32, from: i64) -> Result<(), StoreError> {
-        let start = self
-            .learned_from
-            .lock()
-            .map_err(|_| StoreError::Closed)?
-            .get(&partition)
-            .copied()
-            .unwrap_or(i64::MIN);
-        let coll = journal(&self.db);
-        let keys = self.keys.clone();
-        self.wait(async move {
-            // Through the index on partition and offset.
-            let mut cursor = coll
-                .find(doc! {
-                    "partition": partition,
-                    "offset": { "$gte": start },
-                    "request_key": { "$type": "string" },
-                })
-                .projection(doc! { "_id": 0, "shop": 1, "request_key": 1 })
-                .await
-                .map_err(storage)?;
-            while let Some(d) = cursor.try_next().await.map_err(storage)? {
-                if let (Ok(shop), Ok(key)) = (d.get_str("shop"), d.get_str("request_key")) {
-                    keys.insert(shop, key);
-                }
-            }
-            Ok(())
-        })?;
-        let mut learned = self.learned_from.lock().map_err(|_| StoreError::Closed)?;
-        let at = learned.entry(partition).or_insert(from);
-        *at = (*at).max(from);
-        Ok(())
-    }
-
     fn decided(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         // Other nodes write this journal too: the filter knows only this node's keys.
         let all = keys.iter().map(|k| k.to_string()).collect();
         self.find_outcomes(shop, keys, all)
     }
+}
 
-    fn shared(&self) -> bool {
-        true
-    }
-
+impl ItemReads for MongoJournal {
     fn item_states(
         &self,
         wanted: &[(Arc<str>, Arc<str>)],
@@ -1140,20 +1117,6 @@ impl Journal for MongoJournal {
         Ok(hold_ids.iter().map(|id| by_id.remove(*id)).collect())
     }
 
-    fn pending_holds(&self, wanted: &[(Arc<str>, Arc<str>)]) -> Result<Vec<HoldView>, StoreError> {
-        if wanted.is_empty() {
-            return Ok(Vec::new());
-        }
-        let any: Vec<Document> = wanted
-            .iter()
-            .map(|(shop, item)| doc! { "shop": &**shop, "item": &**item, "status": "held" })
-            .collect();
-        self.wait(find_all(holds(&self.db), doc! { "$or": any }))?
-            .iter()
-            .map(hold_from_doc)
-            .collect()
-    }
-
     fn events(
         &self,
         shop: &str,
@@ -1180,7 +1143,63 @@ impl Journal for MongoJournal {
         }
         Ok(out)
     }
+}
 
+impl Sharing for MongoJournal {
+    fn learn_partition(&self, partition: i32, from: i64) -> Result<(), StoreError> {
+        let start = self
+            .learned_from
+            .lock()
+            .map_err(|_| StoreError::Closed)?
+            .get(&partition)
+            .copied()
+            .unwrap_or(i64::MIN);
+        let coll = journal(&self.db);
+        let keys = self.keys.clone();
+        self.wait(async move {
+            // Through the index on partition and offset.
+            let mut cursor = coll
+                .find(doc! {
+                    "partition": partition,
+                    "offset": { "$gte": start },
+                    "request_key": { "$type": "string" },
+                })
+                .projection(doc! { "_id": 0, "shop": 1, "request_key": 1 })
+                .await
+                .map_err(storage)?;
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                if let (Ok(shop), Ok(key)) = (d.get_str("shop"), d.get_str("request_key")) {
+                    keys.insert(shop, key);
+                }
+            }
+            Ok(())
+        })?;
+        let mut learned = self.learned_from.lock().map_err(|_| StoreError::Closed)?;
+        let at = learned.entry(partition).or_insert(from);
+        *at = (*at).max(from);
+        Ok(())
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn pending_holds(&self, wanted: &[(Arc<str>, Arc<str>)]) -> Result<Vec<HoldView>, StoreError> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let any: Vec<Document> = wanted
+            .iter()
+            .map(|(shop, item)| doc! { "shop": &**shop, "item": &**item, "status": "held" })
+            .collect();
+        self.wait(find_all(holds(&self.db), doc! { "$or": any }))?
+            .iter()
+            .map(hold_from_doc)
+            .collect()
+    }
+}
+
+impl Outbox for MongoJournal {
     /// Several nodes write this journal and their batch numbers are their own, so there
     /// is no commit order across nodes: each node relays the events it wrote, batch by
     /// batch (its cursor is its batch number). An item's events keep their seq order on
@@ -1275,7 +1294,9 @@ impl Journal for MongoJournal {
         })?;
         Ok(())
     }
+}
 
+impl Lifecycle for MongoJournal {
     fn recover(&self) -> Result<Recovered, StoreError> {
         let db = self.db.clone();
         self.wait(async move {

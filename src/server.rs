@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpServer};
 use anyhow::{bail, Context};
-use nrtxn_actors::{Engine, Journal, Leases, Metrics, RequestLog};
+use nrtxn_actors::{Engine, Journal, Leases, Lifecycle, Metrics, RequestLog};
 use nrtxn_api::auth::{Gate, KeySet, OpenWhenNoKey, ShopRateLimiter};
 use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};

@@ -28,10 +28,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
-    load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Journal, Metrics, Op,
-    Outcome, Recovered, RelayPage, Request, Status, StoreError,
+    load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Metrics, Op, Outcome,
+    Recovered, RelayPage, Request, Status, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -277,7 +278,7 @@ impl SqliteStore {
         }
     }
 
-    /// Like [`Journal::append`], recording in the same transaction that the views stand
+    /// Like [`JournalWrite::append`], recording in the same transaction that the views stand
     /// at `mark` in the journal's log.
     pub fn append_marked(&self, entries: Vec<Entry>, done: AppendDone, mark: Option<Chain>) {
         if let Err(mpsc::SendError(Command::Append(entries, done, _))) =
@@ -583,11 +584,13 @@ fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error>
     Ok(())
 }
 
-impl Journal for SqliteStore {
+impl JournalWrite for SqliteStore {
     fn append(&self, entries: Vec<Entry>, done: AppendDone) {
         self.append_marked(entries, done, None)
     }
+}
 
+impl Outcomes for SqliteStore {
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         if !keys.iter().any(|k| self.keys.may_contain(shop, k)) {
             return Ok(vec![None; keys.len()]);
@@ -632,7 +635,125 @@ impl Journal for SqliteStore {
                 .collect()
         })
     }
+}
 
+impl ItemReads for SqliteStore {
+    fn item_states(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<ItemState>>, StoreError> {
+        self.read(|conn| {
+            // The item's last entry, through the index on (shop, item, seq). Entries
+            // written before holds existed have no reserved_after: nothing was reserved.
+            let mut last = conn.prepare_cached(
+                "SELECT stock_after, COALESCE(reserved_after, 0), seq FROM journal
+                 WHERE shop = ?1 AND item = ?2 AND seq IS NOT NULL
+                 ORDER BY seq DESC LIMIT 1",
+            )?;
+            // Or its snapshot, if the entries it covers were pruned and none came since.
+            let mut snapshot = conn.prepare_cached(
+                "SELECT stock, reserved, seq FROM items WHERE shop = ?1 AND item = ?2",
+            )?;
+            let state = |row: &rusqlite::Row<'_>| {
+                Ok(ItemState {
+                    stock: row.get(0)?,
+                    reserved: row.get(1)?,
+                    seq: row.get(2)?,
+                })
+            };
+            items
+                .iter()
+                .map(|(shop, item)| {
+                    let key = params![&**shop, &**item];
+                    let a = last.query_row(key, state).optional()?;
+                    let b = snapshot.query_row(key, state).optional()?;
+                    Ok(a.into_iter().chain(b).max_by_key(|s| s.seq))
+                })
+                .collect()
+        })
+    }
+
+    fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT shop, hold_id, item, qty, expires_at, status, seq FROM holds
+                 WHERE shop = ?1 AND hold_id = ?2",
+            )?;
+            hold_ids
+                .iter()
+                .map(|id| stmt.query_row(params![shop, id], hold_view).optional())
+                .collect()
+        })
+    }
+
+    fn events(
+        &self,
+        shop: &str,
+        item: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.read(|conn| {
+            // Through the index on (shop, item, seq).
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM journal WHERE shop = ?1 AND item = ?2 AND seq > ?3
+                 ORDER BY seq LIMIT ?4"
+            ))?;
+            let rows = stmt.query_map(params![shop, item, after, limit as i64], event_row)?;
+            rows.collect()
+        })
+    }
+}
+
+/// Only this node writes it: the defaults.
+impl Sharing for SqliteStore {}
+
+impl Outbox for SqliteStore {
+    fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
+        self.read(|conn| {
+            // Journal ids are given by the one writer in commit order, and a reader sees
+            // only committed transactions: reading by id never skips a later commit.
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS}, id FROM journal WHERE id > ?1 ORDER BY id LIMIT ?2"
+            ))?;
+            let mut rows = stmt.query(params![cursor as i64, limit as i64])?;
+            let mut page = RelayPage {
+                events: Vec::new(),
+                next: cursor,
+            };
+            while let Some(row) = rows.next()? {
+                page.next = row.get::<_, i64>(12)? as u64;
+                // An unknown item's entry has no seq: not an event.
+                if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
+                    page.events.push(event_row(row)?);
+                }
+            }
+            Ok(page)
+        })
+    }
+
+    fn relay_cursor(&self) -> Result<u64, StoreError> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT value FROM meta WHERE key = 'relay_journal_id'",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
+            .optional()
+        })
+        .map(|v| v.unwrap_or(0) as u64)
+    }
+
+    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
+        let (ack, done) = mpsc::channel();
+        self.tx
+            .send(Command::RelaySave(cursor as i64, ack))
+            .map_err(|_| StoreError::Closed)?;
+        done.recv().map_err(|_| StoreError::Closed)?
+    }
+}
+
+impl Lifecycle for SqliteStore {
     fn recover(&self) -> Result<Recovered, StoreError> {
         self.read(|conn| {
             let mut snapshot = Vec::new();
@@ -729,115 +850,6 @@ impl Journal for SqliteStore {
                 holds,
             })
         })
-    }
-
-    fn item_states(
-        &self,
-        items: &[(Arc<str>, Arc<str>)],
-    ) -> Result<Vec<Option<ItemState>>, StoreError> {
-        self.read(|conn| {
-            // The item's last entry, through the index on (shop, item, seq). Entries
-            // written before holds existed have no reserved_after: nothing was reserved.
-            let mut last = conn.prepare_cached(
-                "SELECT stock_after, COALESCE(reserved_after, 0), seq FROM journal
-                 WHERE shop = ?1 AND item = ?2 AND seq IS NOT NULL
-                 ORDER BY seq DESC LIMIT 1",
-            )?;
-            // Or its snapshot, if the entries it covers were pruned and none came since.
-            let mut snapshot = conn.prepare_cached(
-                "SELECT stock, reserved, seq FROM items WHERE shop = ?1 AND item = ?2",
-            )?;
-            let state = |row: &rusqlite::Row<'_>| {
-                Ok(ItemState {
-                    stock: row.get(0)?,
-                    reserved: row.get(1)?,
-                    seq: row.get(2)?,
-                })
-            };
-            items
-                .iter()
-                .map(|(shop, item)| {
-                    let key = params![&**shop, &**item];
-                    let a = last.query_row(key, state).optional()?;
-                    let b = snapshot.query_row(key, state).optional()?;
-                    Ok(a.into_iter().chain(b).max_by_key(|s| s.seq))
-                })
-                .collect()
-        })
-    }
-
-    fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
-        self.read(|conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT shop, hold_id, item, qty, expires_at, status, seq FROM holds
-                 WHERE shop = ?1 AND hold_id = ?2",
-            )?;
-            hold_ids
-                .iter()
-                .map(|id| stmt.query_row(params![shop, id], hold_view).optional())
-                .collect()
-        })
-    }
-
-    fn events(
-        &self,
-        shop: &str,
-        item: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<Event>, StoreError> {
-        self.read(|conn| {
-            // Through the index on (shop, item, seq).
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {EVENT_COLUMNS} FROM journal WHERE shop = ?1 AND item = ?2 AND seq > ?3
-                 ORDER BY seq LIMIT ?4"
-            ))?;
-            let rows = stmt.query_map(params![shop, item, after, limit as i64], event_row)?;
-            rows.collect()
-        })
-    }
-
-    fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
-        self.read(|conn| {
-            // Journal ids are given by the one writer in commit order, and a reader sees
-            // only committed transactions: reading by id never skips a later commit.
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {EVENT_COLUMNS}, id FROM journal WHERE id > ?1 ORDER BY id LIMIT ?2"
-            ))?;
-            let mut rows = stmt.query(params![cursor as i64, limit as i64])?;
-            let mut page = RelayPage {
-                events: Vec::new(),
-                next: cursor,
-            };
-            while let Some(row) = rows.next()? {
-                page.next = row.get::<_, i64>(12)? as u64;
-                // An unknown item's entry has no seq: not an event.
-                if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
-                    page.events.push(event_row(row)?);
-                }
-            }
-            Ok(page)
-        })
-    }
-
-    fn relay_cursor(&self) -> Result<u64, StoreError> {
-        self.read(|conn| {
-            conn.query_row(
-                "SELECT value FROM meta WHERE key = 'relay_journal_id'",
-                [],
-                |row| row.get::<_, i64>(0),
-            )
-            .optional()
-        })
-        .map(|v| v.unwrap_or(0) as u64)
-    }
-
-    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
-        let (ack, done) = mpsc::channel();
-        self.tx
-            .send(Command::RelaySave(cursor as i64, ack))
-            .map_err(|_| StoreError::Closed)?;
-        done.recv().map_err(|_| StoreError::Closed)?
     }
 
     fn close(&self) {

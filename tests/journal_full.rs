@@ -11,9 +11,10 @@ use std::sync::Arc;
 use nrtxn::embedded_log::EmbeddedLog;
 use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::ports::{AppendDone, Recovered, RelayPage};
+use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::{
-    now_ms, Admission, Engine, EngineConfig, Event, HoldView, ItemState, Journal, Metrics, Op,
-    Outcome, Request, RequestLog, Status, StoreError,
+    now_ms, Admission, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome,
+    Request, RequestLog, Status, StoreError,
 };
 
 /// The real journal, except that every third append is refused with `Full` before it
@@ -24,7 +25,7 @@ struct FullEveryThird {
     refused: AtomicUsize,
 }
 
-impl Journal for FullEveryThird {
+impl JournalWrite for FullEveryThird {
     fn append(&self, entries: Vec<nrtxn_actors::Entry>, done: AppendDone) {
         if self.appends.fetch_add(1, Ordering::Relaxed) % 3 == 2 {
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -32,21 +33,26 @@ impl Journal for FullEveryThird {
         }
         self.inner.append(entries, done)
     }
+}
+
+impl Outcomes for FullEveryThird {
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         self.inner.outcomes(shop, keys)
     }
-    fn recover(&self) -> Result<Recovered, StoreError> {
-        self.inner.recover()
-    }
+}
+
+impl ItemReads for FullEveryThird {
     fn item_states(
         &self,
         items: &[(Arc<str>, Arc<str>)],
     ) -> Result<Vec<Option<ItemState>>, StoreError> {
         self.inner.item_states(items)
     }
+
     fn holds(&self, shop: &str, ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         self.inner.holds(shop, ids)
     }
+
     fn events(
         &self,
         shop: &str,
@@ -56,9 +62,30 @@ impl Journal for FullEveryThird {
     ) -> Result<Vec<Event>, StoreError> {
         self.inner.events(shop, item, after, limit)
     }
+}
+
+/// Only this node writes it: the defaults.
+impl Sharing for FullEveryThird {}
+
+impl Outbox for FullEveryThird {
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
         self.inner.relay_read(cursor, limit)
     }
+
+    fn relay_cursor(&self) -> Result<u64, StoreError> {
+        self.inner.relay_cursor()
+    }
+
+    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
+        self.inner.relay_save(cursor)
+    }
+}
+
+impl Lifecycle for FullEveryThird {
+    fn recover(&self) -> Result<Recovered, StoreError> {
+        self.inner.recover()
+    }
+
     fn close(&self) {
         self.inner.close()
     }

@@ -18,8 +18,9 @@ pub mod work_manager;
 pub use engine::{Dispatcher, Engine, EngineConfig, EngineError};
 pub use metrics::Metrics;
 pub use ports::{
-    AppendDone, Durable, Journal, JournaledHook, Leases, LogHooks, Recovered, RelayPage,
-    RemoteReplies, RequestLog, StoreError,
+    AppendDone, Durable, ItemReads, Journal, JournalWrite, JournaledHook, Leases, Lifecycle,
+    LogHooks, Outbox, Outcomes, Recovered, RelayPage, RemoteReplies, RequestLog, Sharing,
+    StoreError,
 };
 pub use types::*;
 pub use work_manager::{Admission, Admitted, PollResult};

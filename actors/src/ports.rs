@@ -75,28 +75,72 @@ pub struct Recovered {
     pub holds: Vec<HoldView>,
 }
 
-/// The durable record of every decision.
-pub trait Journal: Send + Sync + 'static {
+/// The durable record of every decision, as the narrow ports its callers use: the
+/// processors write through [`JournalWrite`], the WorkManagers and polls read
+/// [`Outcomes`], item reads go through [`ItemReads`], a journal several nodes write adds
+/// [`Sharing`], the outbox relay reads [`Outbox`], and the engine starts and stops it
+/// through [`Lifecycle`]. Every adapter implements them all ([`Journal`]); each method is
+/// required unless its default is right for a journal only this node writes.
+pub trait Journal: JournalWrite + Outcomes + ItemReads + Sharing + Outbox + Lifecycle {}
+
+impl<T: JournalWrite + Outcomes + ItemReads + Sharing + Outbox + Lifecycle> Journal for T {}
+
+/// The processors' port: one durable write per batch.
+pub trait JournalWrite: Send + Sync + 'static {
     /// Appends one batch in one durable write, in call order, then calls `done` (from any
     /// thread). Entries of one item arrive in sequence order; the adapter keeps it.
     /// An adapter whose queue has no room calls `done` with [`StoreError::Full`] before
     /// returning, having kept nothing: the caller sends the batch again later, before any
     /// batch after it. Every other error is reported as the write's result.
     fn append(&self, entries: Vec<Entry>, done: AppendDone);
+}
 
+/// Recorded outcomes by request key: the WorkManagers (repeats, polls) and the
+/// processors' duplicate check.
+pub trait Outcomes: Send + Sync + 'static {
     /// The recorded outcome of each key, in the order asked.
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError>;
 
-    /// Every item's state, rebuilt from the last snapshot and the journal after it.
-    fn recover(&self) -> Result<Recovered, StoreError>;
-
-    /// Like [`Journal::outcomes`], but read from the store itself, never answered from a
+    /// Like [`Outcomes::outcomes`], but read from the store itself, never answered from a
     /// filter that only knows this node's writes: the processors' duplicate check.
     fn decided(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         self.outcomes(shop, keys)
     }
+}
 
-    /// Makes [`Journal::outcomes`] know every key journaled so far for requests read
+/// Reads of items as durable: their states, holds and events.
+pub trait ItemReads: Send + Sync + 'static {
+    /// The state of each item as its last journal entry has it (`None`: no entry), in
+    /// the order asked: an item that left memory, or one another node may have changed.
+    fn item_states(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<ItemState>>, StoreError>;
+
+    /// Holds by id, as durable (`None`: no such hold), in the order asked.
+    fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError>;
+
+    /// The item's durable events with `seq > after`, in seq order, at most `limit`.
+    fn events(
+        &self,
+        shop: &str,
+        item: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError>;
+}
+
+/// What a journal several nodes write adds (Kafka and MongoDB). The defaults are those
+/// of a journal only this node writes.
+pub trait Sharing: Send + Sync + 'static {
+    /// Whether several nodes write this journal. Then an item's state is read back from
+    /// it whenever the item's partition comes (back) to this node, since another node
+    /// may have changed the item meanwhile.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Makes [`Outcomes::outcomes`] know every key journaled so far for requests read
     /// from log partition `partition`, by any node. Called by a processor when the
     /// partition comes (back) to this node, before it checks that partition's keys: the
     /// node that had it before has journaled all it read (its readers drain on
@@ -108,73 +152,41 @@ pub trait Journal: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Whether several nodes write this journal. Then an item's state is read back from
-    /// it whenever the item's partition comes (back) to this node, since another node
-    /// may have changed the item meanwhile.
-    fn shared(&self) -> bool {
-        false
-    }
-
-    /// The state of each item as its last journal entry has it (`None`: no entry), in
-    /// the order asked. Needed only by a [`Journal::shared`] journal.
-    fn item_states(
-        &self,
-        items: &[(Arc<str>, Arc<str>)],
-    ) -> Result<Vec<Option<ItemState>>, StoreError> {
-        let _ = items;
-        Err(StoreError::Storage(
-            "this journal does not read single items".into(),
-        ))
-    }
-
-    /// Holds by id, as durable (`None`: no such hold), in the order asked.
-    fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError>;
-
-    /// The pending (`held`) holds of these items, as durable. Needed only by a
-    /// [`Journal::shared`] journal: a node taking an item over re-arms its holds.
+    /// The pending (`held`) holds of these items, as durable: a node taking an item over
+    /// re-arms its holds. A journal only this node writes re-arms them all at start.
     fn pending_holds(&self, items: &[(Arc<str>, Arc<str>)]) -> Result<Vec<HoldView>, StoreError> {
         let _ = items;
         Ok(Vec::new())
     }
+}
 
-    /// The item's durable events with `seq > after`, in seq order, at most `limit`.
-    fn events(
-        &self,
-        shop: &str,
-        item: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<Event>, StoreError>;
-
-    /// The outbox relay's next page: committed events after `cursor`, in the order they
-    /// were committed (so each item's in seq order), about `limit` of them, and the cursor
+/// The outbox relay's port: committed events in commit order, and where it stopped.
+pub trait Outbox: Send + Sync + 'static {
+    /// The relay's next page: committed events after `cursor`, in the order they were
+    /// committed (so each item's in seq order), about `limit` of them, and the cursor
     /// after them. A cursor is the journal's own position (opaque to the relay); 0 is the
     /// start. Entries that are not events (an unknown item's) are skipped, and the cursor
     /// passes them.
-    fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
-        let _ = (cursor, limit);
-        Err(StoreError::Storage(
-            "this journal has no outbox relay".into(),
-        ))
-    }
+    fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError>;
 
     /// Where the relay stopped: every event up to this cursor was published.
-    fn relay_cursor(&self) -> Result<u64, StoreError> {
-        Ok(0)
-    }
+    fn relay_cursor(&self) -> Result<u64, StoreError>;
 
     /// Records durably (in the journal's own store) that every event up to `cursor` was
     /// published; returns once it is written.
-    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
-        let _ = cursor;
-        Ok(())
-    }
+    fn relay_save(&self, cursor: u64) -> Result<(), StoreError>;
+}
+
+/// Start and stop.
+pub trait Lifecycle: Send + Sync + 'static {
+    /// Every item's state, rebuilt from the last snapshot and the journal after it.
+    fn recover(&self) -> Result<Recovered, StoreError>;
 
     /// Waits for the writes in flight, writes a final snapshot, and closes.
     fn close(&self);
 }
 
-/// A page of committed events for the outbox relay (see [`Journal::relay_read`]).
+/// A page of committed events for the outbox relay (see [`Outbox::relay_read`]).
 #[derive(Debug, Default)]
 pub struct RelayPage {
     pub events: Vec<Event>,

@@ -193,7 +193,7 @@ pub struct Processor {
     /// to the partition's owner).
     partition_epochs: HashMap<i32, u64>,
     /// Per partition, the epoch under which this shard last had the journal learn the
-    /// partition's keys ([`Journal::learn_partition`]).
+    /// partition's keys ([`crate::ports::Sharing::learn_partition`]).
     learned: HashMap<i32, u64>,
     flush_waiters: Vec<oneshot::Sender<()>>,
     /// Pending holds of this shard's items by shop and hold id; at most `holds_max`.
@@ -809,7 +809,7 @@ impl Processor {
     /// partition came to this node since they were last read, and looks up in the
     /// journal every key not applied here in a batch still in flight (through the
     /// journal's key filter, which knows every key of the partitions this node reads:
-    /// see [`Journal::learn_partition`]). Returns the requests to apply and the outcomes
+    /// see [`crate::ports::Sharing::learn_partition`]). Returns the requests to apply and the outcomes
     /// found.
     /// Whether `works` carry a partition's epoch newer than the one this shard last
     /// saw: the partition was assigned again (a lease taken again, with leases).

@@ -1,7 +1,7 @@
 //! The outbox relay: publishes every committed journal event to the events topic.
 //!
 //! The journal is the outbox. One thread reads it page by page after a cursor kept in
-//! the journal's own store ([`Journal::relay_read`]), sends the page to the events topic
+//! the journal's own store ([`Outbox::relay_read`]), sends the page to the events topic
 //! keyed `{shop}:{item}` (so one item's events share a partition and stay in seq order),
 //! waits until the broker has acknowledged all of it (`acks=all`, idempotent producer),
 //! and only then saves the cursor after the page. A crash anywhere in between sends the
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nrtxn_actors::{Event, Journal, Metrics, StoreError};
+use nrtxn_actors::{Event, Metrics, Outbox, StoreError};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
@@ -62,7 +62,7 @@ impl EventsRelay {
     /// Starts the relay thread from the cursor the journal has saved.
     pub fn start(
         settings: &KafkaSettings,
-        journal: Arc<dyn Journal>,
+        journal: Arc<dyn Outbox>,
         metrics: Arc<Metrics>,
     ) -> Result<EventsRelay, StoreError> {
         let producer: BaseProducer<PageAcks> =
@@ -103,7 +103,7 @@ impl EventsRelay {
 struct Relay {
     producer: BaseProducer<PageAcks>,
     topic: String,
-    journal: Arc<dyn Journal>,
+    journal: Arc<dyn Outbox>,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
 }

@@ -23,8 +23,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::ports::{AppendDone, Recovered, RelayPage};
+use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::{
-    now_ms, Entry, Event, HoldView, ItemState, Journal, Metrics, Outcome, Request, StoreError,
+    now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
 };
 
 use super::codec;
@@ -456,7 +457,7 @@ fn commit(
     closing
 }
 
-impl Journal for LogJournal {
+impl JournalWrite for LogJournal {
     fn append(&self, entries: Vec<Entry>, done: AppendDone) {
         if let Err(mpsc::SendError(Command::Append(entries, done))) =
             self.tx.send(Command::Append(entries, done))
@@ -464,17 +465,16 @@ impl Journal for LogJournal {
             done(entries, Err(StoreError::Closed));
         }
     }
+}
 
+impl Outcomes for LogJournal {
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         self.progress.wait_views()?;
         self.views.outcomes(shop, keys)
     }
+}
 
-    fn recover(&self) -> Result<Recovered, StoreError> {
-        self.progress.wait_views()?;
-        self.views.recover()
-    }
-
+impl ItemReads for LogJournal {
     fn item_states(
         &self,
         items: &[(Arc<str>, Arc<str>)],
@@ -498,7 +498,12 @@ impl Journal for LogJournal {
         self.progress.wait_views()?;
         self.views.events(shop, item, after, limit)
     }
+}
 
+/// Only this node writes it: the defaults.
+impl Sharing for LogJournal {}
+
+impl Outbox for LogJournal {
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
         self.progress.wait_views()?;
         self.views.relay_read(cursor, limit)
@@ -510,6 +515,13 @@ impl Journal for LogJournal {
 
     fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
         self.views.relay_save(cursor)
+    }
+}
+
+impl Lifecycle for LogJournal {
+    fn recover(&self) -> Result<Recovered, StoreError> {
+        self.progress.wait_views()?;
+        self.views.recover()
     }
 
     fn close(&self) {

@@ -1,0 +1,233 @@
+//! One contract, every journal adapter: the embedded log (`LogJournal`), the SQLite store
+//! (the MongoDB deployment's side store, and the journal before the log), and MongoDB
+//! (against the test server `scripts/test.sh` starts). Each is driven through the
+//! journal's ports exactly as the engine drives it, and must answer the same: outcomes
+//! by key, item states, events in seq order and by page, holds, the outbox relay's pages
+//! and cursor, and after a close and a reopen, the same state recovered.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use nrtxn::journal::{LogJournal, Retention};
+use nrtxn::mongo::MongoJournal;
+use nrtxn::sqlite::SqliteStore;
+use nrtxn_actors::apply::{apply, apply_load};
+use nrtxn_actors::{
+    Entry, HoldStatus, ItemState, Journal, Metrics, Op, Request, Status, StoreError,
+};
+
+/// Opens (or opens again) one adapter on its store.
+type Open = Box<dyn Fn() -> Arc<dyn Journal>>;
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn append(journal: &Arc<dyn Journal>, entries: Vec<Entry>) {
+    let (tx, rx) = mpsc::channel();
+    journal.append(
+        entries,
+        Box::new(move |_, result| {
+            let _ = tx.send(result);
+        }),
+    );
+    rx.recv().expect("append answered").expect("append durable");
+}
+
+fn req(key: &str, op: Op, qty: i64) -> Request {
+    Request::new("s".into(), "a".into(), key.into(), op, qty, NOW)
+}
+
+/// The contract, on the adapter `open` opens.
+fn contract(name: &str, open: Open) {
+    let journal = open();
+    let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
+    let mut state = ItemState::default();
+    let load = apply_load(&mut state, &shop, &item, 10, NOW);
+    let sold = apply(Some(&mut state), &req("k1", Op::Decrement, 3), NOW, 30_000);
+    let refused = apply(
+        Some(&mut state),
+        &req("k2", Op::Decrement, 100),
+        NOW,
+        30_000,
+    );
+    assert_eq!(refused.status, Status::InsufficientStock);
+    append(&journal, vec![load, sold, refused]);
+    let hold = Request {
+        hold_id: Some("h1".into()),
+        ttl_ms: 60_000,
+        ..req("h1", Op::Hold, 2)
+    };
+    append(&journal, vec![apply(Some(&mut state), &hold, NOW, 30_000)]);
+    assert_eq!(
+        state,
+        ItemState {
+            stock: 5,
+            reserved: 2,
+            seq: 4
+        }
+    );
+
+    // Outcomes by key, also from the store itself; an unknown key has none.
+    for found in [
+        journal.outcomes("s", &["k1", "k2", "nope"]).unwrap(),
+        journal.decided("s", &["k1", "k2", "nope"]).unwrap(),
+    ] {
+        let summary: Vec<_> = found
+            .iter()
+            .map(|o| o.as_ref().map(|o| (o.status, o.seq)))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                Some((Status::Ok, Some(2))),
+                Some((Status::InsufficientStock, Some(3))),
+                None
+            ],
+            "{name}: outcomes"
+        );
+    }
+    assert_eq!(
+        journal.outcomes("other", &["k1"]).unwrap(),
+        [None],
+        "{name}: keys are per shop"
+    );
+
+    // Item states as the last entry has them.
+    let states = journal
+        .item_states(&[(shop.clone(), item.clone()), (shop.clone(), "zz".into())])
+        .unwrap();
+    assert_eq!(states, [Some(state), None], "{name}: item states");
+
+    // Events in seq order, paged.
+    let events = journal.events("s", "a", 0, 100).unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "{name}: events");
+    let kinds: Vec<Op> = events.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [Op::Load, Op::Decrement, Op::Decrement, Op::Hold],
+        "{name}"
+    );
+    let page = journal.events("s", "a", 1, 1).unwrap();
+    assert_eq!(
+        page.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [2],
+        "{name}: a page"
+    );
+
+    // Holds by id.
+    let holds = journal.holds("s", &["h1", "nope"]).unwrap();
+    let h = holds[0]
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: hold h1"));
+    assert_eq!(
+        (h.status, h.qty, h.seq),
+        (HoldStatus::Held, 2, 4),
+        "{name}: hold"
+    );
+    assert!(holds[1].is_none(), "{name}");
+    if journal.shared() {
+        let pending = journal
+            .pending_holds(&[(shop.clone(), item.clone())])
+            .unwrap();
+        assert_eq!(pending.len(), 1, "{name}: pending holds");
+    }
+
+    // The outbox relay: every event once, in commit order; the cursor is kept.
+    let first = journal.relay_read(0, 100).unwrap();
+    let relayed: Vec<u64> = first.events.iter().map(|e| e.seq).collect();
+    assert_eq!(relayed, [1, 2, 3, 4], "{name}: relay page");
+    journal.relay_save(first.next).unwrap();
+    assert_eq!(journal.relay_cursor().unwrap(), first.next, "{name}");
+    let after = journal.relay_read(first.next, 100).unwrap();
+    assert!(after.events.is_empty(), "{name}: relay read past its end");
+
+    // Closed and opened again: the same state, the same answers.
+    journal.close();
+    drop(journal);
+    let journal = open();
+    let recovered = journal.recover().unwrap();
+    let items: Vec<_> = recovered
+        .items
+        .iter()
+        .map(|(s, i, st)| (s.to_string(), i.to_string(), *st))
+        .collect();
+    assert_eq!(
+        items,
+        [("s".into(), "a".into(), state)],
+        "{name}: recovered"
+    );
+    assert_eq!(
+        recovered
+            .holds
+            .iter()
+            .map(|h| h.hold_id.to_string())
+            .collect::<Vec<_>>(),
+        ["h1"],
+        "{name}: pending holds recovered"
+    );
+    let found = journal.outcomes("s", &["k1"]).unwrap();
+    assert_eq!(found[0].as_ref().map(|o| o.seq), Some(Some(2)), "{name}");
+    assert_eq!(journal.relay_cursor().unwrap(), first.next, "{name}");
+    journal.close();
+}
+
+fn metrics() -> Arc<Metrics> {
+    Arc::new(Metrics::new())
+}
+
+#[test]
+fn the_embedded_log_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    contract(
+        "log",
+        Box::new(move || {
+            LogJournal::open(&path, metrics(), Retention::default()).unwrap() as Arc<dyn Journal>
+        }),
+    );
+}
+
+#[test]
+fn the_sqlite_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    contract(
+        "sqlite",
+        Box::new(move || SqliteStore::open(&path, metrics()).unwrap() as Arc<dyn Journal>),
+    );
+}
+
+#[test]
+fn the_mongodb_journal_keeps_the_contract() {
+    let Some(uri) = common::mongo_uri("contract") else {
+        return;
+    };
+    let open_uri = uri.clone();
+    contract(
+        "mongodb",
+        Box::new(move || {
+            MongoJournal::open(&open_uri, 0, 64, metrics()).unwrap() as Arc<dyn Journal>
+        }),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(common::drop_database(&uri));
+}
+
+/// A closed journal refuses what comes after, and says so.
+#[test]
+fn a_closed_journal_answers_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal: Arc<dyn Journal> =
+        LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
+    journal.close();
+    let (tx, rx) = mpsc::channel();
+    journal.append(
+        Vec::new(),
+        Box::new(move |_, result| {
+            let _ = tx.send(result);
+        }),
+    );
+    assert!(matches!(rx.recv().unwrap(), Err(StoreError::Closed)));
+}
