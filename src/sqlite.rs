@@ -50,6 +50,44 @@ const SNAPSHOT_EVERY_TXNS: u32 = 256;
 /// Read connections kept for lookups.
 const READERS_MAX: usize = 8;
 
+/// The checksum of an item's snapshot row: xxh3-64 of its fields, as a signed integer.
+fn snapshot_checksum(shop: &str, item: &str, s: ItemState) -> i64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for text in [shop, item] {
+        h.update(&(text.len() as u64).to_le_bytes());
+        h.update(text.as_bytes());
+    }
+    for n in [s.stock, s.reserved, s.seq as i64] {
+        h.update(&n.to_le_bytes());
+    }
+    h.digest() as i64
+}
+
+/// A snapshot row's state, if its checksum matches (a row written before checksums has
+/// none); a damaged row is an error that says where and what to do.
+fn checked_snapshot(
+    shop: &str,
+    item: &str,
+    state: ItemState,
+    checksum: Option<i64>,
+) -> Result<ItemState, rusqlite::Error> {
+    match checksum {
+        Some(sum) if sum != snapshot_checksum(shop, item, state) => {
+            Err(rusqlite::Error::ToSqlConversionFailure(
+                format!(
+                    "the views (nrtxn.db) are damaged: the snapshot of item {item:?} of shop \
+                     {shop:?} (seq {}) does not match its checksum. Move nrtxn.db and its \
+                     -wal and -shm files away and start again: the views are rebuilt from \
+                     the log, or, if the log's old segments were retired, restore a backup",
+                    state.seq
+                )
+                .into(),
+            ))
+        }
+        _ => Ok(state),
+    }
+}
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS journal (
     id             INTEGER PRIMARY KEY,
@@ -93,6 +131,8 @@ CREATE TABLE IF NOT EXISTS items (
     stock    INTEGER NOT NULL,
     reserved INTEGER NOT NULL,
     seq      INTEGER NOT NULL,
+    -- snapshot_checksum(shop, item, stock, reserved, seq): a damaged row is refused.
+    checksum INTEGER,
     PRIMARY KEY (shop, item)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS requests (
@@ -208,6 +248,20 @@ impl SqliteStore {
         let conn = open(&path, durable)?;
         migrate(&conn).map_err(storage)?;
         conn.execute_batch(SCHEMA).map_err(storage)?;
+        // Views made before snapshots had checksums: their rows get one when next
+        // written, and are trusted until then.
+        let has_checksum: bool = conn
+            .query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('items') WHERE name = 'checksum'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(storage)?
+            > 0;
+        if !has_checksum {
+            conn.execute_batch("ALTER TABLE items ADD COLUMN checksum INTEGER;")
+                .map_err(storage)?;
+        }
         // After the schema, so it also covers journals made before the index existed.
         conn.execute_batch(
             "CREATE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)
@@ -652,7 +706,7 @@ impl ItemReads for SqliteStore {
             )?;
             // Or its snapshot, if the entries it covers were pruned and none came since.
             let mut snapshot = conn.prepare_cached(
-                "SELECT stock, reserved, seq FROM items WHERE shop = ?1 AND item = ?2",
+                "SELECT stock, reserved, seq, checksum FROM items WHERE shop = ?1 AND item = ?2",
             )?;
             let state = |row: &rusqlite::Row<'_>| {
                 Ok(ItemState {
@@ -666,7 +720,11 @@ impl ItemReads for SqliteStore {
                 .map(|(shop, item)| {
                     let key = params![&**shop, &**item];
                     let a = last.query_row(key, state).optional()?;
-                    let b = snapshot.query_row(key, state).optional()?;
+                    let b = snapshot
+                        .query_row(key, |row| Ok((state(row)?, row.get(3)?)))
+                        .optional()?
+                        .map(|(st, sum)| checked_snapshot(shop, item, st, sum))
+                        .transpose()?;
                     Ok(a.into_iter().chain(b).max_by_key(|s| s.seq))
                 })
                 .collect()
@@ -757,7 +815,8 @@ impl Lifecycle for SqliteStore {
     fn recover(&self) -> Result<Recovered, StoreError> {
         self.read(|conn| {
             let mut snapshot = Vec::new();
-            let mut stmt = conn.prepare("SELECT shop, item, stock, reserved, seq FROM items")?;
+            let mut stmt =
+                conn.prepare("SELECT shop, item, stock, reserved, seq, checksum FROM items")?;
             let rows = stmt.query_map([], |row| {
                 Ok((
                     Arc::<str>::from(row.get::<_, String>(0)?),
@@ -767,10 +826,13 @@ impl Lifecycle for SqliteStore {
                         reserved: row.get(3)?,
                         seq: row.get(4)?,
                     },
+                    row.get::<_, Option<i64>>(5)?,
                 ))
             })?;
             for row in rows {
-                snapshot.push(row?);
+                let (shop, item, state, sum) = row?;
+                let state = checked_snapshot(&shop, &item, state, sum)?;
+                snapshot.push((shop, item, state));
             }
             let upto: i64 = conn
                 .query_row(
@@ -1112,12 +1174,15 @@ impl Writer {
         }
         if snapshot {
             let mut upsert = tx.prepare_cached(
-                "INSERT INTO items (shop, item, stock, reserved, seq) VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO items (shop, item, stock, reserved, seq, checksum)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (shop, item) DO UPDATE SET
-                    stock = excluded.stock, reserved = excluded.reserved, seq = excluded.seq",
+                    stock = excluded.stock, reserved = excluded.reserved, seq = excluded.seq,
+                    checksum = excluded.checksum",
             )?;
             for ((shop, item), s) in &self.dirty {
-                upsert.execute(params![&**shop, &**item, s.stock, s.reserved, s.seq])?;
+                let sum = snapshot_checksum(shop, item, *s);
+                upsert.execute(params![&**shop, &**item, s.stock, s.reserved, s.seq, sum])?;
             }
             drop(upsert);
             tx.execute(
