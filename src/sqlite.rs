@@ -110,7 +110,9 @@ CREATE TABLE IF NOT EXISTS journal (
     remarks        TEXT,
     hold_id        TEXT,
     expires_at     INTEGER,
-    ttl_ms         INTEGER
+    ttl_ms         INTEGER,
+    -- row_checksum() of the decision's fields: a damaged row is refused, not served.
+    rowsum         INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS journal_request_key ON journal (shop, request_key)
     WHERE request_key IS NOT NULL;
@@ -260,6 +262,18 @@ impl SqliteStore {
             > 0;
         if !has_checksum {
             conn.execute_batch("ALTER TABLE items ADD COLUMN checksum INTEGER;")
+                .map_err(storage)?;
+        }
+        let has_rowsum: bool = conn
+            .query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('journal') WHERE name = 'rowsum'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(storage)?
+            > 0;
+        if !has_rowsum {
+            conn.execute_batch("ALTER TABLE journal ADD COLUMN rowsum INTEGER;")
                 .map_err(storage)?;
         }
         // After the schema, so it also covers journals made before the index existed.
@@ -445,7 +459,7 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
 /// 32,766 per statement).
 const ROWS_PER_INSERT: usize = 32;
 /// The columns [`bind_entry`] binds, in its order.
-const JOURNAL_COLUMNS: [&str; 20] = [
+const JOURNAL_COLUMNS: [&str; 21] = [
     "shop",
     "item",
     "seq",
@@ -466,6 +480,7 @@ const JOURNAL_COLUMNS: [&str; 20] = [
     "hold_id",
     "expires_at",
     "ttl_ms",
+    "rowsum",
 ];
 
 /// `INSERT INTO journal (...) VALUES (...), ...` with `rows` rows of parameters.
@@ -505,27 +520,143 @@ fn bind_entry(
     stmt.raw_bind_parameter(at + 18, e.hold_id.as_deref())?;
     stmt.raw_bind_parameter(at + 19, e.expires_at)?;
     stmt.raw_bind_parameter(at + 20, e.ttl_ms)?;
+    stmt.raw_bind_parameter(
+        at + 21,
+        row_checksum(&RowFields {
+            shop: &e.shop,
+            item: &e.item,
+            request_key: e.request_key.as_deref(),
+            op: e.op.as_str(),
+            qty: e.qty,
+            status: e.status.as_str(),
+            stock_before: e.stock_before,
+            stock_after: e.stock_after,
+            reserved_after: e.reserved_after,
+            seq: e.seq.map(|s| s as i64),
+            prev_seq: e.prev_seq.map(|s| s as i64),
+        }),
+    )?;
     Ok(())
+}
+
+/// The fields of a views journal row that its checksum covers: the decision.
+struct RowFields<'a> {
+    shop: &'a str,
+    item: &'a str,
+    request_key: Option<&'a str>,
+    op: &'a str,
+    qty: i64,
+    status: &'a str,
+    stock_before: Option<i64>,
+    stock_after: Option<i64>,
+    reserved_after: Option<i64>,
+    seq: Option<i64>,
+    prev_seq: Option<i64>,
+}
+
+/// xxh3-64 of a row's decision fields, as a signed integer.
+fn row_checksum(f: &RowFields<'_>) -> i64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for text in [
+        Some(f.shop),
+        Some(f.item),
+        f.request_key,
+        Some(f.op),
+        Some(f.status),
+    ] {
+        match text {
+            Some(t) => {
+                h.update(&[1]);
+                h.update(&(t.len() as u64).to_le_bytes());
+                h.update(t.as_bytes());
+            }
+            None => h.update(&[0]),
+        }
+    }
+    for n in [
+        Some(f.qty),
+        f.stock_before,
+        f.stock_after,
+        f.reserved_after,
+        f.seq,
+        f.prev_seq,
+    ] {
+        match n {
+            Some(n) => {
+                h.update(&[1]);
+                h.update(&n.to_le_bytes());
+            }
+            None => h.update(&[0]),
+        }
+    }
+    h.digest() as i64
+}
+
+/// Checks a row read back against its checksum (rows written before checksums have
+/// none); a damaged one is an error that says what to do.
+fn check_row(f: &RowFields<'_>, sum: Option<i64>) -> Result<(), rusqlite::Error> {
+    match sum {
+        Some(sum) if sum != row_checksum(f) => Err(rusqlite::Error::ToSqlConversionFailure(
+            format!(
+                "the views (nrtxn.db) are damaged: the entry of item {:?} of shop {:?} at seq \
+                 {:?} (key {:?}) does not match its checksum. Stop nrtxn, move nrtxn.db and \
+                 its -wal and -shm files away and start again: the views are rebuilt from the \
+                 log (or, if its old segments were retired, restore a backup)",
+                f.item, f.shop, f.seq, f.request_key
+            )
+            .into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// An op or status read back that is none of the known ones: the row is damaged.
+fn unknown(what: &str, value: &str) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(
+        format!("the views (nrtxn.db) are damaged: an entry has the unknown {what} {value:?}")
+            .into(),
+    )
 }
 
 /// The columns [`event_row`] reads, in its order.
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
-    stock_after, reserved_after, completed_at, hold_id";
+    stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum";
 
 fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     let op: String = row.get(4)?;
     let status: String = row.get(5)?;
+    let (shop, item): (String, String) = (row.get(0)?, row.get(1)?);
+    let request_key: Option<String> = row.get(6)?;
+    let (seq, prev_seq): (i64, i64) = (row.get(2)?, row.get(3)?);
+    let (qty, stock_after): (i64, i64) = (row.get(7)?, row.get(8)?);
+    let reserved_after: i64 = row.get(9)?;
+    check_row(
+        &RowFields {
+            shop: &shop,
+            item: &item,
+            request_key: request_key.as_deref(),
+            op: &op,
+            qty,
+            status: &status,
+            stock_before: row.get(12)?,
+            stock_after: Some(stock_after),
+            reserved_after: Some(reserved_after),
+            seq: Some(seq),
+            prev_seq: Some(prev_seq),
+        },
+        row.get(13)?,
+    )?;
     Ok(Event {
-        shop: row.get::<_, String>(0)?.into(),
-        item: row.get::<_, String>(1)?.into(),
-        seq: row.get(2)?,
-        prev_seq: row.get(3)?,
-        kind: Op::parse(&op).unwrap_or(Op::Decrement),
-        status: Status::parse(&status).unwrap_or(Status::Ok),
-        request_key: row.get::<_, Option<String>>(6)?.map(Into::into),
-        qty: row.get(7)?,
-        stock_after: row.get(8)?,
-        reserved_after: row.get(9)?,
+        shop: shop.into(),
+        item: item.into(),
+        seq: seq as u64,
+        prev_seq: prev_seq as u64,
+        kind: Op::parse(&op).ok_or_else(|| unknown("op", &op))?,
+        status: Status::parse(&status).ok_or_else(|| unknown("status", &status))?,
+        request_key: request_key.map(Into::into),
+        qty,
+        stock_after,
+        reserved_after,
         at: row.get(10)?,
         hold_id: row.get::<_, Option<String>>(11)?.map(Into::into),
     })
@@ -653,7 +784,7 @@ impl Outcomes for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT shop, item, request_key, op, qty, status, reason, stock_before,
                         stock_after, seq, prev_seq, submitted_at, completed_at, hold_id,
-                        expires_at, reserved_after, ttl_ms
+                        expires_at, reserved_after, ttl_ms, rowsum
                  FROM journal WHERE shop = ?1 AND request_key = ?2",
             )?;
             keys.iter()
@@ -662,20 +793,45 @@ impl Outcomes for SqliteStore {
                         return Ok(None);
                     }
                     stmt.query_row(params![shop, key], |row| {
-                        let op = Op::parse(&row.get::<_, String>(3)?).unwrap_or(Op::Decrement);
+                        let op_text: String = row.get(3)?;
                         let status: String = row.get(5)?;
+                        let (shop, item, key): (String, String, String) =
+                            (row.get(0)?, row.get(1)?, row.get(2)?);
+                        let (stock_before, stock_after): (Option<i64>, Option<i64>) =
+                            (row.get(7)?, row.get(8)?);
+                        let (seq, prev_seq): (Option<i64>, Option<i64>) =
+                            (row.get(9)?, row.get(10)?);
+                        let qty: i64 = row.get(4)?;
+                        check_row(
+                            &RowFields {
+                                shop: &shop,
+                                item: &item,
+                                request_key: Some(&key),
+                                op: &op_text,
+                                qty,
+                                status: &status,
+                                stock_before,
+                                stock_after,
+                                reserved_after: row.get(15)?,
+                                seq,
+                                prev_seq,
+                            },
+                            row.get(17)?,
+                        )?;
+                        let op = Op::parse(&op_text).ok_or_else(|| unknown("op", &op_text))?;
                         Ok(Outcome {
-                            shop: row.get::<_, String>(0)?.into(),
-                            item: row.get::<_, String>(1)?.into(),
-                            request_key: row.get::<_, String>(2)?.into(),
+                            shop: shop.into(),
+                            item: item.into(),
+                            request_key: key.into(),
                             op,
-                            qty: row.get(4)?,
-                            status: Status::parse(&status).unwrap_or(Status::Ok),
+                            qty,
+                            status: Status::parse(&status)
+                                .ok_or_else(|| unknown("status", &status))?,
                             reason: row.get(6)?,
-                            stock_before: row.get(7)?,
-                            stock_after: row.get(8)?,
-                            seq: row.get(9)?,
-                            prev_seq: row.get(10)?,
+                            stock_before,
+                            stock_after,
+                            seq: seq.map(|s| s as u64),
+                            prev_seq: prev_seq.map(|s| s as u64),
                             submitted_at: row.get(11)?,
                             completed_at: row.get(12)?,
                             hold_id: row.get::<_, Option<String>>(13)?.map(Into::into),
@@ -780,7 +936,7 @@ impl Outbox for SqliteStore {
                 next: cursor,
             };
             while let Some(row) = rows.next()? {
-                page.next = row.get::<_, i64>(12)? as u64;
+                page.next = row.get::<_, i64>(14)? as u64;
                 // An unknown item's entry has no seq: not an event.
                 if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
                     page.events.push(event_row(row)?);

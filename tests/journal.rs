@@ -168,6 +168,49 @@ async fn a_damaged_snapshot_in_the_views_refuses_the_start_and_the_log_rebuilds_
     check_answers(&server, &answered).await;
 }
 
+/// An entry in the views damaged behind nrtxn's back (here: a sale's status changed) is
+/// refused when read, by a poll or an events page (503, and the log says what to do),
+/// never served; moving the views away rebuilds them from the log, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_entry_in_the_views_is_refused_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let answered = sell_then_kill(dir.path()).await;
+    let c = client();
+    let mut server = Server::start(dir.path(), &[]);
+    wait_ready(&c, &server).await;
+    assert!(server.terminate().success());
+    let data = dir.path().join("data");
+    let views = rusqlite::Connection::open(data.join("nrtxn.db")).unwrap();
+    let changed = views
+        .execute(
+            "UPDATE journal SET status = 'insufficient_stock' WHERE request_key = 'k5'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(views);
+    let mut server = Server::start(dir.path(), &[]);
+    let (status, body) = get(&c, &server.url("/v1/shops/shop/txns/k5")).await;
+    assert_eq!(status, 503, "a damaged outcome was served: {body}");
+    let (status, body) = get(
+        &c,
+        &server.url("/v1/shops/shop/items/sku/events?after=0&limit=100"),
+    )
+    .await;
+    assert_eq!(status, 503, "a damaged event was served: {body}");
+    assert!(server.terminate().success());
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    assert!(
+        log.contains("does not match its checksum") && log.contains("rebuilt from the log"),
+        "{log}"
+    );
+    for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
+        let _ = std::fs::remove_file(data.join(f));
+    }
+    let server = Server::start(dir.path(), &[]);
+    check_answers(&server, &answered).await;
+}
+
 /// The first record number of a segment, from its name.
 fn first_lsn(seg: &Path) -> u64 {
     seg.file_stem().unwrap().to_str().unwrap().parse().unwrap()
