@@ -240,7 +240,32 @@ impl SqliteStore {
         SqliteStore::open_as(dir, metrics, false)
     }
 
+    /// [`SqliteStore::open_inner`], with SQLite's own word for a damaged file turned
+    /// into what to do about it.
     fn open_as(
+        dir: &Path,
+        metrics: Arc<Metrics>,
+        durable: bool,
+    ) -> Result<Arc<SqliteStore>, StoreError> {
+        SqliteStore::open_inner(dir, metrics, durable).map_err(|e| match e {
+            StoreError::Storage(msg)
+                if msg.contains("malformed") || msg.contains("not a database") =>
+            {
+                let path = dir.join("nrtxn.db");
+                StoreError::Storage(format!(
+                    "{} is damaged ({msg}). With the embedded journal it holds only views \
+                     of the log: move it and its -wal and -shm files away and start again, \
+                     and they are rebuilt from the log (or, if the log's old segments were \
+                     retired, restore a backup). Beside MongoDB it holds the fire-and-forget \
+                     requests not yet decided: restore it from a backup",
+                    path.display()
+                ))
+            }
+            other => other,
+        })
+    }
+
+    fn open_inner(
         dir: &Path,
         metrics: Arc<Metrics>,
         durable: bool,

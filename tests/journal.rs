@@ -211,6 +211,39 @@ async fn a_damaged_entry_in_the_views_is_refused_not_served() {
     check_answers(&server, &answered).await;
 }
 
+/// The views file cut short (a disk that lost its end, a copy cut off) refuses the start
+/// with a message naming it and saying what to do; moved away, the views are rebuilt
+/// from the log, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_views_refuse_the_start_and_the_log_rebuilds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let answered = sell_then_kill(dir.path()).await;
+    let c = client();
+    let mut server = Server::start(dir.path(), &[]);
+    wait_ready(&c, &server).await;
+    assert!(server.terminate().success());
+    let data = dir.path().join("data");
+    let views = data.join("nrtxn.db");
+    let len = std::fs::metadata(&views).unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&views)
+        .unwrap();
+    f.set_len(len / 2).unwrap();
+    drop(f);
+    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
+    assert!(!status.success(), "started on truncated views");
+    assert!(
+        stderr.contains("nrtxn.db") && stderr.contains("rebuilt from the log"),
+        "{stderr}"
+    );
+    for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
+        let _ = std::fs::remove_file(data.join(f));
+    }
+    let server = Server::start(dir.path(), &[]);
+    check_answers(&server, &answered).await;
+}
+
 /// The first record number of a segment, from its name.
 fn first_lsn(seg: &Path) -> u64 {
     seg.file_stem().unwrap().to_str().unwrap().parse().unwrap()

@@ -642,6 +642,41 @@ mod tests {
         assert!(err.to_string().contains("stale writer"), "{err}");
     }
 
+    /// Every older segment truncated (by any amount) refuses the scan, naming the file:
+    /// only the newest segment may end in a torn record.
+    #[test]
+    fn a_truncated_older_segment_refuses_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 40, 500);
+        let segs = segments(dir.path()).unwrap();
+        let (_, newest) = segs.last().unwrap().clone();
+        for (_, path) in &segs[..segs.len() - 1] {
+            let data = std::fs::read(path).unwrap();
+            for cut in [1, HEADER_LEN as u64, data.len() as u64 / 2] {
+                let f = OpenOptions::new().write(true).open(path).unwrap();
+                f.set_len(data.len() as u64 - cut).unwrap();
+                drop(f);
+                let err = bodies(dir.path(), Chain::default()).expect_err("refused");
+                assert!(
+                    matches!(err, LogError::Corrupt { .. } | LogError::Gap { .. }),
+                    "{}: cut {cut}: {err}",
+                    path.display()
+                );
+                assert!(
+                    err.to_string().contains(&path.display().to_string()),
+                    "{err}"
+                );
+                std::fs::write(path, &data).unwrap();
+            }
+        }
+        assert_ne!(segs.len(), 1);
+        assert!(
+            bodies(dir.path(), Chain::default()).is_ok(),
+            "{}",
+            newest.display()
+        );
+    }
+
     #[test]
     fn a_second_writer_on_the_same_log_is_refused() {
         let dir = tempfile::tempdir().unwrap();
