@@ -229,6 +229,13 @@ fn open(path: &Path, durable: bool) -> Result<Connection, StoreError> {
 }
 
 impl SqliteStore {
+    /// The filter of the request keys these views hold. The embedded journal's log
+    /// writer adds the keys it makes durable before their views are written, so that a
+    /// key the filter does not know was never decided, whatever the views' lag.
+    pub(crate) fn key_filter(&self) -> &Arc<KeyFilter> {
+        &self.keys
+    }
+
     /// Opens (or creates) `dir/nrtxn.db` and starts the writer thread.
     pub fn open(dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<SqliteStore>, StoreError> {
         SqliteStore::open_as(dir, metrics, true)

@@ -428,6 +428,18 @@ fn commit(
         }
         std::process::exit(70);
     }
+    // Every key now durable is in the key filter before anyone is answered: a key the
+    // filter does not know was never decided, and reads need not wait for the views.
+    let filter = views.key_filter();
+    for cmd in &cmds {
+        if let Command::Append(entries, _) = cmd {
+            for e in entries {
+                if let Some(key) = &e.request_key {
+                    filter.insert(&e.shop, key);
+                }
+            }
+        }
+    }
     progress
         .durable
         .store(log.chain().next_lsn - 1, Ordering::Release);
@@ -468,7 +480,14 @@ impl JournalWrite for LogJournal {
 }
 
 impl Outcomes for LogJournal {
+    /// A key the filter does not know was never made durable (the log writer adds each
+    /// key before anyone is answered): most keys, new ones, are answered at once. Only a
+    /// key that may be there waits until the views hold everything durable, and is read.
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        let filter = self.views.key_filter();
+        if !keys.iter().any(|k| filter.may_contain(shop, k)) {
+            return Ok(vec![None; keys.len()]);
+        }
         self.progress.wait_views()?;
         self.views.outcomes(shop, keys)
     }
