@@ -1102,7 +1102,7 @@ impl Processor {
     }
 
     fn notify_flushed(&mut self) {
-        if self.mailbox.is_empty() && self.in_flight.is_empty() {
+        if self.mailbox.is_empty() && self.in_flight.is_empty() && self.parked.is_none() {
             for w in self.flush_waiters.drain(..) {
                 let _ = w.send(());
             }
