@@ -50,6 +50,23 @@ const SNAPSHOT_EVERY_TXNS: u32 = 256;
 /// Read connections kept for lookups.
 const READERS_MAX: usize = 8;
 
+/// Adds an `INTEGER` column to a table made before the column existed.
+fn add_column_if_missing(
+    conn: &Connection,
+    table: &str,
+    column: &str,
+) -> Result<(), rusqlite::Error> {
+    let has: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
+        params![table, column],
+        |r| r.get(0),
+    )?;
+    if has == 0 {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} INTEGER;"))?;
+    }
+    Ok(())
+}
+
 /// The checksum of an item's snapshot row: xxh3-64 of its fields, as a signed integer.
 fn snapshot_checksum(shop: &str, item: &str, s: ItemState) -> i64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -282,32 +299,10 @@ impl SqliteStore {
         let conn = open(&path, durable)?;
         migrate(&conn).map_err(storage)?;
         conn.execute_batch(SCHEMA).map_err(storage)?;
-        // Views made before snapshots had checksums: their rows get one when next
-        // written, and are trusted until then.
-        let has_checksum: bool = conn
-            .query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('items') WHERE name = 'checksum'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(storage)?
-            > 0;
-        if !has_checksum {
-            conn.execute_batch("ALTER TABLE items ADD COLUMN checksum INTEGER;")
-                .map_err(storage)?;
-        }
-        let has_rowsum: bool = conn
-            .query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('journal') WHERE name = 'rowsum'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(storage)?
-            > 0;
-        if !has_rowsum {
-            conn.execute_batch("ALTER TABLE journal ADD COLUMN rowsum INTEGER;")
-                .map_err(storage)?;
-        }
+        // Views made before rows had checksums: their rows get one when next written,
+        // and are trusted until then.
+        add_column_if_missing(&conn, "items", "checksum").map_err(storage)?;
+        add_column_if_missing(&conn, "journal", "rowsum").map_err(storage)?;
         // After the schema, so it also covers journals made before the index existed.
         conn.execute_batch(
             "CREATE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)

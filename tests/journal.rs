@@ -56,6 +56,32 @@ async fn check_answers(server: &Server, answered: &[Value]) {
     );
 }
 
+/// Starts the server on `dir` and stops it cleanly (SIGTERM), which writes every item's
+/// snapshot into the views.
+async fn start_and_stop(dir: &Path) {
+    let mut server = Server::start(dir, &[]);
+    wait_ready(&client(), &server).await;
+    let stopped = server.terminate();
+    assert!(
+        stopped.success(),
+        "{stopped}: {}",
+        std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+    );
+}
+
+/// Deletes the views (SQLite's files), as an operator moving damaged ones away does.
+fn delete_views(data: &Path) {
+    for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
+        let _ = std::fs::remove_file(data.join(f));
+    }
+}
+
+/// Changes the views behind nrtxn's back with `sql`, which must change one row.
+fn tamper_views(data: &Path, sql: &str) {
+    let views = rusqlite::Connection::open(data.join("nrtxn.db")).unwrap();
+    assert_eq!(views.execute(sql, []).unwrap(), 1, "{sql}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_tail_is_cut_off_and_every_acknowledged_outcome_stays() {
     let dir = tempfile::tempdir().unwrap();
@@ -107,9 +133,7 @@ async fn a_damaged_record_inside_the_log_refuses_the_start_with_file_and_offset(
 async fn lost_views_are_rebuilt_from_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let answered = sell_then_kill(dir.path()).await;
-    for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
-        let _ = std::fs::remove_file(dir.path().join("data").join(f));
-    }
+    delete_views(&dir.path().join("data"));
     let server = Server::start(dir.path(), &[]);
     check_answers(&server, &answered).await;
     let c = client();
@@ -134,25 +158,12 @@ async fn lost_views_are_rebuilt_from_the_log() {
 async fn a_damaged_snapshot_in_the_views_refuses_the_start_and_the_log_rebuilds_them() {
     let dir = tempfile::tempdir().unwrap();
     let answered = sell_then_kill(dir.path()).await;
-    // A clean stop writes every item's snapshot.
-    let mut server = Server::start(dir.path(), &[]);
-    wait_ready(&client(), &server).await;
-    let stopped = server.terminate();
-    assert!(
-        stopped.success(),
-        "{stopped}: {}",
-        std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default()
-    );
+    start_and_stop(dir.path()).await;
     let data = dir.path().join("data");
-    let views = rusqlite::Connection::open(data.join("nrtxn.db")).unwrap();
-    let changed = views
-        .execute(
-            "UPDATE items SET stock = (stock | 4) - (stock & 4) WHERE item = 'sku'",
-            [],
-        )
-        .unwrap();
-    assert_eq!(changed, 1);
-    drop(views);
+    tamper_views(
+        &data,
+        "UPDATE items SET stock = (stock | 4) - (stock & 4) WHERE item = 'sku'",
+    );
     let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
     assert!(!status.success(), "started on a damaged snapshot");
     assert!(
@@ -161,9 +172,7 @@ async fn a_damaged_snapshot_in_the_views_refuses_the_start_and_the_log_rebuilds_
         ) && stderr.contains("rebuilt from the log"),
         "{stderr}"
     );
-    for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
-        let _ = std::fs::remove_file(data.join(f));
-    }
+    delete_views(&data);
     let server = Server::start(dir.path(), &[]);
     check_answers(&server, &answered).await;
 }
@@ -176,19 +185,12 @@ async fn a_damaged_entry_in_the_views_is_refused_not_served() {
     let dir = tempfile::tempdir().unwrap();
     let answered = sell_then_kill(dir.path()).await;
     let c = client();
-    let mut server = Server::start(dir.path(), &[]);
-    wait_ready(&c, &server).await;
-    assert!(server.terminate().success());
+    start_and_stop(dir.path()).await;
     let data = dir.path().join("data");
-    let views = rusqlite::Connection::open(data.join("nrtxn.db")).unwrap();
-    let changed = views
-        .execute(
-            "UPDATE journal SET status = 'insufficient_stock' WHERE request_key = 'k5'",
-            [],
-        )
-        .unwrap();
-    assert_eq!(changed, 1);
-    drop(views);
+    tamper_views(
+        &data,
+        "UPDATE journal SET status = 'insufficient_stock' WHERE request_key = 'k5'",
+    );
     let mut server = Server::start(dir.path(), &[]);
     let (status, body) = get(&c, &server.url("/v1/shops/shop/txns/k5")).await;
     assert_eq!(status, 503, "a damaged outcome was served: {body}");
@@ -204,9 +206,7 @@ async fn a_damaged_entry_in_the_views_is_refused_not_served() {
         log.contains("does not match its checksum") && log.contains("rebuilt from the log"),
         "{log}"
     );
-    for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
-        let _ = std::fs::remove_file(data.join(f));
-    }
+    delete_views(&data);
     let server = Server::start(dir.path(), &[]);
     check_answers(&server, &answered).await;
 }
@@ -218,10 +218,7 @@ async fn a_damaged_entry_in_the_views_is_refused_not_served() {
 async fn truncated_views_refuse_the_start_and_the_log_rebuilds_them() {
     let dir = tempfile::tempdir().unwrap();
     let answered = sell_then_kill(dir.path()).await;
-    let c = client();
-    let mut server = Server::start(dir.path(), &[]);
-    wait_ready(&c, &server).await;
-    assert!(server.terminate().success());
+    start_and_stop(dir.path()).await;
     let data = dir.path().join("data");
     let views = data.join("nrtxn.db");
     let len = std::fs::metadata(&views).unwrap().len();
@@ -237,9 +234,7 @@ async fn truncated_views_refuse_the_start_and_the_log_rebuilds_them() {
         stderr.contains("nrtxn.db") && stderr.contains("rebuilt from the log"),
         "{stderr}"
     );
-    for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
-        let _ = std::fs::remove_file(data.join(f));
-    }
+    delete_views(&data);
     let server = Server::start(dir.path(), &[]);
     check_answers(&server, &answered).await;
 }

@@ -77,17 +77,22 @@ async fn start_two_env(test: &str, env1: &[(&str, &str)]) -> Option<Nodes> {
     })
 }
 
-/// Decisions this node's processors made, from its metrics.
-async fn decisions(c: &reqwest::Client, server: &Server) -> u64 {
-    let text = c
-        .get(server.url("/metrics"))
+/// The server's metrics, as text.
+async fn metrics(c: &reqwest::Client, server: &Server) -> String {
+    c.get(server.url("/metrics"))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+/// Decisions this node's processors made, from its metrics.
+async fn decisions(c: &reqwest::Client, server: &Server) -> u64 {
+    metrics(c, server)
+        .await
+        .lines()
         .filter(|l| l.starts_with("nrtxn_decisions_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
@@ -95,17 +100,16 @@ async fn decisions(c: &reqwest::Client, server: &Server) -> u64 {
 
 /// Requests this node's processors answered with an outcome recorded before.
 async fn repeats(c: &reqwest::Client, server: &Server) -> u64 {
-    let text = c
-        .get(server.url("/metrics"))
-        .send()
+    counter(c, server, "nrtxn_repeats_total").await
+}
+
+/// A counter of a server's metrics (0 when absent).
+async fn counter(c: &reqwest::Client, server: &Server, name: &str) -> u64 {
+    metrics(c, server)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("nrtxn_repeats_total ")?.parse::<u64>().ok())
-        .unwrap_or(0)
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -306,21 +310,6 @@ fn signal(server: &Server, sig: &str) {
         .status()
         .unwrap();
     assert!(status.success(), "kill {sig}");
-}
-
-/// A counter of a server's metrics (0 when absent).
-async fn counter(c: &reqwest::Client, server: &Server, name: &str) -> u64 {
-    let text = c
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
 }
 
 /// Two nodes under load from 16 clients, half on each; node 1 meets `fault`; node 0
