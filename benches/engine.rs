@@ -13,7 +13,7 @@ use nrtxn::embedded_log::{EmbeddedLog, RequestStore};
 use nrtxn::journal::{LogJournal, Retention};
 use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::{
-    now_ms, Admission, Engine, EngineConfig, Journal, Metrics, Op, Request, RequestLog, Status,
+    now_ms, Engine, EngineConfig, Journal, Metrics, Op, Reply, Request, RequestLog, Status,
 };
 
 fn arg(n: usize, default: usize) -> usize {
@@ -106,11 +106,11 @@ fn main() {
                 let engine = engine.clone();
                 let shop = shop.clone();
                 running.push(async move {
-                    let admitted = engine.submit(&shop, reqs).await.expect("submit");
-                    let mut statuses = Vec::with_capacity(admitted.admissions.len());
-                    for a in admitted.admissions {
-                        if let Admission::Wait(rx) = a {
-                            statuses.push(rx.await.expect("outcome").status);
+                    let answers = engine.submit(&shop, reqs).await.expect("submit");
+                    let mut statuses = Vec::with_capacity(answers.replies.len());
+                    for reply in answers.replies {
+                        if let Reply::Decided(o) = reply {
+                            statuses.push(o.status);
                         }
                     }
                     statuses

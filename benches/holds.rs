@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nrtxn::embedded_log::EmbeddedLog;
 use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::{
-    now_ms, Admission, Engine, EngineConfig, ItemReads, Metrics, Op, Request, RequestLog, Status,
+    now_ms, Engine, EngineConfig, ItemReads, Metrics, Op, Reply, Request, RequestLog, Status,
 };
 
 const ITEMS: usize = 100;
@@ -80,12 +80,11 @@ fn main() {
                     (req, true)
                 })
                 .collect();
-            let admitted = engine.submit(&shop, reqs).await.expect("submit");
-            for a in admitted.admissions {
-                let Admission::Wait(rx) = a else {
-                    panic!("a new hold is waited for")
+            let answers = engine.submit(&shop, reqs).await.expect("submit");
+            for reply in answers.replies {
+                let Reply::Decided(o) = reply else {
+                    panic!("a new hold is decided: {reply:?}")
                 };
-                let o = rx.await.expect("outcome");
                 assert_eq!(o.status, Status::Ok, "{o:?}");
                 expires_at.insert(o.request_key.clone(), o.expires_at.expect("expires_at"));
             }

@@ -200,6 +200,12 @@ impl Command {
     }
 }
 
+/// How long the views' writer gathers entries into one transaction. Nobody waits for a
+/// views commit (the log is the durable record; a read of a key the views do not hold
+/// yet waits for them), so fewer, larger commits cost less per entry: each commit
+/// rewrites every page it touched into the WAL, checksummed.
+const VIEWS_LINGER: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// How often the WAL is copied back into the database file, off the writer's thread.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -342,7 +348,12 @@ impl SqliteStore {
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || {
-                let mut writer = Writer::new(conn, metrics, writer_keys);
+                let linger = if durable {
+                    std::time::Duration::ZERO
+                } else {
+                    VIEWS_LINGER
+                };
+                let mut writer = Writer::new(conn, metrics, writer_keys, linger);
                 writer.dirty = dirty;
                 writer.run(rx)
             })
@@ -721,23 +732,35 @@ pub fn read_log_mark(conn: &Connection) -> Result<Option<Chain>, rusqlite::Error
 }
 
 /// A writer thread's next group: the first command to come, then every one already
-/// waiting, until their weight (entries) reaches `max`. `None` once every sender is gone.
+/// waiting, until their weight (entries) reaches `max`. With a `linger`, the group also
+/// takes what arrives until `linger` after the first command, unless a command with no
+/// weight (a close, a prune, a relay save: someone waits on it alone) comes first.
+/// `None` once every sender is gone.
 pub(crate) fn gather<C>(
     rx: &Receiver<C>,
     max: usize,
+    linger: std::time::Duration,
     weight: impl Fn(&C) -> usize,
 ) -> Option<(Vec<C>, usize)> {
     let first = rx.recv().ok()?;
+    let until = Instant::now() + linger;
     let mut total = weight(&first);
+    let mut urgent = total == 0;
     let mut cmds = vec![first];
     while total < max {
-        match rx.try_recv() {
-            Ok(c) => {
-                total += weight(&c);
-                cmds.push(c);
-            }
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-        }
+        let next = match rx.try_recv() {
+            Ok(c) => Some(c),
+            Err(TryRecvError::Disconnected) => None,
+            Err(TryRecvError::Empty) if urgent || linger.is_zero() => None,
+            Err(TryRecvError::Empty) => rx
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+                .ok(),
+        };
+        let Some(c) = next else { break };
+        let w = weight(&c);
+        urgent |= w == 0;
+        total += w;
+        cmds.push(c);
     }
     Some((cmds, total))
 }
@@ -1121,10 +1144,18 @@ struct Writer {
     /// Entries the last [`Command::Prune`] deleted.
     pruned: usize,
     txns_since_snapshot: u32,
+    /// How long a transaction waits for more commands after its first: zero for a
+    /// durable store (its callers wait for the commit), [`VIEWS_LINGER`] for views.
+    linger: std::time::Duration,
 }
 
 impl Writer {
-    fn new(conn: Connection, metrics: Arc<Metrics>, keys: Arc<KeyFilter>) -> Writer {
+    fn new(
+        conn: Connection,
+        metrics: Arc<Metrics>,
+        keys: Arc<KeyFilter>,
+        linger: std::time::Duration,
+    ) -> Writer {
         Writer {
             conn,
             metrics,
@@ -1132,13 +1163,15 @@ impl Writer {
             dirty: HashMap::new(),
             pruned: 0,
             txns_since_snapshot: 0,
+            linger,
         }
     }
 
     fn run(mut self, rx: Receiver<Command>) {
         let mut closing = None;
         while closing.is_none() {
-            let Some((cmds, weight)) = gather(&rx, TXN_ENTRIES_MAX, Command::weight) else {
+            let Some((cmds, weight)) = gather(&rx, TXN_ENTRIES_MAX, self.linger, Command::weight)
+            else {
                 break;
             };
             let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;

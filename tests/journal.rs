@@ -416,7 +416,7 @@ async fn a_backup_taken_under_load_restores_every_outcome_acknowledged_before_it
 fn legacy_data_dir(data: &Path) {
     use nrtxn::embedded_log::EmbeddedLog;
     use nrtxn::sqlite::SqliteStore;
-    use nrtxn_actors::{now_ms, Admission, Engine, EngineConfig, Metrics, Op, Request};
+    use nrtxn_actors::{now_ms, Engine, EngineConfig, Metrics, Op, Reply, Request};
     let data = data.to_path_buf();
     std::thread::spawn(move || {
         actix_rt::System::new().block_on(async move {
@@ -444,12 +444,8 @@ fn legacy_data_dir(data: &Path) {
                         now_ms(),
                     )
                 };
-                let admitted = engine.submit(&shop, vec![(req, true)]).await.unwrap();
-                for a in admitted.admissions {
-                    if let Admission::Wait(rx) = a {
-                        rx.await.unwrap();
-                    }
-                }
+                let answers = engine.submit(&shop, vec![(req, true)]).await.unwrap();
+                assert!(matches!(answers.replies[..], [Reply::Decided(_)]));
             }
             engine.shutdown().await;
         })

@@ -13,8 +13,8 @@ use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::ports::{AppendDone, Recovered, RelayPage};
 use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::{
-    now_ms, Admission, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome,
-    Request, RequestLog, Status, StoreError,
+    now_ms, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome, Reply, Request,
+    RequestLog, Status, StoreError,
 };
 
 /// The real journal, except that every third append is refused with `Full` before it
@@ -131,13 +131,13 @@ fn a_full_journal_queue_holds_batches_back_and_loses_none() {
                 .collect();
             let (engine, shop) = (engine.clone(), shop.clone());
             async move {
-                let admitted = engine.submit(&shop, reqs).await.expect("admitted");
+                let answers = engine.submit(&shop, reqs).await.expect("admitted");
                 let mut statuses = Vec::new();
-                for a in admitted.admissions {
-                    let Admission::Wait(rx) = a else {
-                        panic!("not waiting: {a:?}")
+                for reply in answers.replies {
+                    let Reply::Decided(o) = reply else {
+                        panic!("not decided: {reply:?}")
                     };
-                    statuses.push(rx.await.expect("answered").status);
+                    statuses.push(o.status);
                 }
                 statuses
             }

@@ -16,10 +16,11 @@ use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
 use crate::processor::{Enqueue, Flush, GetItem, ItemRead, Load, Processor, ShardShared};
+use crate::reply::{Answers, Call, Reply};
 use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request};
 use crate::work_manager::{
-    Admission, Admitted, Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle,
-    ShopStatus, Submit, SubmitError, WorkManager,
+    Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle, ShopStatus, Submit,
+    SubmitError, WorkManager,
 };
 
 /// The engine's bounds and timings. Every field is set from the binary's configuration.
@@ -423,12 +424,16 @@ impl Engine {
         self.deps.outcomes_cached.load(Ordering::Relaxed)
     }
 
-    /// Submits requests of one shop; `bool` is whether the caller waits for the outcome.
+    /// Submits requests of one shop (`bool`: whether the caller waits for the outcome)
+    /// and waits for the call's replies: outcomes, `Accepted` for fire-and-forget
+    /// requests (owed a 202 once [`Answers::durable`] resolves), `Pending` for what is
+    /// undecided at the reply timeout. The shop's WorkManager answers once, when the last
+    /// reply is known, on the handle carried with the requests.
     pub async fn submit(
         &self,
         shop: &Arc<str>,
         reqs: Vec<(Request, bool)>,
-    ) -> Result<Admitted, EngineError> {
+    ) -> Result<Answers, EngineError> {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
@@ -437,9 +442,22 @@ impl Engine {
         // goes to the shop's next one (a few times at most: each is new and busy).
         for _ in 0..3 {
             let wm = self.work_manager(shop).await?;
-            match wm.addr.send(Submit(reqs)).await {
+            let deadline = std::time::Instant::now() + self.deps.reply_timeout;
+            let (call, answered) = Call::new(reqs.len(), deadline);
+            match wm.addr.try_send(Submit { reqs, call }) {
+                Ok(()) => {}
+                // The shop's mailbox is the queue in front of its WorkManager: full, the
+                // call is refused (429) rather than queued without bound.
+                Err(SendError::Full(_)) => return Err(EngineError::Overloaded),
+                Err(SendError::Closed(msg)) => {
+                    reqs = msg.reqs;
+                    continue;
+                }
+            }
+            match answered.await {
                 Ok(Err(SubmitError::Passivated(back))) => reqs = back,
                 Ok(result) => return Ok(result?),
+                // The WorkManager stopped with the call unanswered: only at shutdown.
                 Err(_) => return Err(EngineError::ShuttingDown),
             }
         }
@@ -563,22 +581,15 @@ impl Engine {
         reqs: Vec<Request>,
     ) -> Result<Vec<Arc<Outcome>>, EngineError> {
         let reqs = reqs.into_iter().map(|r| (r, true)).collect();
-        let admitted = self.submit(shop, reqs).await?;
-        let mut outcomes = Vec::with_capacity(admitted.admissions.len());
-        for admission in admitted.admissions {
-            outcomes.push(match admission {
-                Admission::Decided(o) => o,
-                Admission::Wait(rx) => {
-                    match tokio::time::timeout(self.deps.reply_timeout, rx).await {
-                        Ok(Ok(o)) => o,
-                        Ok(Err(_)) => return Err(EngineError::ShuttingDown),
-                        Err(_) => return Err(EngineError::Timeout),
-                    }
-                }
-                Admission::Accepted => return Err(EngineError::Timeout),
-            });
-        }
-        Ok(outcomes)
+        let answers = self.submit(shop, reqs).await?;
+        answers
+            .replies
+            .into_iter()
+            .map(|reply| match reply {
+                Reply::Repeat(o) | Reply::Decided(o) => Ok(o),
+                Reply::Accepted | Reply::Pending => Err(EngineError::Timeout),
+            })
+            .collect()
     }
 
     /// What is known of the load with `request_id`: its items' outcomes in order, as far

@@ -10,6 +10,7 @@ pub mod mailbox;
 pub mod metrics;
 pub mod ports;
 pub mod processor;
+pub mod reply;
 pub mod types;
 pub mod verify;
 pub mod wheel;
@@ -22,5 +23,6 @@ pub use ports::{
     LogHooks, Outbox, Outcomes, Recovered, RelayPage, RemoteReplies, RequestLog, Sharing,
     StoreError,
 };
+pub use reply::{Answers, Reply};
 pub use types::*;
-pub use work_manager::{Admission, Admitted, PollResult};
+pub use work_manager::PollResult;

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dashmap::DashMap;
-use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
-use crate::ports::{Durable, Journal, RequestLog, StoreError};
+use crate::ports::{Journal, RequestLog, StoreError};
+use crate::reply::{Call, Deadlines, Reply};
 use crate::types::{now_ms, Millis, Outcome, Request};
 
 /// How long a passivated WorkManager stays alive to hand back requests sent to it just
@@ -124,9 +124,10 @@ impl Deps {
     }
 }
 
+/// A caller waiting for a key's outcome: request `index` of `call`.
 struct Waiter {
-    tx: oneshot::Sender<Arc<Outcome>>,
-    deadline: Instant,
+    call: Arc<Call>,
+    index: usize,
 }
 
 struct InFlight {
@@ -152,6 +153,10 @@ pub struct WorkManager {
     /// Older ones are read back from the journal.
     recent: HashMap<Arc<str>, Arc<Outcome>>,
     recent_order: VecDeque<Arc<str>>,
+    /// Calls with a request still undecided, answered `pending` at their deadline.
+    deadlines: Deadlines,
+    /// A wake-up is set for the first deadline in `deadlines`.
+    deadline_armed: bool,
 }
 
 impl WorkManager {
@@ -164,6 +169,28 @@ impl WorkManager {
             in_flight: HashMap::new(),
             recent: HashMap::new(),
             recent_order: VecDeque::new(),
+            deadlines: Deadlines::default(),
+            deadline_armed: false,
+        }
+    }
+
+    /// Answers the calls past their deadline, and sets a wake-up for the next one. One
+    /// wake-up at a time, and none while no call waits: an idle shop costs no timer.
+    fn expire_calls(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        self.deadlines.expire(now);
+        self.deadline_armed = false;
+        self.arm_deadline(ctx);
+    }
+
+    fn arm_deadline(&mut self, ctx: &mut Context<Self>) {
+        if self.deadline_armed {
+            return;
+        }
+        if let Some(at) = self.deadlines.first_deadline() {
+            self.deadline_armed = true;
+            let wait = at.saturating_duration_since(Instant::now());
+            ctx.run_later(wait, |wm, ctx| wm.expire_calls(ctx));
         }
     }
 
@@ -233,12 +260,6 @@ impl WorkManager {
         });
     }
 
-    fn waiter(&self) -> (Waiter, oneshot::Receiver<Arc<Outcome>>) {
-        let (tx, rx) = oneshot::channel();
-        let deadline = Instant::now() + self.deps.reply_timeout;
-        (Waiter { tx, deadline }, rx)
-    }
-
     /// Outcomes recorded in the journal for keys that are neither in flight nor cached.
     /// `exact`: read the store itself, not a filter that knows only this node's writes
     /// (a poll must find a key another node decided; a submission need not, since the
@@ -258,17 +279,25 @@ impl WorkManager {
         Ok(())
     }
 
-    fn submit(&mut self, reqs: Vec<(Request, bool)>) -> Result<Admitted, SubmitError> {
+    fn submit(&mut self, reqs: Vec<(Request, bool)>, call: Arc<Call>, ctx: &mut Context<Self>) {
         if self.passivated {
-            return Err(SubmitError::Passivated(reqs));
+            return call.fail(SubmitError::Passivated(reqs));
         }
         self.status.touch();
-        let admitted = self.admit(reqs);
+        match self.admit(reqs, &call) {
+            Ok(()) => {
+                self.deadlines.push(call);
+                self.arm_deadline(ctx);
+            }
+            Err(e) => call.fail(e),
+        }
         self.publish_in_flight();
-        admitted
     }
 
-    fn admit(&mut self, reqs: Vec<(Request, bool)>) -> Result<Admitted, SubmitError> {
+    /// Takes a call's requests in, all of them or (overload, a store error) none, and
+    /// seals the call: its replies are set here for repeats and fire-and-forget requests,
+    /// and by [`WorkManager::decided`] for the others.
+    fn admit(&mut self, reqs: Vec<(Request, bool)>, call: &Arc<Call>) -> Result<(), SubmitError> {
         // Keys this call does not already know about, read from the journal in one go.
         let unknown: Vec<&str> = {
             let mut seen = std::collections::HashSet::new();
@@ -295,21 +324,25 @@ impl WorkManager {
             return Err(SubmitError::Overloaded);
         }
 
-        let mut admissions = Vec::with_capacity(reqs.len());
+        // Replies known now are set only once the call is taken in whole: a call refused
+        // below must not have half its replies.
+        let mut known = Vec::new();
         let mut to_log = Vec::with_capacity(n_new);
-        for (mut req, respond) in reqs {
+        for (index, (mut req, respond)) in reqs.into_iter().enumerate() {
             if let Some(outcome) = self.recent.get(&req.key) {
-                admissions.push(Admission::Decided(outcome.clone()));
+                known.push((index, Reply::Repeat(outcome.clone())));
                 continue;
             }
-            let (waiter, rx) = self.waiter();
+            let waiter = Waiter {
+                call: call.clone(),
+                index,
+            };
             if let Some(flight) = self.in_flight.get_mut(&req.key) {
                 // A repeat of a key in flight waits for the same decision. That is also
                 // how a fire-and-forget repeat gets its 202: this call cannot know
                 // whether the first submission is durable yet, but a journaled outcome
                 // is.
                 flight.waiters.push(waiter);
-                admissions.push(Admission::Wait(rx));
                 continue;
             }
             req.logged = !respond;
@@ -320,9 +353,8 @@ impl WorkManager {
             };
             if respond {
                 flight.waiters.push(waiter);
-                admissions.push(Admission::Wait(rx));
             } else {
-                admissions.push(Admission::Accepted);
+                known.push((index, Reply::Accepted));
             }
             self.in_flight.insert(req.key.clone(), flight);
             to_log.push(req);
@@ -334,9 +366,13 @@ impl WorkManager {
             match self.deps.log.append(to_log) {
                 Ok(durable) => durable,
                 Err(e) => {
-                    // Nothing was handed on: undo the admission entirely.
+                    // Nothing was handed on: undo the admission entirely, the waiters
+                    // this call left on keys already in flight included.
                     for k in &keys {
                         self.in_flight.remove(k);
+                    }
+                    for flight in self.in_flight.values_mut() {
+                        flight.waiters.retain(|w| !Arc::ptr_eq(&w.call, call));
                     }
                     self.deps.release(keys.len());
                     return Err(match e {
@@ -346,10 +382,11 @@ impl WorkManager {
                 }
             }
         };
-        Ok(Admitted {
-            admissions,
-            durable,
-        })
+        for (index, reply) in known {
+            call.set(index, reply);
+        }
+        call.seal(durable);
+        Ok(())
     }
 
     fn decided(&mut self, outcomes: Vec<Arc<Outcome>>) {
@@ -373,7 +410,7 @@ impl WorkManager {
         self.deps.release(answers.len());
         for (waiters, outcome) in answers {
             for w in waiters {
-                let _ = w.tx.send(outcome.clone());
+                w.call.set(w.index, Reply::Decided(outcome.clone()));
             }
         }
     }
@@ -387,9 +424,7 @@ impl WorkManager {
     fn sweep(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         for flight in self.in_flight.values_mut() {
-            flight
-                .waiters
-                .retain(|w| w.deadline > now && !w.tx.is_closed());
+            flight.waiters.retain(|w| !w.call.is_done());
         }
         let idle_ms = now_ms() - self.status.last_active_ms.load(Ordering::Relaxed);
         if self.in_flight.is_empty() && idle_ms >= self.deps.shop_idle.as_millis() as i64 {
@@ -489,33 +524,19 @@ pub enum SubmitError {
     Store(StoreError),
 }
 
-/// How one submitted request was taken in.
-#[derive(Debug)]
-pub enum Admission {
-    /// The key already has an outcome: here it is, nothing was applied.
-    Decided(Arc<Outcome>),
-    /// The outcome arrives on this receiver once it is durable.
-    Wait(oneshot::Receiver<Arc<Outcome>>),
-    /// Fire-and-forget: acknowledged once [`Admitted::durable`] resolves.
-    Accepted,
-}
-
-#[derive(Debug)]
-pub struct Admitted {
-    pub admissions: Vec<Admission>,
-    /// Resolves when this call's fire-and-forget requests are durable in the request log.
-    pub durable: Option<Durable>,
-}
-
-/// New requests of this shop, with whether each caller waits for the outcome.
+/// New requests of this shop, with whether each caller waits for the outcome, and the
+/// call's reply handle: the answer goes there, not back as the message's result.
 #[derive(Message)]
-#[rtype(result = "Result<Admitted, SubmitError>")]
-pub struct Submit(pub Vec<(Request, bool)>);
+#[rtype(result = "()")]
+pub struct Submit {
+    pub reqs: Vec<(Request, bool)>,
+    pub call: Arc<Call>,
+}
 
 impl Handler<Submit> for WorkManager {
-    type Result = Result<Admitted, SubmitError>;
-    fn handle(&mut self, msg: Submit, _: &mut Self::Context) -> Self::Result {
-        self.submit(msg.0)
+    type Result = ();
+    fn handle(&mut self, msg: Submit, ctx: &mut Self::Context) {
+        self.submit(msg.reqs, msg.call, ctx)
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::{
-    hold_end_key, now_ms, HoldStatus, Op, Outcome, Request, Status, HOLD_TTL_MAX_MS, QTY_MAX,
+    hold_end_key, now_ms, HoldStatus, Op, Outcome, Reply, Request, Status, HOLD_TTL_MAX_MS, QTY_MAX,
 };
 use serde_json::Value;
 
@@ -36,17 +36,13 @@ struct HoldBody<'a> {
 
 /// Submits one request that waits for its outcome; 504 if none comes in time.
 async fn decide(state: &AppState, shop: &Arc<str>, req: Request) -> Result<Arc<Outcome>, ApiError> {
-    let timeout = std::time::Duration::from_millis(state.engine.config().reply_timeout_ms);
     let key = req.key.clone();
-    let admitted = state.engine.submit(shop, vec![(req, true)]).await?;
-    let pending = || ApiError::Timeout(format!("request_key: {key} is still pending"));
-    match admitted.admissions.into_iter().next() {
-        Some(nrtxn_actors::Admission::Decided(o)) => Ok(o),
-        Some(nrtxn_actors::Admission::Wait(rx)) => match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(o)) => Ok(o),
-            _ => Err(pending()),
-        },
-        _ => Err(pending()),
+    let answers = state.engine.submit(shop, vec![(req, true)]).await?;
+    match answers.replies.into_iter().next() {
+        Some(Reply::Repeat(o) | Reply::Decided(o)) => Ok(o),
+        _ => Err(ApiError::Timeout(format!(
+            "request_key: {key} is still pending"
+        ))),
     }
 }
 

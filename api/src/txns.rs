@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use nrtxn_actors::{Admission, Outcome, PollResult, Request, BATCH_TXNS_MAX};
+use nrtxn_actors::{Outcome, PollResult, Reply, Request, BATCH_TXNS_MAX};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -102,9 +102,9 @@ async fn submit(
 ) -> Result<Vec<Answer>, ApiError> {
     let deadline = Instant::now() + Duration::from_millis(state.engine.config().reply_timeout_ms);
     let meta: Vec<(Request, bool)> = reqs.to_vec();
-    let admitted = state.engine.submit(shop, reqs).await?;
+    let answers = state.engine.submit(shop, reqs).await?;
     // Durability of this call's fire-and-forget requests comes first: a 202 is a promise.
-    let durable = match admitted.durable {
+    let durable = match answers.durable {
         None => true,
         Some(rx) => match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Ok(()))) => true,
@@ -113,10 +113,10 @@ async fn submit(
             Err(_) => false,
         },
     };
-    let mut answers = Vec::with_capacity(meta.len());
-    for (((req, respond), admission), field) in meta
+    let mut out = Vec::with_capacity(meta.len());
+    for (((req, respond), reply), field) in meta
         .into_iter()
-        .zip(admitted.admissions)
+        .zip(answers.replies)
         .zip(key_fields.iter().copied())
     {
         let key = req.key.clone();
@@ -124,18 +124,15 @@ async fn submit(
             Some(e) => Answer::Reused(key.clone(), e),
             None => answer,
         };
-        answers.push(match admission {
-            Admission::Decided(o) => decided(o.clone(), Answer::Outcome(o)),
-            Admission::Accepted if durable => Answer::Accepted(key),
-            Admission::Accepted => Answer::Pending(key),
-            Admission::Wait(rx) => match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(o)) if respond => decided(o.clone(), Answer::Outcome(o)),
-                Ok(Ok(o)) => decided(o, Answer::Accepted(key.clone())),
-                Ok(Err(_)) | Err(_) => Answer::Pending(key),
-            },
+        out.push(match reply {
+            Reply::Repeat(o) => decided(o.clone(), Answer::Outcome(o)),
+            Reply::Decided(o) if respond => decided(o.clone(), Answer::Outcome(o)),
+            Reply::Decided(o) => decided(o, Answer::Accepted(key.clone())),
+            Reply::Accepted if durable => Answer::Accepted(key),
+            Reply::Accepted | Reply::Pending => Answer::Pending(key),
         });
     }
-    Ok(answers)
+    Ok(out)
 }
 
 pub async fn post_txn(

@@ -330,7 +330,8 @@ fn run(
     let mut closing = None;
     let hold = crate::faults::journal_hold();
     while closing.is_none() {
-        let Some((cmds, weight)) = gather(&rx, GROUP_ENTRIES_MAX, Command::weight) else {
+        let Some((cmds, weight)) = gather(&rx, GROUP_ENTRIES_MAX, Duration::ZERO, Command::weight)
+        else {
             break;
         };
         match hold {
