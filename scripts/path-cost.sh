@@ -6,8 +6,8 @@
 #
 #   scripts/path-cost.sh [--scenario hot-sales] [--duration 8] [--runs 2] [--systems "nrtxn ceiling"]
 #
-# Prints one line per run: system, scenario, requests/s, CPU µs per request, context
-# switches per request. The nrtxn server keeps its data in a fresh folder under /tmp
+# Prints one line per run: system, scenario, requests/s, CPU µs per request (and its
+# user and kernel parts, from /proc), context switches per request. The nrtxn server keeps its data in a fresh folder under /tmp
 # (on disk, as a user's would be). Everything listens on loopback and is stopped at the
 # end. NRTXN_BIN picks another nrtxn binary (to compare a change with its predecessor).
 set -euo pipefail
@@ -64,6 +64,7 @@ for run in $(seq "$runs"); do
     done
     [ -n "$base" ] || { cat "$tmp/err" >&2; exit 1; }
     for _ in $(seq 100); do curl -sf "$base/readyz" > /dev/null 2>&1 && break; sleep 0.05; done
+    read -r -a before < <(cut -d' ' -f14,15 "/proc/$pid/stat")
     perf stat -x, -e task-clock,context-switches -p "$pid" -o "$tmp/perf" &
     perf_pid=$!
     check=()
@@ -73,12 +74,16 @@ for run in $(seq "$runs"); do
       || { cat "$tmp/bench.err" >&2; exit 1; }
     kill -INT "$perf_pid"
     wait "$perf_pid" 2> /dev/null || true
+    read -r -a after < <(cut -d' ' -f14,15 "/proc/$pid/stat")
+    ticks=$(getconf CLK_TCK)
     kill "$pid"
     wait "$pid" 2> /dev/null || true
     pid=""
-    python3 - "$tmp/perf" "$tmp/run.json" "$system" "$scenario" << 'EOF'
+    python3 - "$tmp/perf" "$tmp/run.json" "$system" "$scenario" \
+      $(( (after[0] - before[0]) * 1000000 / ticks )) $(( (after[1] - before[1]) * 1000000 / ticks )) << 'EOF'
 import json, sys
 perf, run, system, scenario = sys.argv[1:5]
+user_us, sys_us = int(sys.argv[5]), int(sys.argv[6])
 vals = {}
 for line in open(perf):
     parts = line.strip().split(",")
@@ -87,6 +92,7 @@ for line in open(perf):
 r = json.load(open(run))
 n = r["throughput_rps"] * r["duration_s"]
 print(f"{system:8} {scenario:10} {r['throughput_rps']:>9.0f}/s  cpu {vals['task-clock'] * 1000 / n:6.1f} us/req"
+      f" (user {user_us / n:5.1f}, kernel {sys_us / n:5.1f})"
       f"  cs {vals['context-switches'] / n:5.2f}/req  ({n:.0f} decisions, p99 {r['p99_ms']:.1f} ms)")
 EOF
   done

@@ -1062,6 +1062,12 @@ impl JournalWrite for MongoJournal {
 }
 
 impl Outcomes for MongoJournal {
+    /// What [`Outcomes::outcomes`] answers: this node's writes (the processors check
+    /// every key against the store itself).
+    fn surely_new(&self, shop: &str, keys: &[&str]) -> bool {
+        !keys.iter().any(|k| self.keys.may_contain(shop, k))
+    }
+
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         let maybe: Vec<String> = keys
             .iter()

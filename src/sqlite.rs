@@ -826,6 +826,10 @@ impl JournalWrite for SqliteStore {
 }
 
 impl Outcomes for SqliteStore {
+    fn surely_new(&self, shop: &str, keys: &[&str]) -> bool {
+        !keys.iter().any(|k| self.keys.may_contain(shop, k))
+    }
+
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         if !keys.iter().any(|k| self.keys.may_contain(shop, k)) {
             return Ok(vec![None; keys.len()]);

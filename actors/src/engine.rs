@@ -468,12 +468,21 @@ impl Engine {
     pub async fn poll(&self, shop: &Arc<str>, key: Arc<str>) -> Result<PollResult, EngineError> {
         let Some(wm) = self.registry.get(shop).map(|w| w.addr.clone()) else {
             // No WorkManager yet: nothing is in flight for this shop in this process,
-            // so the journal alone knows the answer.
-            let found = if self.deps.shared_log {
-                self.deps.journal.decided(shop, &[&key])?
-            } else {
-                self.deps.journal.outcomes(shop, &[&key])?
-            };
+            // so the journal alone knows the answer (read off the HTTP worker's thread).
+            let (journal, shop, exact) = (
+                self.deps.journal.clone(),
+                shop.clone(),
+                self.deps.shared_log,
+            );
+            let found = tokio::task::spawn_blocking(move || {
+                if exact {
+                    journal.decided(&shop, &[&key])
+                } else {
+                    journal.outcomes(&shop, &[&key])
+                }
+            })
+            .await
+            .map_err(|_| EngineError::ShuttingDown)??;
             return Ok(match found.into_iter().next().flatten() {
                 Some(o) => PollResult::Decided(Arc::new(o)),
                 None => PollResult::Unknown,

@@ -106,6 +106,14 @@ pub trait Outcomes: Send + Sync + 'static {
     fn decided(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         self.outcomes(shop, keys)
     }
+
+    /// Whether [`Outcomes::outcomes`] would find none of these keys, known from memory
+    /// (a filter of the keys written), with no I/O: the WorkManager then takes them in at
+    /// once, and reads the store, off its thread, only for the others. `false` when it
+    /// cannot tell without a read.
+    fn surely_new(&self, _shop: &str, _keys: &[&str]) -> bool {
+        false
+    }
 }
 
 /// Reads of items as durable: their states, holds and events.

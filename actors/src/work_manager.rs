@@ -157,6 +157,9 @@ pub struct WorkManager {
     deadlines: Deadlines,
     /// A wake-up is set for the first deadline in `deadlines`.
     deadline_armed: bool,
+    /// A sweep's lookup of keys long in flight is under way: one at a time, so a slow
+    /// store does not pile them up.
+    stale_lookup: bool,
 }
 
 impl WorkManager {
@@ -171,6 +174,7 @@ impl WorkManager {
             recent_order: VecDeque::new(),
             deadlines: Deadlines::default(),
             deadline_armed: false,
+            stale_lookup: false,
         }
     }
 
@@ -260,23 +264,25 @@ impl WorkManager {
         });
     }
 
-    /// Outcomes recorded in the journal for keys that are neither in flight nor cached.
-    /// `exact`: read the store itself, not a filter that knows only this node's writes
-    /// (a poll must find a key another node decided; a submission need not, since the
-    /// item's processor checks every key against the journal anyway).
-    fn look_up(&mut self, keys: &[&str], exact: bool) -> Result<(), StoreError> {
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let found = if exact {
-            self.deps.journal.decided(&self.shop, keys)?
-        } else {
-            self.deps.journal.outcomes(&self.shop, keys)?
+    /// Runs a journal read off this actor's thread (on the runtime's blocking pool: a
+    /// store call may take a network round trip, and every actor of the arbiter would
+    /// wait behind it) and hands its result to `then`, back on this actor's thread.
+    fn read_then<T: Send + 'static>(
+        &self,
+        ctx: &mut Context<Self>,
+        read: impl FnOnce(&dyn Journal) -> Result<T, StoreError> + Send + 'static,
+        then: impl FnOnce(&mut WorkManager, Result<T, StoreError>, &mut Context<Self>) + 'static,
+    ) {
+        let journal = self.deps.journal.clone();
+        let read = async move {
+            tokio::task::spawn_blocking(move || read(&*journal))
+                .await
+                .unwrap_or(Err(StoreError::Closed))
         };
-        for outcome in found.into_iter().flatten() {
-            self.remember(Arc::new(outcome));
-        }
-        Ok(())
+        ctx.spawn(
+            read.into_actor(self)
+                .map(move |r, wm, ctx| then(wm, r, ctx)),
+        );
     }
 
     fn submit(&mut self, reqs: Vec<(Request, bool)>, call: Arc<Call>, ctx: &mut Context<Self>) {
@@ -284,7 +290,7 @@ impl WorkManager {
             return call.fail(SubmitError::Passivated(reqs));
         }
         self.status.touch();
-        match self.admit(reqs, &call) {
+        match self.admit(reqs, &call, ctx) {
             Ok(()) => {
                 self.deadlines.push(call);
                 self.arm_deadline(ctx);
@@ -294,41 +300,41 @@ impl WorkManager {
         self.publish_in_flight();
     }
 
-    /// Takes a call's requests in, all of them or (overload, a store error) none, and
-    /// seals the call: its replies are set here for repeats and fire-and-forget requests,
-    /// and by [`WorkManager::decided`] for the others.
-    fn admit(&mut self, reqs: Vec<(Request, bool)>, call: &Arc<Call>) -> Result<(), SubmitError> {
-        // Keys this call does not already know about, read from the journal in one go.
-        let unknown: Vec<&str> = {
+    /// Takes a call's requests in, all of them or (overload) none. Each new key is
+    /// claimed at once, before anything else can happen to it: a repeat that arrives
+    /// from now on waits for the same decision. Keys the journal may already hold are
+    /// read off this thread first ([`WorkManager::screened`]); the others are handed on
+    /// to the request log now ([`WorkManager::hand_on`]).
+    fn admit(
+        &mut self,
+        reqs: Vec<(Request, bool)>,
+        call: &Arc<Call>,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), SubmitError> {
+        let mut unknown: Vec<Arc<str>> = Vec::new();
+        {
             let mut seen = std::collections::HashSet::new();
-            reqs.iter()
-                .map(|(r, _)| &*r.key)
-                .filter(|k| !self.in_flight.contains_key(*k) && !self.recent.contains_key(*k))
-                .filter(|k| seen.insert(*k))
-                .collect()
-        };
-        let unknown: Vec<String> = unknown.into_iter().map(str::to_owned).collect();
-        let unknown_refs: Vec<&str> = unknown.iter().map(String::as_str).collect();
-        self.look_up(&unknown_refs, false)
-            .map_err(SubmitError::Store)?;
-
-        // Admission: count what is new, reserve room for all of it or refuse all of it.
-        let mut new_keys = std::collections::HashSet::new();
-        for (r, _) in &reqs {
-            if !self.in_flight.contains_key(&r.key) && !self.recent.contains_key(&r.key) {
-                new_keys.insert(r.key.clone());
+            for (r, _) in &reqs {
+                if !self.in_flight.contains_key(&r.key)
+                    && !self.recent.contains_key(&r.key)
+                    && seen.insert(&r.key)
+                {
+                    unknown.push(r.key.clone());
+                }
             }
         }
-        let n_new = new_keys.len();
+        // Admission: reserve room for every new key or refuse the whole call.
+        let n_new = unknown.len();
         if self.in_flight.len() + n_new > self.deps.shop_pending_max || !self.deps.reserve(n_new) {
             return Err(SubmitError::Overloaded);
         }
-
-        // Replies known now are set only once the call is taken in whole: a call refused
-        // below must not have half its replies.
+        let screen = !unknown.is_empty() && {
+            let refs: Vec<&str> = unknown.iter().map(|k| &**k).collect();
+            !self.deps.journal.surely_new(&self.shop, &refs)
+        };
         let mut known = Vec::new();
-        let mut to_log = Vec::with_capacity(n_new);
-        for (index, (mut req, respond)) in reqs.into_iter().enumerate() {
+        let mut new = Vec::with_capacity(n_new);
+        for (index, (req, respond)) in reqs.into_iter().enumerate() {
             if let Some(outcome) = self.recent.get(&req.key) {
                 known.push((index, Reply::Repeat(outcome.clone())));
                 continue;
@@ -345,36 +351,108 @@ impl WorkManager {
                 flight.waiters.push(waiter);
                 continue;
             }
-            req.logged = !respond;
-            let mut flight = InFlight {
-                logged: !respond,
-                waiters: Vec::new(),
+            let flight = InFlight {
+                logged: false,
+                waiters: if respond { vec![waiter] } else { Vec::new() },
                 since: Instant::now(),
             };
-            if respond {
-                flight.waiters.push(waiter);
-            } else {
+            self.in_flight.insert(req.key.clone(), flight);
+            new.push((index, req, respond));
+        }
+        if !screen {
+            return self.hand_on(call, known, new);
+        }
+        let (shop, call) = (self.shop.clone(), call.clone());
+        self.read_then(
+            ctx,
+            move |journal| {
+                let refs: Vec<&str> = unknown.iter().map(|k| &**k).collect();
+                let found = journal.outcomes(&shop, &refs)?;
+                Ok(found.into_iter().flatten().collect::<Vec<_>>())
+            },
+            move |wm, found, _| {
+                wm.screened(call, known, new, found);
+                wm.publish_in_flight();
+            },
+        );
+        Ok(())
+    }
+
+    /// A call's new keys as the journal has them: those it holds are answered with that
+    /// outcome (they were decided before, and are not applied again), the rest go on.
+    fn screened(
+        &mut self,
+        call: Arc<Call>,
+        mut known: Vec<(usize, Reply)>,
+        new: Vec<(usize, Request, bool)>,
+        found: Result<Vec<Outcome>, StoreError>,
+    ) {
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                // Nothing of the call was handed on: its claims go. A repeat that came
+                // meanwhile is answered `pending` at its deadline, and may be sent again.
+                let keys: Vec<Arc<str>> = new.iter().map(|(_, r, _)| r.key.clone()).collect();
+                self.unclaim(&call, &keys);
+                return call.fail(SubmitError::Store(e));
+            }
+        };
+        let found: HashMap<Arc<str>, Arc<Outcome>> = found
+            .into_iter()
+            .map(|o| (o.request_key.clone(), Arc::new(o)))
+            .collect();
+        let mut rest = Vec::with_capacity(new.len());
+        let mut decided = Vec::new();
+        for (index, req, respond) in new {
+            match found.get(&req.key) {
+                Some(o) => {
+                    if !respond {
+                        known.push((index, Reply::Repeat(o.clone())));
+                    }
+                    decided.push(o.clone());
+                }
+                None => rest.push((index, req, respond)),
+            }
+        }
+        if !decided.is_empty() {
+            // Answers the claims' waiters (this call's among them) and lets them go.
+            self.decided(decided);
+        }
+        if let Err(e) = self.hand_on(&call, known, rest) {
+            call.fail(e);
+        }
+    }
+
+    /// Hands a call's new requests to the request log, sets the replies known now, and
+    /// seals the call; the others are set by [`WorkManager::decided`].
+    fn hand_on(
+        &mut self,
+        call: &Arc<Call>,
+        known: Vec<(usize, Reply)>,
+        new: Vec<(usize, Request, bool)>,
+    ) -> Result<(), SubmitError> {
+        let mut known = known;
+        let mut keys = Vec::with_capacity(new.len());
+        let mut to_log = Vec::with_capacity(new.len());
+        for (index, mut req, respond) in new {
+            req.logged = !respond;
+            if let Some(flight) = self.in_flight.get_mut(&req.key) {
+                flight.logged = !respond;
+            }
+            if !respond {
                 known.push((index, Reply::Accepted));
             }
-            self.in_flight.insert(req.key.clone(), flight);
+            keys.push(req.key.clone());
             to_log.push(req);
         }
         let durable = if to_log.is_empty() {
             None
         } else {
-            let keys: Vec<Arc<str>> = to_log.iter().map(|r| r.key.clone()).collect();
             match self.deps.log.append(to_log) {
                 Ok(durable) => durable,
                 Err(e) => {
-                    // Nothing was handed on: undo the admission entirely, the waiters
-                    // this call left on keys already in flight included.
-                    for k in &keys {
-                        self.in_flight.remove(k);
-                    }
-                    for flight in self.in_flight.values_mut() {
-                        flight.waiters.retain(|w| !Arc::ptr_eq(&w.call, call));
-                    }
-                    self.deps.release(keys.len());
+                    // Nothing was handed on: undo the admission entirely.
+                    self.unclaim(call, &keys);
                     return Err(match e {
                         StoreError::Full => SubmitError::Overloaded,
                         other => SubmitError::Store(other),
@@ -387,6 +465,20 @@ impl WorkManager {
         }
         call.seal(durable);
         Ok(())
+    }
+
+    /// Lets go of the keys a call claimed and of its waiters on other keys.
+    fn unclaim(&mut self, call: &Arc<Call>, claimed: &[Arc<str>]) {
+        let mut n = 0;
+        for key in claimed {
+            if self.in_flight.remove(key).is_some() {
+                n += 1;
+            }
+        }
+        for flight in self.in_flight.values_mut() {
+            flight.waiters.retain(|w| !Arc::ptr_eq(&w.call, call));
+        }
+        self.deps.release(n);
     }
 
     fn decided(&mut self, outcomes: Vec<Arc<Outcome>>) {
@@ -431,7 +523,7 @@ impl WorkManager {
             self.passivate(ctx);
             return;
         }
-        if !self.deps.shared_log {
+        if !self.deps.shared_log || self.stale_lookup {
             return;
         }
         // A key with a caller waiting is looked up once it has been in flight longer
@@ -454,14 +546,29 @@ impl WorkManager {
         if stale.is_empty() {
             return;
         }
-        let refs: Vec<&str> = stale.iter().map(|k| &**k).collect();
-        let found = match self.deps.journal.decided(&self.shop, &refs) {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::warn!(shop = %self.shop, error = %e, "stale keys not looked up");
-                return;
-            }
-        };
+        self.stale_lookup = true;
+        let shop = self.shop.clone();
+        self.read_then(
+            ctx,
+            move |journal| {
+                let refs: Vec<&str> = stale.iter().map(|k| &**k).collect();
+                Ok((journal.decided(&shop, &refs)?, stale))
+            },
+            |wm, found, _| {
+                wm.stale_lookup = false;
+                match found {
+                    Ok((found, stale)) => wm.settle_stale(stale, found),
+                    Err(e) => {
+                        tracing::warn!(shop = %wm.shop, error = %e, "stale keys not looked up")
+                    }
+                }
+            },
+        );
+    }
+
+    /// Keys long in flight as the journal has them (see [`WorkManager::sweep`]).
+    fn settle_stale(&mut self, stale: Vec<Arc<str>>, found: Vec<Option<Outcome>>) {
+        let now = Instant::now();
         let give_up = self.deps.request_ttl * 2 + self.deps.reply_timeout;
         let mut decided = Vec::new();
         let mut dropped = 0;
@@ -559,35 +666,14 @@ pub struct Resume(pub Vec<Request>);
 
 impl Handler<Resume> for WorkManager {
     type Result = ();
-    fn handle(&mut self, msg: Resume, _: &mut Self::Context) {
-        // A request can be both decided and still in the log when the journal and the
-        // log are written separately and the process died in between: its outcome
-        // stands, and it must not be applied again.
-        let keys: Vec<String> = msg.0.iter().map(|r| r.key.to_string()).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        if let Err(e) = self.look_up(&refs, false) {
-            // Without the journal's answer nothing can be resumed safely; the requests
-            // stay in the log for the next start.
-            tracing::error!(shop = %self.shop, error = %e, "cannot resume requests");
-            return;
-        }
-        let (decided, pending): (Vec<Request>, Vec<Request>) = msg
-            .0
-            .into_iter()
-            .partition(|r| self.recent.contains_key(&r.key));
-        if !decided.is_empty() {
-            self.deps
-                .log
-                .retire(&self.shop, decided.into_iter().map(|r| r.key).collect());
-        }
-        // Already admitted before the restart: not refused by the bounds, but counted in
-        // flight so that the bounds see them.
-        let mut n = 0;
-        for req in &pending {
+    fn handle(&mut self, msg: Resume, ctx: &mut Self::Context) {
+        // Already admitted before the restart: not refused by the bounds, but claimed
+        // and counted in flight so that the bounds see them.
+        let mut claimed = Vec::with_capacity(msg.0.len());
+        for req in msg.0 {
             if self.in_flight.contains_key(&req.key) {
                 continue;
             }
-            n += 1;
             self.in_flight.insert(
                 req.key.clone(),
                 InFlight {
@@ -596,10 +682,56 @@ impl Handler<Resume> for WorkManager {
                     since: Instant::now(),
                 },
             );
+            claimed.push(req);
         }
-        self.deps.inflight_total.fetch_add(n, Ordering::AcqRel);
+        self.deps
+            .inflight_total
+            .fetch_add(claimed.len(), Ordering::AcqRel);
         self.publish_in_flight();
-        self.deps.log.redeliver(pending);
+        // A request can be both decided and still in the log when the journal and the
+        // log are written separately and the process died in between: its outcome
+        // stands, and it must not be applied again.
+        let (shop, keys) = (
+            self.shop.clone(),
+            claimed.iter().map(|r| r.key.clone()).collect::<Vec<_>>(),
+        );
+        self.read_then(
+            ctx,
+            move |journal| {
+                let refs: Vec<&str> = keys.iter().map(|k| &**k).collect();
+                journal.outcomes(&shop, &refs)
+            },
+            move |wm, found, _| {
+                let found = match found {
+                    Ok(found) => found,
+                    Err(e) => {
+                        // Without the journal's answer nothing can be resumed safely;
+                        // the requests stay in the log for the next start.
+                        tracing::error!(shop = %wm.shop, error = %e, "cannot resume requests");
+                        let mut n = 0;
+                        for req in &claimed {
+                            n += usize::from(wm.in_flight.remove(&req.key).is_some());
+                        }
+                        wm.deps.release(n);
+                        wm.publish_in_flight();
+                        return;
+                    }
+                };
+                let mut decided = Vec::new();
+                let mut pending = Vec::new();
+                for (req, outcome) in claimed.into_iter().zip(found) {
+                    match outcome {
+                        Some(o) => decided.push(Arc::new(o)),
+                        None => pending.push(req),
+                    }
+                }
+                // Lets the decided ones go, retired from the log (they are `logged`).
+                if !decided.is_empty() {
+                    wm.decided(decided);
+                }
+                wm.deps.log.redeliver(pending);
+            },
+        );
     }
 }
 
@@ -616,32 +748,48 @@ pub enum PollResult {
 pub struct Poll(pub Arc<str>);
 
 impl Handler<Poll> for WorkManager {
-    type Result = Result<PollResult, StoreError>;
+    type Result = ResponseActFuture<Self, Result<PollResult, StoreError>>;
     fn handle(&mut self, msg: Poll, _: &mut Self::Context) -> Self::Result {
         self.status.touch();
-        if let Some(flight) = self.in_flight.get(&msg.0) {
-            if !(self.deps.shared_log && flight.since.elapsed() > self.deps.reply_timeout) {
-                return Ok(PollResult::Pending);
+        let key = msg.0;
+        let exact = self.deps.shared_log;
+        if let Some(flight) = self.in_flight.get(&key) {
+            if !(exact && flight.since.elapsed() > self.deps.reply_timeout) {
+                return Box::pin(fut::ready(Ok(PollResult::Pending)));
             }
             // Long in flight with a shared log: its reply may have been lost with the
-            // node that decided it.
-            let found = self.deps.journal.decided(&self.shop, &[&msg.0])?;
-            return Ok(match found.into_iter().next().flatten() {
+            // node that decided it, so the journal is asked (below).
+        } else if let Some(o) = self.recent.get(&key) {
+            return Box::pin(fut::ready(Ok(PollResult::Decided(o.clone()))));
+        }
+        // Read off this thread: a store call may take a network round trip.
+        let (journal, shop, asked) = (self.deps.journal.clone(), self.shop.clone(), key.clone());
+        let read = async move {
+            tokio::task::spawn_blocking(move || {
+                if exact {
+                    journal.decided(&shop, &[&asked])
+                } else {
+                    journal.outcomes(&shop, &[&asked])
+                }
+            })
+            .await
+            .unwrap_or(Err(StoreError::Closed))
+        };
+        Box::pin(read.into_actor(self).map(move |found, wm, _| {
+            let found = found?.into_iter().next().flatten().map(Arc::new);
+            Ok(match found {
                 Some(o) => {
-                    let o = Arc::new(o);
-                    self.decided(vec![o.clone()]);
+                    if wm.in_flight.contains_key(&key) {
+                        wm.decided(vec![o.clone()]);
+                    } else {
+                        wm.remember(o.clone());
+                    }
                     PollResult::Decided(o)
                 }
-                None => PollResult::Pending,
-            });
-        }
-        if !self.recent.contains_key(&msg.0) {
-            self.look_up(&[&msg.0], self.deps.shared_log)?;
-        }
-        Ok(match self.recent.get(&msg.0) {
-            Some(o) => PollResult::Decided(o.clone()),
-            None => PollResult::Unknown,
-        })
+                None if wm.in_flight.contains_key(&key) => PollResult::Pending,
+                None => PollResult::Unknown,
+            })
+        }))
     }
 }
 

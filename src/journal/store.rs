@@ -481,6 +481,10 @@ impl JournalWrite for LogJournal {
 }
 
 impl Outcomes for LogJournal {
+    fn surely_new(&self, shop: &str, keys: &[&str]) -> bool {
+        self.views.surely_new(shop, keys)
+    }
+
     /// A key the filter does not know was never made durable (the log writer adds each
     /// key before anyone is answered): most keys, new ones, are answered at once. Only a
     /// key that may be there waits until the views hold everything durable, and is read.
