@@ -16,7 +16,7 @@
 //!   snapshot ([`nrtxn_actors::verify`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -90,13 +90,42 @@ struct Progress {
     durable: AtomicU64,
     applied: Mutex<u64>,
     caught_up: Condvar,
+    /// Entries durable in the log and not yet in the views: at most
+    /// [`VIEWS_BEHIND_MAX`] before the log writer waits for the views.
+    behind: AtomicUsize,
 }
 
+/// How many entries the views may be behind the log. A read that needs the views (a
+/// poll of a decided key, events, holds) waits for them to catch up, at most
+/// [`VIEWS_WAIT`]: without this bound a sustained batch load put the views more than
+/// that behind (seen: a poll answered after 10 s, `scripts/bench.sh` batch run, 72,000
+/// decisions/s for 20 s). At the views' rate on this machine (above 70,000 entries/s)
+/// this is about 3 s of their work; beyond it the log writer waits, which slows the
+/// callers instead of the readers.
+const VIEWS_BEHIND_MAX: usize = 200_000;
+
 impl Progress {
-    fn applied(&self, lsn: u64) {
+    fn applied(&self, lsn: u64, entries: usize) {
+        self.behind.fetch_sub(entries, Ordering::AcqRel);
         if let Ok(mut a) = self.applied.lock() {
             *a = (*a).max(lsn);
             self.caught_up.notify_all();
+        }
+    }
+
+    /// Waits while the views are more than [`VIEWS_BEHIND_MAX`] entries behind.
+    fn wait_room(&self) {
+        let Ok(mut applied) = self.applied.lock() else {
+            return;
+        };
+        while self.behind.load(Ordering::Acquire) > VIEWS_BEHIND_MAX {
+            match self
+                .caught_up
+                .wait_timeout(applied, Duration::from_millis(100))
+            {
+                Ok((a, _)) => applied = a,
+                Err(_) => return,
+            }
         }
     }
 
@@ -172,7 +201,7 @@ impl LogJournal {
             None => Chain::default(),
         };
         let progress = Arc::new(Progress::default());
-        progress.applied(from.next_lsn.saturating_sub(1));
+        progress.applied(from.next_lsn.saturating_sub(1), 0);
         let started = Instant::now();
         let mut replayed = 0u64;
         let end = scan(&dir, from, |record| {
@@ -191,7 +220,7 @@ impl LogJournal {
                         entries,
                         Box::new(move |_, r| {
                             if r.is_ok() {
-                                applied.applied(lsn)
+                                applied.applied(lsn, 0)
                             }
                         }),
                         Some(mark),
@@ -204,7 +233,7 @@ impl LogJournal {
                         reqs,
                         Box::new(move |r| {
                             if r.is_ok() {
-                                applied.applied(lsn)
+                                applied.applied(lsn, 0)
                             }
                         }),
                         Some(mark),
@@ -330,6 +359,7 @@ fn run(
     let mut closing = None;
     let hold = crate::faults::journal_hold();
     while closing.is_none() {
+        progress.wait_room();
         let Some((cmds, weight)) = gather(&rx, GROUP_ENTRIES_MAX, Duration::ZERO, Command::weight)
         else {
             break;
@@ -447,8 +477,8 @@ fn commit(
     for (cmd, mark) in cmds.into_iter().zip(marks) {
         let lsn = mark.map_or(0, |m| m.next_lsn - 1);
         let applied = progress.clone();
-        let on_views = move |r: Result<(), StoreError>| match r {
-            Ok(()) => applied.applied(lsn),
+        let on_views = move |r: Result<(), StoreError>, entries: usize| match r {
+            Ok(()) => applied.applied(lsn, entries),
             Err(e) => {
                 tracing::error!(error = %e, "stopping: the journal's views can no longer be written");
                 std::process::exit(70);
@@ -458,11 +488,12 @@ fn commit(
             Command::Append(entries, done) => {
                 let copy = entries.clone();
                 done(entries, Ok(()));
-                views.append_marked(copy, Box::new(move |_, r| on_views(r)), mark);
+                progress.behind.fetch_add(copy.len(), Ordering::AcqRel);
+                views.append_marked(copy, Box::new(move |e, r| on_views(r, e.len())), mark);
             }
             Command::Accept(reqs, done) => {
                 done(Ok(()));
-                views.accept_marked(reqs, Box::new(on_views), mark);
+                views.accept_marked(reqs, Box::new(move |r| on_views(r, 0)), mark);
             }
             Command::Close(ack) => closing = Some(ack),
         }
