@@ -174,7 +174,7 @@ bench_run() {
   fi
 }
 
-for scenario in hot spread mixed fire-and-forget batch; do
+for scenario in hot hot-sales spread mixed fire-and-forget batch; do
   for system in nrtxn redis-lua postgres-row ceiling; do
     bench_run "$system" "$scenario"
   done

@@ -57,7 +57,14 @@ pub struct Results {
 
 /// Systems and scenarios in the order a reader expects, whatever order runs came in.
 const SYSTEM_ORDER: [&str; 4] = ["nrtxn", "redis-lua", "postgres-row", "ceiling"];
-const SCENARIO_ORDER: [&str; 5] = ["hot", "spread", "mixed", "fire-and-forget", "batch"];
+const SCENARIO_ORDER: [&str; 6] = [
+    "hot",
+    "hot-sales",
+    "spread",
+    "mixed",
+    "fire-and-forget",
+    "batch",
+];
 const COLORS: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#7f7f7f", "#9467bd", "#ff7f0e",
 ];

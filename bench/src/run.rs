@@ -36,6 +36,9 @@ const OK_KINDS: [&str; 4] = ["ok", "held", "confirmed", "released"];
 pub enum Scenario {
     /// One item with stock S and many more decrements than S: the flash sale.
     Hot,
+    /// One item with stock far beyond what a run can sell (default 10^9): every
+    /// decision is a sale, so the whole path of a sale is measured, not the refusal's.
+    HotSales,
     /// Decrements over `--items` items, Zipf (default) or uniform.
     Spread,
     /// Decrements with 10% increments and 10% holds, each hold then confirmed or
@@ -51,6 +54,7 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Hot => "hot",
+            Scenario::HotSales => "hot-sales",
             Scenario::Spread => "spread",
             Scenario::Mixed => "mixed",
             Scenario::FireAndForget => "fire-and-forget",
@@ -80,11 +84,11 @@ pub struct RunArgs {
     /// Seconds of load.
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
-    /// Stock loaded per item; default 10,000 for `hot` (far below the decrements sent)
-    /// and 1,000,000 for the others.
+    /// Stock loaded per item; default 10,000 for `hot` (far below the decrements sent),
+    /// 10^9 for `hot-sales` (far beyond them) and 1,000,000 for the others.
     #[arg(long)]
     pub stock: Option<i64>,
-    /// Items of every scenario but `hot` (which has one).
+    /// Items of every scenario but `hot` and `hot-sales` (which have one).
     #[arg(long, default_value_t = 10_000)]
     pub items: usize,
     /// Zipf exponent of the item choice.
@@ -375,7 +379,7 @@ impl Worker {
     fn pick(&mut self) -> (Op, usize) {
         let s = &self.shared;
         match s.scenario {
-            Scenario::Hot => (Op::Decrement, 0),
+            Scenario::Hot | Scenario::HotSales => (Op::Decrement, 0),
             Scenario::Mixed => {
                 let item = s.dist.sample(&mut self.rng);
                 let r = self.rng.next_f64();
@@ -683,7 +687,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
         .shop
         .clone()
         .unwrap_or_else(|| format!("bench-{}-{tag}", args.scenario.name()));
-    let (item_names, dist, distribution) = if args.scenario == Scenario::Hot {
+    let one_item = matches!(args.scenario, Scenario::Hot | Scenario::HotSales);
+    let (item_names, dist, distribution) = if one_item {
         (
             vec!["hot".to_string()],
             ItemDist::uniform(1).map_err(anyhow::Error::msg)?,
@@ -705,10 +710,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
             )
         }
     };
-    let stock = args.stock.unwrap_or(if args.scenario == Scenario::Hot {
-        10_000
-    } else {
-        1_000_000
+    let stock = args.stock.unwrap_or(match args.scenario {
+        Scenario::Hot => 10_000,
+        Scenario::HotSales => 1_000_000_000,
+        _ => 1_000_000,
     });
     let shared = Arc::new(Shared {
         scenario: args.scenario,
@@ -861,6 +866,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
         .filter(|(k, _)| k.starts_with("error_") || k.starts_with("http_5"))
         .map(|(_, v)| *v)
         .sum();
+    if args.scenario == Scenario::HotSales && rejected > 0 && !args.no_check {
+        // The scenario measures the path of a sale: a refusal means the stock ran out,
+        // and the figure is not what it claims to be.
+        check.verdict = "failed".into();
+        check.notes.push(format!(
+            "hot-sales: {rejected} decisions were refusals; load more --stock"
+        ));
+    }
     let secs = elapsed.as_secs_f64().max(1e-9);
     let throughput_rps = if args.scenario == Scenario::FireAndForget {
         let span_ms = (last_decided_ms - started_ms).max(1) as f64;
