@@ -1,0 +1,289 @@
+//! Scheduling and batching: taking work from the priority mailbox, applying a batch in
+//! memory and handing it to the journal, with at most [`super::BATCHES_IN_FLIGHT_MAX`]
+//! batches outstanding. The decision for one request ([`Processor::decide`]) is here too.
+
+use super::*;
+
+impl Processor {
+    pub(super) fn schedule(&mut self, ctx: &mut Context<Self>) {
+        if !self.drain_scheduled
+            && self.held_back.is_none()
+            && (!self.mailbox.is_empty() || (self.parked.is_some() && self.in_flight.is_empty()))
+            && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
+        {
+            self.drain_scheduled = true;
+            // Through the mailbox, not a direct call: messages already waiting are taken
+            // in first, so the batch is as large as the backlog allows.
+            ctx.notify(Drain);
+        }
+    }
+
+    pub(super) fn drain(&mut self, ctx: &mut Context<Self>) {
+        self.drain_scheduled = false;
+        while self.held_back.is_none() && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX {
+            let works = match self.parked.take() {
+                Some(works) if self.in_flight.is_empty() => works,
+                Some(works) => {
+                    self.parked = Some(works);
+                    break;
+                }
+                None if self.mailbox.is_empty() => break,
+                None => self.mailbox.drain(self.batch_max),
+            };
+            if !self.in_flight.is_empty() && self.epoch_moves(&works) {
+                self.parked = Some(works);
+                break;
+            }
+            let batch = self.apply_batch(works);
+            self.evict();
+            self.arm_wake(ctx);
+            let BatchBuilt {
+                entries,
+                mut in_flight,
+            } = batch;
+            in_flight.id = self.next_batch_id;
+            self.next_batch_id += 1;
+            if entries.is_empty() {
+                // Only repeats: answered with the batch before them, or now.
+                match self.in_flight.back_mut() {
+                    Some(last) => last.repeats.extend(in_flight.repeats),
+                    None => {
+                        let id = in_flight.id;
+                        self.in_flight.push_back(in_flight);
+                        self.durable(id, Vec::new(), &[]);
+                    }
+                }
+                continue;
+            }
+            self.metrics.batch_entries.observe(entries.len() as f64);
+            let id = in_flight.id;
+            self.in_flight.push_back(in_flight);
+            self.append(id, entries, ctx);
+        }
+        self.depth_gauge.set(self.mailbox.len() as i64);
+    }
+
+    /// Hands batch `id` to the journal. If its queue has no room, the batch is held back
+    /// and sent again a moment later, before anything after it.
+    pub(super) fn append(&mut self, id: u64, entries: Vec<Entry>, ctx: &mut Context<Self>) {
+        let addr = ctx.address();
+        let bounced = self.bounced.clone();
+        self.journal.append(
+            entries,
+            Box::new(move |entries, result| match result {
+                Err(StoreError::Full) => {
+                    if let Ok(mut slot) = bounced.lock() {
+                        *slot = Some(entries);
+                    }
+                }
+                result => addr.do_send(Durable {
+                    id,
+                    entries,
+                    result,
+                }),
+            }),
+        );
+        let bounced = self.bounced.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(entries) = bounced {
+            tracing::warn!(
+                shard = self.shard,
+                entries = entries.len(),
+                "journal queue full; batch held back and sent again"
+            );
+            self.held_back = Some((id, entries));
+            ctx.run_later(Duration::from_millis(JOURNAL_FULL_RETRY_MS), |p, ctx| {
+                if let Some((id, entries)) = p.held_back.take() {
+                    p.append(id, entries, ctx);
+                }
+                p.schedule(ctx);
+            });
+        }
+    }
+
+    pub(super) fn apply_batch(&mut self, works: Vec<Work>) -> BatchBuilt {
+        let shared_log = self.hooks.get().is_some();
+        let (works, mut journaled) = if shared_log {
+            self.screen(works)
+        } else {
+            (works, HashMap::new())
+        };
+        self.fault_in(&works);
+        let now = now_ms();
+        let mut entries = Vec::with_capacity(works.iter().map(Work::weight).sum());
+        let mut touched: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+        let mut loads = Vec::new();
+        let mut repeats = Vec::new();
+        let mut keys = Vec::new();
+        let mut ended = Vec::new();
+        for work in works {
+            match work {
+                Work::Txn(req) => {
+                    if shared_log {
+                        let key = (req.shop.clone(), req.key.clone());
+                        let found = match self.undurable.get(&key) {
+                            Some(o) => Some(o.clone()),
+                            None => journaled.remove(&key),
+                        };
+                        if let Some(outcome) = found {
+                            repeats.push(Repeat {
+                                origin: req.origin,
+                                outcome: Some(outcome),
+                                pos: req.log_pos,
+                            });
+                            continue;
+                        }
+                    }
+                    match self.decide(&req, now, &mut touched) {
+                        Decision::Apply(entry) => {
+                            if shared_log {
+                                if let Some(o) = entry.outcome() {
+                                    let key = (req.shop.clone(), req.key.clone());
+                                    self.undurable.insert(key.clone(), Arc::new(o));
+                                    keys.push(key);
+                                }
+                            }
+                            if let (true, Some(hold_id)) = (entry.op.ends_hold(), &entry.hold_id) {
+                                if let Some(o) = entry.outcome() {
+                                    let key = (entry.shop.clone(), hold_id.clone());
+                                    self.ended.insert(key.clone(), Arc::new(o));
+                                    ended.push(key);
+                                }
+                            }
+                            entries.push(entry);
+                        }
+                        Decision::Answer(outcome) => repeats.push(Repeat {
+                            origin: req.origin,
+                            outcome: Some(outcome),
+                            pos: req.log_pos,
+                        }),
+                        Decision::Drop => repeats.push(Repeat {
+                            origin: None,
+                            outcome: None,
+                            pos: req.log_pos,
+                        }),
+                    }
+                }
+                Work::Load(LoadChunk { shop, items, reply }) => {
+                    let mut views = Vec::with_capacity(items.len());
+                    for load in items {
+                        let (slot, new) = slot_for(&mut self.items, &shop, &load.item, 0);
+                        if new {
+                            self.resident += 1;
+                            self.resident_gauge.inc();
+                        }
+                        let entry = apply_load(&mut slot.live, &shop, &load.item, load.stock, now);
+                        views.push((
+                            load.index,
+                            ItemView {
+                                shop: shop.clone(),
+                                item: load.item.clone(),
+                                stock: slot.live.stock,
+                                reserved: slot.live.reserved,
+                                seq: slot.live.seq,
+                            },
+                        ));
+                        touched.push((shop.clone(), load.item));
+                        entries.push(entry);
+                    }
+                    loads.push((reply, views));
+                }
+            }
+        }
+        // One state per touched item, as of the end of the batch.
+        touched.sort_unstable();
+        touched.dedup();
+        let batch_id = self.next_batch_id;
+        let states = touched
+            .into_iter()
+            .map(|(shop, item)| {
+                let slot = self
+                    .items
+                    .get_mut(&shop)
+                    .and_then(|m| m.get_mut(&item))
+                    .expect("a touched item is in memory");
+                slot.used = batch_id;
+                let live = slot.live;
+                (shop, item, live)
+            })
+            .collect();
+        let weight = entries.len();
+        BatchBuilt {
+            entries,
+            in_flight: BatchInFlight {
+                // Numbered by `drain` when the batch is sent.
+                id: 0,
+                states,
+                loads,
+                weight,
+                repeats,
+                keys,
+                ended,
+            },
+        }
+    }
+
+    /// Decides one request: a stock change, a hold or a hold's ending, or (from a shared
+    /// log) an operator's load routed to the item's owner.
+    pub(super) fn decide(
+        &mut self,
+        req: &Request,
+        now: Millis,
+        touched: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Decision {
+        if req.op == Op::Load {
+            let (slot, new) = slot_for(&mut self.items, &req.shop, &req.item, req.epoch());
+            if new {
+                self.resident += 1;
+                self.resident_gauge.inc();
+            }
+            let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, now);
+            entry.request_key = Some(req.key.clone());
+            entry.submitted_at = req.submitted_at;
+            entry.logged = req.logged;
+            entry.log_pos = req.log_pos;
+            entry.origin = req.origin;
+            touched.push((req.shop.clone(), req.item.clone()));
+            return Decision::Apply(entry);
+        }
+        if req.op.ends_hold() {
+            return self.end_hold(req, now, touched);
+        }
+        let slot = self
+            .items
+            .get_mut(&req.shop)
+            .and_then(|items| items.get_mut(&req.item));
+        let known = slot.is_some();
+        let entry = match slot {
+            Some(slot) if req.op == Op::Hold && self.holds.len() >= self.holds_max => reject(
+                &mut slot.live,
+                req,
+                now,
+                Status::LimitExceeded,
+                format!(
+                    "this shard already keeps {} pending holds, its limit",
+                    self.holds_max
+                ),
+            ),
+            slot => apply(slot.map(|s| &mut s.live), req, now, self.request_ttl_ms),
+        };
+        if known {
+            touched.push((req.shop.clone(), req.item.clone()));
+        }
+        if let (Op::Hold, Status::Ok, Some(expires_at)) = (entry.op, entry.status, entry.expires_at)
+        {
+            self.arm_hold(
+                req.shop.clone(),
+                req.key.clone(),
+                req.item.clone(),
+                req.qty,
+                expires_at,
+            );
+        }
+        Decision::Apply(entry)
+    }
+}
+
+pub(super) struct BatchBuilt {
+    pub(super) entries: Vec<Entry>,
+    pub(super) in_flight: BatchInFlight,
+}

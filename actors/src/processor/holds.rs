@@ -1,0 +1,164 @@
+//! Holds and their timing wheel: arming a hold's expiry, waking for the next one, and
+//! ending a hold (confirm, cancel, expiry) against the pending holds this shard keeps.
+//! Apart because it is the one part of the processor driven by time, not by requests.
+
+use super::*;
+
+impl Processor {
+    pub(super) fn arm_hold(
+        &mut self,
+        shop: Arc<str>,
+        hold_id: Arc<str>,
+        item: Arc<str>,
+        qty: i64,
+        expires_at: Millis,
+    ) {
+        let key = (shop, hold_id);
+        let timer = self.wheel.insert(expires_at.max(0) as u64, key.clone());
+        if let Some(old) = self.holds.insert(
+            key,
+            PendingHold {
+                item,
+                qty,
+                expires_at,
+                timer,
+                expiries_sent: 0,
+            },
+        ) {
+            self.wheel.cancel(old.timer);
+        }
+    }
+
+    /// Expires the holds that are due, through the mailbox's high lane, and sleeps until
+    /// the next one.
+    pub(super) fn tick(&mut self, ctx: &mut Context<Self>) {
+        self.wake = None;
+        let now = now_ms();
+        let mut fired = Vec::new();
+        self.wheel.advance(now.max(0) as u64, &mut fired);
+        let mut via_log = Vec::new();
+        let resubmit = self
+            .hooks
+            .get()
+            .filter(|_| self.journal.shared())
+            .map(|h| h.resubmit.clone());
+        for (_, (shop, hold_id)) in fired {
+            let Some(h) = self.holds.get(&(shop.clone(), hold_id.clone())) else {
+                continue;
+            };
+            let key = hold_end_key(&hold_id);
+            let req = Request {
+                hold_id: Some(hold_id),
+                ..Request::new(shop, h.item.clone(), key, Op::Expire, h.qty, now)
+            };
+            if resubmit.is_some() {
+                // Armed again, in case this copy is lost on its way (the producer refuses
+                // it, say): sent once more a second later while the hold is still pending
+                // here, a few times. Every copy has the same key, so it is one decision.
+                // A hold still here after the last copy belongs to an item another node
+                // owns now (which re-armed it from the journal), or its copies were all
+                // lost: either way this node lets it go, and a restart or takeover re-arms
+                // it from the journal.
+                let key = (req.shop.clone(), req.hold_id.clone().unwrap_or_default());
+                let retry_at = (now.max(0) as u64).saturating_add(EXPIRY_RESEND_MS);
+                let sent = self.holds.get(&key).map_or(0, |h| h.expiries_sent);
+                if sent >= EXPIRY_SENDS_MAX {
+                    self.holds.remove(&key);
+                    tracing::warn!(shop = %key.0, hold = %key.1, "hold's expiry sent {sent} times and still pending here; let go");
+                    continue;
+                }
+                let timer = self.wheel.insert(retry_at, key.clone());
+                if let Some(h) = self.holds.get_mut(&key) {
+                    h.timer = timer;
+                    h.expiries_sent += 1;
+                }
+                via_log.push(req);
+            } else {
+                self.mailbox.push(Work::Txn(req));
+            }
+        }
+        if let (Some(send), false) = (resubmit, via_log.is_empty()) {
+            // With several nodes the item may have moved to another node since this one
+            // armed the timer: the expiry goes to whoever owns the item now, through
+            // the log, and its key makes every copy of it one decision.
+            send(via_log);
+        }
+        self.schedule(ctx);
+        self.arm_wake(ctx);
+    }
+
+    /// Sets the wake-up for the wheel's next expiry, if it is earlier than the one set.
+    pub(super) fn arm_wake(&mut self, ctx: &mut Context<Self>) {
+        let Some(next) = self.wheel.next_deadline_hint() else {
+            return;
+        };
+        if let Some((at, handle)) = self.wake {
+            if at <= next {
+                return;
+            }
+            ctx.cancel_future(handle);
+        }
+        let delay = next.saturating_sub(now_ms().max(0) as u64);
+        let handle = ctx.run_later(Duration::from_millis(delay), |p, ctx| p.tick(ctx));
+        self.wake = Some((next, handle));
+    }
+
+    /// Confirms, cancels or expires a hold. A hold past its `expires_at` expires
+    /// whatever the request was, so a confirm that comes too late is answered with the
+    /// expiry; a hold that already ended answers every later request with its ending.
+    pub(super) fn end_hold(
+        &mut self,
+        req: &Request,
+        now: Millis,
+        touched: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Decision {
+        let Some(hold_id) = req.hold_id.clone() else {
+            tracing::error!(key = %req.key, "hold ending without a hold id; dropped");
+            return Decision::Drop;
+        };
+        let key = (req.shop.clone(), hold_id.clone());
+        let due = self.holds.get(&key).map(|h| h.expires_at <= now);
+        match due {
+            // An expiry that is not due yet: sent by a node whose clock runs ahead.
+            Some(false) if req.op == Op::Expire => Decision::Drop,
+            Some(due) => {
+                let Some(hold) = self.holds.remove(&key) else {
+                    return Decision::Drop;
+                };
+                self.wheel.cancel(hold.timer);
+                let Some(slot) = self
+                    .items
+                    .get_mut(&req.shop)
+                    .and_then(|m| m.get_mut(&hold.item))
+                else {
+                    tracing::error!(hold = %hold_id, "pending hold of an unknown item");
+                    return Decision::Drop;
+                };
+                let mut end = req.clone();
+                end.item = hold.item.clone();
+                if due {
+                    end.op = Op::Expire;
+                }
+                let entry = apply_hold_end(&mut slot.live, &end, hold.qty, now);
+                touched.push((req.shop.clone(), hold.item));
+                Decision::Apply(entry)
+            }
+            None => {
+                if let Some(o) = self.ended.get(&key) {
+                    return Decision::Answer(o.clone());
+                }
+                let found =
+                    retry_read(self.shard, || self.journal.outcomes(&req.shop, &[&req.key]));
+                match found.into_iter().next().flatten() {
+                    Some(o) => Decision::Answer(Arc::new(o)),
+                    None if req.op == Op::Expire => Decision::Drop,
+                    None => Decision::Apply(Entry {
+                        status: Status::UnknownHold,
+                        reason: Some(format!("no hold {hold_id} in shop {}", req.shop)),
+                        ..Entry::of_request(req, now)
+                    }),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,578 @@
+//! The Processor: one actor per shard, the only writer of its items.
+//!
+//! It drains its priority mailbox in batches (up to `batch_max` entries), applies each
+//! batch in memory in order ([`crate::apply`]), appends the batch to the journal in one
+//! durable write, and answers only once that write is durable. While one batch is being
+//! written the next is applied, so the journal's fsync overlaps the work in memory; at
+//! most [`BATCHES_IN_FLIGHT_MAX`] batches are in flight, so under load the waiting
+//! requests pile into larger batches instead of more writes.
+//!
+//! Holds are the processor's too: it keeps each pending hold of its items and a timing
+//! wheel ([`crate::wheel`]) of their expiries, and wakes when the next one is due (tick
+//! [`WHEEL_TICK_MS`]) to release it through the mailbox's high lane, like a return.
+//!
+//! This file holds the actor, its state, its messages and the items it keeps in memory;
+//! the rest is one module per concern: `batch` (scheduling, applying and appending
+//! batches), `holds` (pending holds and the wheel), `cluster` (screening with a shared
+//! log and journal) and `fanout` (retiring a durable batch and sending its outcomes).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use actix::prelude::*;
+use prometheus::IntGauge;
+use tokio::sync::oneshot;
+
+use crate::apply::{apply, apply_hold_end, apply_load, reject};
+use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
+use crate::metrics::Metrics;
+use crate::ports::{Journal, LogHooks, StoreError};
+use crate::types::{
+    hold_end_key, now_ms, Entry, HoldView, ItemState, ItemView, LogPos, Millis, Op, Outcome,
+    Request, Status,
+};
+use crate::wheel::{TimerId, TimingWheel};
+use crate::work_manager::{Decided, Registry};
+
+mod batch;
+mod cluster;
+mod fanout;
+mod holds;
+
+/// Journal appends a shard may have outstanding. Two lets applying batch N+1 overlap
+/// writing batch N; more would only add latency, since one journal writer serializes them.
+pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
+/// The hold-expiry wheel's tick: a hold is released within one tick of `expires_at`
+/// (plus the wait for the shard's next batch).
+pub const WHEEL_TICK_MS: u64 = 1;
+/// With a shared log, how long after sending a hold's expiry through the log it is sent
+/// again if the hold is still pending here.
+const EXPIRY_RESEND_MS: u64 = 1_000;
+/// Copies of one hold's expiry sent through the log before this node lets the hold go.
+const EXPIRY_SENDS_MAX: u8 = 5;
+/// How long a batch the journal had no room for waits before it is sent again.
+const JOURNAL_FULL_RETRY_MS: u64 = 1;
+
+/// What every shard shares with the others.
+#[derive(Clone)]
+pub struct ShardShared {
+    pub journal: Arc<dyn Journal>,
+    /// Where outcomes go: the shops' WorkManagers.
+    pub registry: Registry,
+    pub metrics: Arc<Metrics>,
+    /// Set by a log that several nodes share (Kafka): see [`LogHooks`].
+    pub hooks: Arc<OnceLock<LogHooks>>,
+    /// Pending holds one shard keeps at most; a hold beyond it is refused
+    /// (`limit_exceeded`), so the holds map and the wheel stay bounded.
+    pub holds_max: usize,
+    /// Items one shard keeps in memory; beyond it the idle ones used longest ago leave
+    /// (see [`Processor::evict`]) and are read back from the journal when next needed.
+    pub items_max: usize,
+}
+
+/// A hold the processor keeps until it is confirmed, cancelled or expires.
+struct PendingHold {
+    item: Arc<str>,
+    qty: i64,
+    expires_at: Millis,
+    timer: TimerId,
+    /// Copies of its expiry sent through a shared log so far.
+    expiries_sent: u8,
+}
+
+/// What the processor makes of one request.
+// Returned and matched at once, never stored: boxing the entry would only add an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Decision {
+    /// A new journal entry.
+    Apply(Entry),
+    /// An outcome that already stands (a hold ended before this request reached it).
+    Answer(Arc<Outcome>),
+    /// Nothing to do: an expiry for a hold that is no longer pending here.
+    Drop,
+}
+
+/// An item's state twice: `live` is what the next request is judged against; `durable`
+/// is what the journal holds, and what readers are shown.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    live: ItemState,
+    durable: ItemState,
+    /// The partition assignment epoch under which `live` was read or last checked
+    /// against the journal (a shared log and journal only).
+    epoch: u64,
+    /// The id of the last batch that touched the item: the idle ones with the lowest
+    /// leave memory first.
+    used: u64,
+}
+
+impl Slot {
+    fn read(state: ItemState, epoch: u64) -> Slot {
+        Slot {
+            live: state,
+            durable: state,
+            epoch,
+            used: 0,
+        }
+    }
+
+    /// Whether the item may leave memory: the journal has its state (no batch in flight
+    /// touches it) and no pending hold refers to it.
+    fn evictable(&self) -> bool {
+        self.live == self.durable && self.live.reserved == 0
+    }
+}
+
+/// Of the items past the bound, this share of the bound leaves at once, so the scan
+/// that picks them runs once per that many new items, not once per item.
+const EVICT_SHARE: usize = 64;
+
+/// A request whose key already has an outcome: it is answered with that outcome, once
+/// the batches before it are durable, and applied no more.
+struct Repeat {
+    origin: Option<u32>,
+    /// `None`: nobody is answered, only the log position is reported journaled.
+    outcome: Option<Arc<Outcome>>,
+    pos: Option<LogPos>,
+}
+
+/// Where a load chunk's item states go, in the caller's order (index, state).
+type LoadReply = oneshot::Sender<Vec<(usize, ItemView)>>;
+
+/// What a batch leaves to do once it is durable.
+struct BatchInFlight {
+    /// This shard's number for the batch: the journal answers each append with it, so a
+    /// failed append retires its own bookkeeping, not another batch's.
+    id: u64,
+    /// State of each item the batch touched, as of the end of the batch.
+    states: Vec<(Arc<str>, Arc<str>, ItemState)>,
+    loads: Vec<(LoadReply, Vec<(usize, ItemView)>)>,
+    weight: usize,
+    repeats: Vec<Repeat>,
+    /// Keys of this batch in `Processor::undurable` (a shared log only).
+    keys: Vec<(Arc<str>, Arc<str>)>,
+    /// Holds this batch ended, in `Processor::ended`.
+    ended: Vec<(Arc<str>, Arc<str>)>,
+}
+
+pub struct Processor {
+    shard: usize,
+    batch_max: usize,
+    request_ttl_ms: i64,
+    /// Items by shop, then by item: a request carries both, and nesting avoids building a
+    /// composite key per lookup.
+    items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+    /// Items in `items`, and the most kept there ([`ShardShared::items_max`]).
+    resident: usize,
+    items_max: usize,
+    /// This shard's share of `nrtxn_bound_used{bound="items"}`.
+    resident_gauge: IntGauge,
+    /// Whether every item the journal knows on this shard is in memory (nothing left
+    /// since the start): then an item missing from `items` is unknown, and is not
+    /// looked up in the journal.
+    complete: bool,
+    mailbox: PriorityMailbox,
+    in_flight: VecDeque<BatchInFlight>,
+    /// The id the next batch gets.
+    next_batch_id: u64,
+    drain_scheduled: bool,
+    /// Where the journal puts a batch back when its queue has no room
+    /// ([`StoreError::Full`], reported before `append` returns).
+    bounced: Arc<std::sync::Mutex<Option<Vec<Entry>>>>,
+    /// A batch the journal had no room for, sent again before any batch after it, so
+    /// the journal keeps each item's entries in sequence order. Nothing new is sent
+    /// while it waits: that is the back-pressure.
+    held_back: Option<(u64, Vec<Entry>)>,
+    /// Work taken from the mailbox that carries a partition's new epoch while batches
+    /// are in flight: it waits until they are all durable or fenced, so that the items
+    /// read again under the new epoch are read with nothing of the old one pending.
+    parked: Option<Vec<Work>>,
+    journal: Arc<dyn Journal>,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    depth_gauge: IntGauge,
+    hooks: Arc<OnceLock<LogHooks>>,
+    /// Outcomes of keys applied but not yet durable, by shop and key: a repeat of one of
+    /// them is found here, since the journal does not hold it yet (a shared log only;
+    /// bounded by the batches in flight).
+    undurable: HashMap<(Arc<str>, Arc<str>), Arc<Outcome>>,
+    /// The newest assignment epoch seen per partition; a request read under an older one
+    /// was read before its partition moved, and is dropped (the log delivers it again
+    /// to the partition's owner).
+    partition_epochs: HashMap<i32, u64>,
+    /// Per partition, the epoch under which this shard last had the journal learn the
+    /// partition's keys ([`crate::ports::Sharing::learn_partition`]).
+    learned: HashMap<i32, u64>,
+    flush_waiters: Vec<oneshot::Sender<()>>,
+    /// Pending holds of this shard's items by shop and hold id; at most `holds_max`.
+    holds: HashMap<(Arc<str>, Arc<str>), PendingHold>,
+    holds_max: usize,
+    /// The expiry of every pending hold, by shop and hold id.
+    wheel: TimingWheel<(Arc<str>, Arc<str>)>,
+    /// When the actor wakes next for the wheel, and the handle to move that wake-up.
+    wake: Option<(u64, SpawnHandle)>,
+    /// The endings of holds in batches not yet durable: a confirm or cancel that comes
+    /// after one is answered with it (the journal does not have it yet). Bounded by the
+    /// batches in flight.
+    ended: HashMap<(Arc<str>, Arc<str>), Arc<Outcome>>,
+}
+
+impl Processor {
+    pub fn new(
+        shard: usize,
+        batch_max: usize,
+        request_ttl_ms: i64,
+        initial: Vec<(Arc<str>, Arc<str>, ItemState)>,
+        holds: Vec<HoldView>,
+        shared: ShardShared,
+    ) -> Processor {
+        let ShardShared {
+            journal,
+            registry,
+            metrics,
+            hooks,
+            holds_max,
+            items_max,
+        } = shared;
+        let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
+        let resident = initial.len();
+        for (shop, item, state) in initial {
+            items
+                .entry(shop)
+                .or_default()
+                .insert(item, Slot::read(state, 0));
+        }
+        let resident_gauge = metrics.bound_used.with_label_values(&["items"]);
+        resident_gauge.add(resident as i64);
+        let depth_gauge = metrics
+            .queue_depth
+            .with_label_values(&[&format!("shard_{shard}")]);
+        let mut processor = Processor {
+            shard,
+            batch_max: batch_max.max(1),
+            request_ttl_ms,
+            items,
+            resident,
+            items_max: items_max.max(1),
+            resident_gauge,
+            complete: true,
+            mailbox: PriorityMailbox::default(),
+            in_flight: VecDeque::new(),
+            next_batch_id: 0,
+            drain_scheduled: false,
+            bounced: Arc::default(),
+            held_back: None,
+            parked: None,
+            journal,
+            registry,
+            metrics,
+            depth_gauge,
+            hooks,
+            undurable: HashMap::new(),
+            partition_epochs: HashMap::new(),
+            learned: HashMap::new(),
+            flush_waiters: Vec::new(),
+            holds: HashMap::new(),
+            holds_max,
+            wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
+            wake: None,
+            ended: HashMap::new(),
+        };
+        // Re-armed from the journal; those already past their expiry go at the first
+        // tick, which `started` runs.
+        for h in holds {
+            processor.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at);
+        }
+        processor.evict();
+        processor
+    }
+
+    /// Counts a slot put into `items` (see [`Processor::resident`]).
+    fn inserted(&mut self) {
+        self.resident += 1;
+        self.resident_gauge.inc();
+    }
+
+    /// Past the bound, the idle items used longest ago leave memory, down to
+    /// `items_max` less a share of it. Only items the journal has as they are and
+    /// without pending holds leave (see [`Slot::evictable`]), so the others may keep
+    /// the shard above the bound for as long as they are busy.
+    fn evict(&mut self) {
+        if self.resident <= self.items_max {
+            return;
+        }
+        let target = self.items_max - (self.items_max / EVICT_SHARE).min(self.items_max - 1);
+        let mut idle: Vec<(u64, Arc<str>, Arc<str>)> = self
+            .items
+            .iter()
+            .flat_map(|(shop, m)| {
+                m.iter()
+                    .filter(|(_, slot)| slot.evictable())
+                    .map(|(item, slot)| (slot.used, shop.clone(), item.clone()))
+            })
+            .collect();
+        let n = (self.resident - target).min(idle.len());
+        if n == 0 {
+            return;
+        }
+        if n < idle.len() {
+            idle.select_nth_unstable_by_key(n, |(used, _, _)| *used);
+        }
+        for (_, shop, item) in idle.drain(..n) {
+            if let Some(m) = self.items.get_mut(&shop) {
+                m.remove(&item);
+                if m.is_empty() {
+                    self.items.remove(&shop);
+                }
+            }
+        }
+        self.resident -= n;
+        self.resident_gauge.sub(n as i64);
+        self.complete = false;
+        tracing::debug!(shard = self.shard, evicted = n, "idle items left memory");
+    }
+
+    /// Reads back from the journal the items of `works` that left memory, before they
+    /// are decided (a load too: its seq goes on from the item's). Items that a shared
+    /// journal reads back anyway ([`Processor::reload`]) and hold endings (a pending
+    /// hold keeps its item in memory) are not looked up here.
+    fn fault_in(&mut self, works: &[Work]) {
+        if self.complete {
+            return;
+        }
+        let reloads = self.journal.shared();
+        let mut missing: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+        let mut want = |items: &HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+                        shop: &Arc<str>,
+                        item: &Arc<str>| {
+            if !items.get(shop).is_some_and(|m| m.contains_key(item)) {
+                missing.push((shop.clone(), item.clone()));
+            }
+        };
+        for work in works {
+            match work {
+                Work::Txn(req) if req.op.ends_hold() => {}
+                Work::Txn(req) if reloads && req.log_pos.is_some() => {}
+                Work::Txn(req) => want(&self.items, &req.shop, &req.item),
+                Work::Load(chunk) => {
+                    for load in &chunk.items {
+                        want(&self.items, &chunk.shop, &load.item);
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let states = retry_read(self.shard, || self.journal.item_states(&missing));
+        for ((shop, item), state) in missing.into_iter().zip(states) {
+            if let Some(state) = state {
+                self.items
+                    .entry(shop)
+                    .or_default()
+                    .insert(item, Slot::read(state, 0));
+                self.inserted();
+            }
+        }
+    }
+}
+
+/// Work reaches a shard with `do_send`, which the actix mailbox never refuses: admission
+/// control in front (the WorkManagers' in-flight bound) is what bounds it.
+impl Actor for Processor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Holds re-armed at start that are already due expire now.
+        self.tick(ctx);
+    }
+}
+
+/// Requests for this shard, in arrival order.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Enqueue(pub Vec<Request>);
+
+impl Handler<Enqueue> for Processor {
+    type Result = ();
+    fn handle(&mut self, msg: Enqueue, ctx: &mut Self::Context) {
+        for req in msg.0 {
+            self.mailbox.push(Work::Txn(req));
+        }
+        self.schedule(ctx);
+    }
+}
+
+/// The part of a load call that falls on this shard.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Load(pub LoadChunk);
+
+impl Handler<Load> for Processor {
+    type Result = ();
+    fn handle(&mut self, msg: Load, ctx: &mut Self::Context) {
+        self.mailbox.push(Work::Load(msg.0));
+        self.schedule(ctx);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Drain;
+
+impl Handler<Drain> for Processor {
+    type Result = ();
+    fn handle(&mut self, _: Drain, ctx: &mut Self::Context) {
+        self.drain(ctx);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Durable {
+    /// The batch's id (see [`BatchInFlight::id`]).
+    id: u64,
+    entries: Vec<Entry>,
+    result: Result<(), StoreError>,
+}
+
+impl Handler<Durable> for Processor {
+    type Result = ();
+    fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
+        if let Err(StoreError::Closed) = msg.result {
+            // Only at shutdown, for work that reached the shard after its flush: nothing
+            // of it was written or answered. Fire-and-forget requests among it are still
+            // in the request log and are resumed at the next start.
+            tracing::warn!(
+                shard = self.shard,
+                entries = msg.entries.len(),
+                "journal closed; batch dropped"
+            );
+            self.in_flight.retain(|b| b.id != msg.id);
+            return;
+        }
+        let fenced = match msg.result {
+            Ok(()) => Vec::new(),
+            Err(StoreError::Fenced(fenced)) => {
+                // This node lost the partitions' leases while it stalled: their entries
+                // were not written, and another node decides their requests now.
+                tracing::warn!(
+                    shard = self.shard,
+                    ?fenced,
+                    "journal refused entries of partitions this node no longer holds; their items leave memory"
+                );
+                self.metrics.journal_fenced.inc();
+                fenced
+            }
+            Err(e) => {
+                // Memory is now ahead of the journal. Going on would answer callers with
+                // outcomes that are not durable; stopping lets a restart rebuild every
+                // item from what the journal really holds, and callers poll or retry
+                // their keys.
+                tracing::error!(shard = self.shard, error = %e, "journal write failed; exiting");
+                std::process::exit(70);
+            }
+        };
+        self.durable(msg.id, msg.entries, &fenced);
+        // Its items may leave memory now that the journal has them.
+        self.evict();
+        self.schedule(ctx);
+        self.notify_flushed();
+    }
+}
+
+/// The durable state of one item.
+#[derive(Message)]
+#[rtype(result = "ItemRead")]
+pub struct GetItem {
+    pub shop: Arc<str>,
+    pub item: Arc<str>,
+}
+
+/// What a shard knows of an item asked for ([`GetItem`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, MessageResponse)]
+pub enum ItemRead {
+    /// In memory: its durable state.
+    Found(ItemState),
+    /// Unknown to the shard (or loaded, but the load is not yet durable).
+    Unknown,
+    /// Not in memory, but it may have left it: the journal has its durable state.
+    AskJournal,
+}
+
+impl Handler<GetItem> for Processor {
+    type Result = ItemRead;
+    fn handle(&mut self, msg: GetItem, _: &mut Self::Context) -> ItemRead {
+        match self.items.get(&msg.shop).and_then(|m| m.get(&msg.item)) {
+            // An item whose load is not yet durable does not exist for readers.
+            Some(slot) if slot.durable.seq > 0 => ItemRead::Found(slot.durable),
+            Some(_) => ItemRead::Unknown,
+            None if self.complete => ItemRead::Unknown,
+            None => ItemRead::AskJournal,
+        }
+    }
+}
+
+/// Answers once everything queued so far is applied and durable (shutdown).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Flush;
+
+impl Handler<Flush> for Processor {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, _: Flush, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.flush_waiters.push(tx);
+        self.schedule(ctx);
+        self.notify_flushed();
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+/// A read the processor cannot go on without (a shared log's duplicate check or an
+/// item's state): retried a few times, then the process stops as it does when a journal
+/// write fails, since applying without the answer could apply a request twice.
+fn retry_read<T>(shard: usize, mut read: impl FnMut() -> Result<T, StoreError>) -> T {
+    const ATTEMPTS: u32 = 5;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match read() {
+            Ok(v) => return v,
+            Err(e) if attempt < ATTEMPTS => {
+                tracing::warn!(shard, error = %e, attempt, "journal read failed; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(100 * u64::from(attempt)));
+            }
+            Err(e) => {
+                tracing::error!(shard, error = %e, "journal read failed; exiting");
+                std::process::exit(70);
+            }
+        }
+    }
+}
+
+/// The item's slot, made (at seq 0, under `epoch`) if it is not in memory; `true` when
+/// it was made.
+fn slot_for<'a>(
+    items: &'a mut HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+    shop: &Arc<str>,
+    item: &Arc<str>,
+    epoch: u64,
+) -> (&'a mut Slot, bool) {
+    match items.entry(shop.clone()).or_default().entry(item.clone()) {
+        std::collections::hash_map::Entry::Occupied(o) => (o.into_mut(), false),
+        std::collections::hash_map::Entry::Vacant(v) => (
+            v.insert(Slot {
+                epoch,
+                ..Slot::default()
+            }),
+            true,
+        ),
+    }
+}
