@@ -271,8 +271,8 @@ struct Shared {
     dist: ItemDist,
     books: Vec<ItemBooks>,
     batch_size: usize,
-    /// The server answered 501 to a hold: the peers do not implement holds, and the
-    /// mixed scenario then goes on with decrements and increments only.
+    /// The server answered 501 to a hold: it does not implement holds, and the mixed
+    /// scenario then goes on with decrements and increments only.
     holds_unsupported: AtomicBool,
     /// HTTP answers so far, for the progress bar.
     answers: AtomicU64,

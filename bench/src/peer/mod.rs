@@ -2,14 +2,23 @@
 //! a benchmark compares inventory engines, not HTTP stacks.
 //!
 //! One actix-web front (the framework nrtxn uses) with one [`Backend`] behind it:
-//! - `redis-lua`: one EVALSHA per request (conditional DECRBY + SET NX of the key);
-//! - `postgres-row`: one SQL transaction per request (conditional UPDATE + key insert);
+//! - `redis-lua`: one EVALSHA per request (conditional DECRBY + SET NX of the key; for
+//!   holds, per-item `reserved` counters, a hash per hold and a sorted set of expiries);
+//! - `postgres-row`: one SQL transaction per request (conditional UPDATE + key insert;
+//!   for holds, a `reserved` column and a `holds` table);
 //! - `ceiling`: parses and answers without state: the HTTP limit of the machine.
 //!
-//! What the peers leave out, on purpose: holds (501, and the mixed scenario then skips
-//! them), the event stream, admission bounds. Fire-and-forget (`respond=false`) is
-//! decided before its 202: with one round trip per request there is nothing to gain by
-//! deferring it, and it is what such a design would do.
+//! Holds have nrtxn's routes, bodies and statuses (`held`, `confirmed`, `released`,
+//! `expired`; a refusal is `insufficient_stock` or `unknown_item`; ending a hold that
+//! already ended otherwise is a `409` with its state). Their expiry is lazy, as such
+//! designs do it: each call first releases up to [`RELEASE_MAX`] holds of its shop past
+//! `expires_at`, and a confirm, cancel or read of a hold past it finds it `expired`.
+//! A hold's id is its own key space, apart from transactions' request keys.
+//!
+//! What the peers leave out, on purpose: the event stream, admission bounds, the
+//! `key_reused` check (a repeated key answers its first outcome, whatever its body).
+//! Fire-and-forget (`respond=false`) is decided before its 202: with one round trip per
+//! request there is nothing to gain by deferring it, and it is what such a design would do.
 
 mod postgres_row;
 mod redis_lua;
@@ -35,6 +44,13 @@ const BODY_MAX: usize = 4 * 1024 * 1024;
 const QTY_MAX: i64 = 1_000_000_000;
 /// Stock bound, as nrtxn.
 pub const STOCK_MAX: i64 = 1_000_000_000_000_000;
+/// Longest `ttl_ms` of a hold, as nrtxn: a week.
+const HOLD_TTL_MAX_MS: i64 = 7 * 24 * 3600 * 1000;
+/// Most holds past their expiry that one call releases before its own work: a bound on
+/// what a call may cost, whatever expired meanwhile. The rest go with the next calls.
+pub const RELEASE_MAX: usize = 16;
+/// The states of a hold that was made; any other recorded status is its refusal.
+const HOLD_STATES: [&str; 4] = ["held", "confirmed", "released", "expired"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Kind {
@@ -143,6 +159,108 @@ impl Txn {
             completed_at: now_ms(),
         }
     }
+}
+
+/// A validated hold request (`POST .../holds`); its `request_id` is the hold's id.
+#[derive(Debug, Clone)]
+pub struct HoldReq {
+    pub hold_id: String,
+    pub item: String,
+    pub qty: i64,
+    pub ttl_ms: i64,
+}
+
+/// How a caller ends a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldEnd {
+    Confirm,
+    Cancel,
+}
+
+impl HoldEnd {
+    /// The state this ending leaves a held hold in.
+    pub fn state(self) -> &'static str {
+        match self {
+            HoldEnd::Confirm => "confirmed",
+            HoldEnd::Cancel => "released",
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            HoldEnd::Confirm => "confirmed",
+            HoldEnd::Cancel => "cancelled",
+        }
+    }
+}
+
+/// A hold as a backend records it: `status` is its state (`held`, `confirmed`,
+/// `released`, `expired`) or, for a hold refused when asked for, the refusal
+/// (`insufficient_stock`, `unknown_item`, nothing held, no `expires_at`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub hold_id: String,
+    pub status: String,
+    pub item: String,
+    pub qty: i64,
+    pub expires_at: Option<i64>,
+    /// The available stock when a hold was refused for want of it.
+    pub stock_before: Option<i64>,
+}
+
+impl Hold {
+    /// Whether the request made a hold (whatever became of it since).
+    pub fn was_held(&self) -> bool {
+        HOLD_STATES.contains(&self.status.as_str())
+    }
+
+    /// nrtxn's body of a hold in its current state (`GET`, confirm, cancel).
+    fn body(&self) -> HoldBody<'_> {
+        HoldBody {
+            hold_id: &self.hold_id,
+            status: &self.status,
+            item: &self.item,
+            qty: self.qty,
+            expires_at: self.expires_at,
+            seq: None,
+            reason: None,
+        }
+    }
+
+    /// nrtxn's answer to `POST .../holds`: the request's outcome, `held` or the refusal
+    /// with its reason, the same for a repeated key whatever became of the hold since.
+    fn outcome_body(&self, shop: &str) -> HoldBody<'_> {
+        let reason = match self.status.as_str() {
+            "insufficient_stock" => self
+                .stock_before
+                .map(|b| format!("requested {}, available {b}", self.qty)),
+            "unknown_item" => Some(format!("no item {} in shop {shop}", self.item)),
+            _ => None,
+        };
+        let held = self.was_held();
+        HoldBody {
+            hold_id: &self.hold_id,
+            status: if held { "held" } else { &self.status },
+            item: &self.item,
+            qty: self.qty,
+            expires_at: self.expires_at.filter(|_| held),
+            seq: None,
+            reason,
+        }
+    }
+}
+
+/// A hold as nrtxn's routes answer it (its fields in nrtxn's order).
+#[derive(Serialize)]
+struct HoldBody<'a> {
+    hold_id: &'a str,
+    status: &'a str,
+    item: &'a str,
+    qty: i64,
+    expires_at: Option<i64>,
+    seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
 }
 
 pub fn now_ms() -> i64 {
@@ -269,6 +387,42 @@ fn txn(v: &Value, prefix: &str) -> Result<Txn, Invalid> {
     })
 }
 
+/// An integer field from `min` to `max`, with nrtxn's messages.
+fn bounded(v: &Value, field: &str, min: i64, max: i64) -> Result<i64, Invalid> {
+    match v.get(field) {
+        None | Some(Value::Null) => Err(invalid(format!("{field}: required"))),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(x) if x < min => Err(invalid(format!("{field}: must be at least {min}, got {x}"))),
+            Some(x) if x > max => Err(invalid(format!("{field}: must be at most {max}, got {x}"))),
+            Some(x) => Ok(x),
+            None if n.is_u64() => Err(invalid(format!("{field}: must be at most {max}, got {n}"))),
+            None => Err(invalid(format!("{field}: must be an integer, got {n}"))),
+        },
+        Some(_) => Err(invalid(format!("{field}: must be an integer"))),
+    }
+}
+
+/// Validates a hold request as nrtxn does: `item`, `qty`, `ttl_ms` and `request_id`
+/// required (the id makes the hold idempotent), `seller` optional.
+fn hold_request(v: &Value) -> Result<HoldReq, Invalid> {
+    let item = name(v, "item", "", 128)?.ok_or_else(|| invalid("item: required"))?;
+    let qty = bounded(v, "qty", 1, QTY_MAX)?;
+    let ttl_ms = bounded(v, "ttl_ms", 1, HOLD_TTL_MAX_MS)?;
+    let hold_id = name(v, "request_id", "", 128)?.ok_or_else(|| {
+        invalid("request_id: required (it makes the hold idempotent and is its id)")
+    })?;
+    if hold_id.starts_with('~') {
+        return Err(invalid("request_id: must not start with '~' (reserved)"));
+    }
+    name(v, "seller", "", 128)?;
+    Ok(HoldReq {
+        hold_id,
+        item,
+        qty,
+        ttl_ms,
+    })
+}
+
 fn parse_body(body: &[u8]) -> Result<Value, Invalid> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| invalid(format!("body: not valid JSON: {e}")))?;
@@ -279,19 +433,61 @@ fn parse_body(body: &[u8]) -> Result<Value, Invalid> {
 }
 
 impl Backend {
-    async fn load(&self, shop: &str, items: &[(String, i64)]) -> anyhow::Result<()> {
+    /// Sets the items' stock; answers each one's reserved part (pending holds stay).
+    async fn load(&self, shop: &str, items: &[(String, i64)]) -> anyhow::Result<Vec<i64>> {
         match self {
             Backend::Redis(r) => r.load(shop, items).await,
             Backend::Postgres(p) => p.load(shop, items).await,
-            Backend::Ceiling => Ok(()),
+            Backend::Ceiling => Ok(vec![0; items.len()]),
         }
     }
 
-    async fn item(&self, shop: &str, item: &str) -> anyhow::Result<Option<i64>> {
+    /// An item's available stock and its reserved part.
+    async fn item(&self, shop: &str, item: &str) -> anyhow::Result<Option<(i64, i64)>> {
         match self {
             Backend::Redis(r) => r.item(shop, item).await,
             Backend::Postgres(p) => p.item(shop, item).await,
-            Backend::Ceiling => Ok(Some(0)),
+            Backend::Ceiling => Ok(Some((0, 0))),
+        }
+    }
+
+    /// Makes a hold, or answers the hold recorded under its id (a repeated key).
+    async fn hold(&self, shop: &str, req: &HoldReq) -> anyhow::Result<Hold> {
+        match self {
+            Backend::Redis(r) => r.hold(shop, req).await,
+            Backend::Postgres(p) => p.hold(shop, req).await,
+            Backend::Ceiling => Ok(Hold {
+                hold_id: req.hold_id.clone(),
+                status: "held".into(),
+                item: req.item.clone(),
+                qty: req.qty,
+                expires_at: Some(now_ms() + req.ttl_ms),
+                stock_before: None,
+            }),
+        }
+    }
+
+    /// Ends a held hold as `end` asks (or only reads it, with `None`), expiring it first
+    /// if it is past `expires_at`; answers the hold as it then stands, `None` for no
+    /// hold (never made, or refused).
+    async fn settle(
+        &self,
+        shop: &str,
+        hold_id: &str,
+        end: Option<HoldEnd>,
+    ) -> anyhow::Result<Option<Hold>> {
+        match self {
+            Backend::Redis(r) => r.settle(shop, hold_id, end).await,
+            Backend::Postgres(p) => p.settle(shop, hold_id, end).await,
+            // Stateless: every hold reads as held, and every ending as done.
+            Backend::Ceiling => Ok(Some(Hold {
+                hold_id: hold_id.to_string(),
+                status: end.map_or("held", HoldEnd::state).into(),
+                item: String::new(),
+                qty: 0,
+                expires_at: None,
+                stock_before: None,
+            })),
         }
     }
 
@@ -387,9 +583,9 @@ async fn put_items(
         Err(e) => return e.response(),
     };
     match be.load(&shop, &items).await {
-        Ok(()) => HttpResponse::Ok().json(json!({
-            "items": items.iter().map(|(item, stock)| json!({
-                "shop": shop, "item": item, "stock": stock, "reserved": 0, "seq": null
+        Ok(reserved) => HttpResponse::Ok().json(json!({
+            "items": items.iter().zip(reserved).map(|((item, stock), reserved)| json!({
+                "shop": shop, "item": item, "stock": stock, "reserved": reserved, "seq": null
             })).collect::<Vec<_>>()
         })),
         Err(e) => unavailable(e),
@@ -403,8 +599,8 @@ async fn get_item(be: web::Data<Backend>, path: web::Path<(String, String)>) -> 
         (Err(e), _) | (_, Err(e)) => return e.response(),
     };
     match be.item(&shop, &item).await {
-        Ok(Some(stock)) => HttpResponse::Ok().json(json!({
-            "shop": shop, "item": item, "stock": stock, "reserved": 0, "seq": null
+        Ok(Some((stock, reserved))) => HttpResponse::Ok().json(json!({
+            "shop": shop, "item": item, "stock": stock, "reserved": reserved, "seq": null
         })),
         Ok(None) => HttpResponse::NotFound().json(json!({
             "error": "not_found", "detail": format!("item: no item {item} in shop {shop}")
@@ -477,11 +673,82 @@ async fn get_txn(be: web::Data<Backend>, path: web::Path<(String, String)>) -> H
     }
 }
 
-async fn holds_not_implemented() -> HttpResponse {
-    HttpResponse::NotImplemented().json(json!({
-        "error": "not_implemented",
-        "detail": "holds: this peer implements loads, transactions, batches and polls only"
+fn no_hold(shop: &str, hold_id: &str) -> HttpResponse {
+    HttpResponse::NotFound().json(json!({
+        "error": "not_found", "detail": format!("hold_id: no hold {hold_id} in shop {shop}")
     }))
+}
+
+async fn post_hold(
+    be: web::Data<Backend>,
+    path: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let (shop, req) =
+        match segment(&path, "shop").and_then(|s| Ok((s, hold_request(&parse_body(&body)?)?))) {
+            Ok(p) => p,
+            Err(e) => return e.response(),
+        };
+    match be.hold(&shop, &req).await {
+        Ok(h) => HttpResponse::Ok().json(h.outcome_body(&shop)),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// The answer to a confirm or cancel: the hold if it now stands as `end` leaves it (also
+/// when an earlier call ended it so), else `Err` with its state, `error` and `detail`
+/// (nrtxn's `409`).
+fn end_answer(h: &Hold, end: HoldEnd) -> Result<HoldBody<'_>, Value> {
+    if h.status == end.state() {
+        return Ok(h.body());
+    }
+    let mut body = serde_json::to_value(h.body()).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut body {
+        m.insert("error".into(), json!("conflict"));
+        m.insert(
+            "detail".into(),
+            json!(format!(
+                "hold_id: hold {} is {}, it cannot be {}",
+                h.hold_id,
+                h.status,
+                end.verb()
+            )),
+        );
+    }
+    Err(body)
+}
+
+async fn settle_hold(
+    be: web::Data<Backend>,
+    path: web::Path<(String, String)>,
+    end: Option<HoldEnd>,
+) -> HttpResponse {
+    let (shop, hold_id) = path.into_inner();
+    let (shop, hold_id) = match (segment(&shop, "shop"), segment(&hold_id, "hold_id")) {
+        (Ok(s), Ok(h)) => (s, h),
+        (Err(e), _) | (_, Err(e)) => return e.response(),
+    };
+    match (be.settle(&shop, &hold_id, end).await, end) {
+        (Ok(Some(h)), Some(end)) => match end_answer(&h, end) {
+            Ok(body) => HttpResponse::Ok().json(body),
+            Err(body) => HttpResponse::Conflict().json(body),
+        },
+        (Ok(Some(h)), None) => HttpResponse::Ok().json(h.body()),
+        (Ok(None), _) => no_hold(&shop, &hold_id),
+        (Err(e), _) => unavailable(e),
+    }
+}
+
+async fn get_hold(be: web::Data<Backend>, path: web::Path<(String, String)>) -> HttpResponse {
+    settle_hold(be, path, None).await
+}
+
+async fn confirm_hold(be: web::Data<Backend>, path: web::Path<(String, String)>) -> HttpResponse {
+    settle_hold(be, path, Some(HoldEnd::Confirm)).await
+}
+
+async fn cancel_hold(be: web::Data<Backend>, path: web::Path<(String, String)>) -> HttpResponse {
+    settle_hold(be, path, Some(HoldEnd::Cancel)).await
 }
 
 async fn ok() -> HttpResponse {
@@ -530,17 +797,15 @@ pub async fn serve(args: PeerArgs) -> anyhow::Result<()> {
                 "/v1/shops/{shop}/txns/{request_key}",
                 web::get().to(get_txn),
             )
+            .route("/v1/shops/{shop}/holds", web::post().to(post_hold))
+            .route("/v1/shops/{shop}/holds/{hold_id}", web::get().to(get_hold))
             .route(
-                "/v1/shops/{shop}/holds",
-                web::post().to(holds_not_implemented),
+                "/v1/shops/{shop}/holds/{hold_id}/confirm",
+                web::post().to(confirm_hold),
             )
             .route(
-                "/v1/shops/{shop}/holds/{hold_id}",
-                web::get().to(holds_not_implemented),
-            )
-            .route(
-                "/v1/shops/{shop}/holds/{hold_id}/{end}",
-                web::post().to(holds_not_implemented),
+                "/v1/shops/{shop}/holds/{hold_id}/cancel",
+                web::post().to(cancel_hold),
             )
             .default_service(web::to(not_found))
     })
@@ -590,5 +855,116 @@ mod tests {
         .unwrap();
         assert_eq!(t.key, "k");
         assert!(!t.respond && t.increment);
+    }
+
+    #[test]
+    fn hold_validation_names_the_field() {
+        let e = |v: Value| hold_request(&v).err().map(|e| e.0).unwrap_or_default();
+        let ok = json!({"item":"a","qty":2,"ttl_ms":1000,"request_id":"h"});
+        let h = hold_request(&ok).ok().unwrap();
+        assert_eq!(
+            (h.hold_id.as_str(), h.item.as_str(), h.qty, h.ttl_ms),
+            ("h", "a", 2, 1000)
+        );
+        assert!(e(json!({"item":"a","qty":2,"ttl_ms":1000})).starts_with("request_id: required"));
+        assert!(
+            e(json!({"item":"a","qty":2,"ttl_ms":1000,"request_id":"~h"}))
+                .starts_with("request_id: must not start with '~'")
+        );
+        assert_eq!(
+            e(json!({"item":"a","qty":2,"ttl_ms":0,"request_id":"h"})),
+            "ttl_ms: must be at least 1, got 0"
+        );
+        assert!(
+            e(json!({"item":"a","qty":2,"ttl_ms":HOLD_TTL_MAX_MS + 1,"request_id":"h"}))
+                .starts_with("ttl_ms: must be at most")
+        );
+        assert!(e(json!({"item":"a","ttl_ms":1,"request_id":"h"})).starts_with("qty: required"));
+        assert!(e(json!({"qty":1,"ttl_ms":1,"request_id":"h"})).starts_with("item: required"));
+    }
+
+    fn hold(status: &str) -> Hold {
+        Hold {
+            hold_id: "h1".into(),
+            status: status.into(),
+            item: "sku".into(),
+            qty: 3,
+            expires_at: Some(1700),
+            stock_before: None,
+        }
+    }
+
+    #[test]
+    fn hold_bodies_have_nrtxn_fields() {
+        let keys = |v: &Value| {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let fields = ["expires_at", "hold_id", "item", "qty", "seq", "status"];
+        let v = |b: HoldBody| serde_json::to_value(b).unwrap();
+        assert_eq!(keys(&v(hold("held").body())), fields);
+        assert_eq!(v(hold("expired").body())["status"], "expired");
+        // nrtxn's order of fields, for a reader comparing answers side by side.
+        assert!(serde_json::to_string(&hold("held").body())
+            .unwrap()
+            .starts_with(r#"{"hold_id":"h1","status":"held","item":"sku","qty":3,"#));
+        // A repeated hold answers its outcome, held, whatever became of it since.
+        let o = v(hold("confirmed").outcome_body("s"));
+        assert_eq!(keys(&o), fields);
+        assert_eq!(
+            (o["status"].as_str(), o["expires_at"].as_i64()),
+            (Some("held"), Some(1700))
+        );
+        let refused = Hold {
+            expires_at: None,
+            stock_before: Some(2),
+            ..hold("insufficient_stock")
+        };
+        let o = v(refused.outcome_body("s"));
+        assert_eq!(o["reason"], "requested 3, available 2");
+        assert!(o["expires_at"].is_null() && o["seq"].is_null());
+        let o = v(hold("unknown_item").outcome_body("s"));
+        assert_eq!(o["reason"], "no item sku in shop s");
+    }
+
+    #[test]
+    fn an_ending_is_answered_again_and_a_different_one_conflicts() {
+        assert_eq!(
+            end_answer(&hold("confirmed"), HoldEnd::Confirm)
+                .ok()
+                .unwrap()
+                .status,
+            "confirmed"
+        );
+        assert_eq!(
+            end_answer(&hold("released"), HoldEnd::Cancel)
+                .ok()
+                .unwrap()
+                .status,
+            "released"
+        );
+        let c = end_answer(&hold("expired"), HoldEnd::Confirm)
+            .err()
+            .unwrap();
+        assert_eq!(
+            (c["status"].as_str(), c["error"].as_str()),
+            (Some("expired"), Some("conflict"))
+        );
+        assert_eq!(
+            c["detail"],
+            "hold_id: hold h1 is expired, it cannot be confirmed"
+        );
+        let c = end_answer(&hold("confirmed"), HoldEnd::Cancel)
+            .err()
+            .unwrap();
+        assert_eq!(
+            c["detail"],
+            "hold_id: hold h1 is confirmed, it cannot be cancelled"
+        );
+        assert_eq!(
+            (c["qty"].as_i64(), c["item"].as_str()),
+            (Some(3), Some("sku"))
+        );
     }
 }

@@ -2,22 +2,69 @@
 //! Redis and atomically, the conditional DECRBY of the item's stock and the SET NX of the
 //! request key with its outcome; a repeated key gets that recorded outcome back.
 //!
+//! Holds, as Redis users write them: a script per operation over the item's stock
+//! counter, a `reserved` counter beside it, a hash per hold (its id is the request key:
+//! a repeated id answers the recorded hold) and a sorted set of the shop's pending holds
+//! by `expires_at`. Every script (transactions, holds, item reads) starts by releasing
+//! up to [`RELEASE_MAX`] due holds of the sorted set; a confirm, cancel or read of a
+//! hold past its expiry expires it there and then.
+//!
 //! Durability is Redis's: `scripts/bench.sh` starts it with `appendonly no` and no RDB
 //! saves, so an acknowledged sale is lost if Redis stops. That is the common setting
 //! for this design, and the reason its figures are not comparable on durability.
+//!
+//! The scripts build the keys of a due hold's item from the shop's name, so they run on a
+//! single Redis, not a cluster (where every key a script touches must be passed in KEYS).
 
 use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 
-use super::{now_ms, Decision, Outcome, Txn};
+#[cfg(test)]
+use super::RELEASE_MAX;
+use super::{now_ms, Decision, Hold, HoldEnd, HoldReq, Outcome, Txn};
 
-/// KEYS[1]: the item's stock, KEYS[2]: the request key.
-/// ARGV: qty, op, completed_at (ms), item.
+/// The functions every script starts with. Keys: `st:{shop}/{item}` the available
+/// stock, `rs:{shop}/{item}` the reserved part, `hd:{shop}/{hold_id}` a hold's hash
+/// (`state item qty ttl exp before at`), `hx:{shop}` the pending holds by expiry.
+/// `finish` ends a held hold: `confirmed` sells its reserved quantity, `released` and
+/// `expired` give it back to the stock. `release_due` expires up to RELEASE_MAX holds
+/// whose `expires_at` is at or before `now`.
+macro_rules! holds_lua {
+    () => {
+        r#"
+local function finish(shop, hk, xkey, id, item, qty, state)
+  local at = shop .. '/' .. item
+  redis.call('DECRBY', 'rs:' .. at, qty)
+  if state ~= 'confirmed' then redis.call('INCRBY', 'st:' .. at, qty) end
+  redis.call('HSET', hk, 'state', state)
+  redis.call('ZREM', xkey, id)
+end
+local function release_due(xkey, shop, now)
+  local due = redis.call('ZRANGEBYSCORE', xkey, '-inf', now, 'LIMIT', 0, 16)
+  for _, id in ipairs(due) do
+    local hk = 'hd:' .. shop .. '/' .. id
+    local h = redis.call('HMGET', hk, 'state', 'item', 'qty')
+    if h[1] == 'held' then
+      finish(shop, hk, xkey, id, h[2], h[3], 'expired')
+    else
+      redis.call('ZREM', xkey, id)
+    end
+  end
+end
+"#
+    };
+}
+
+/// KEYS[1]: the item's stock, KEYS[2]: the request key, KEYS[3]: the shop's expiries.
+/// ARGV: qty, op, completed_at (ms), item, shop.
 /// Returns `N|record` for a new decision or `R|record` for a repeated key, where the
 /// record is `status|stock_before|stock_after|op|qty|completed_at|item` (item last: it
 /// may contain `|`). Numbers are formatted with %d: Lua's default `tostring` would
 /// print large stock in exponent notation.
-const DECIDE_LUA: &str = r#"
+const DECIDE_LUA: &str = concat!(
+    holds_lua!(),
+    r#"
+release_due(KEYS[3], ARGV[5], ARGV[3])
 local rec = redis.call('GET', KEYS[2])
 if rec then return 'R|' .. rec end
 local qty = tonumber(ARGV[1])
@@ -44,14 +91,85 @@ end
 out = out .. '|' .. ARGV[2] .. '|' .. ARGV[1] .. '|' .. ARGV[3] .. '|' .. ARGV[4]
 redis.call('SET', KEYS[2], out, 'NX')
 return 'N|' .. out
-"#;
+"#
+);
+
+/// A hold. KEYS[1]: the shop's expiries, KEYS[2]: the item's stock, KEYS[3]: its
+/// reserved part, KEYS[4]: the hold's hash. ARGV: now (ms), shop, qty, ttl_ms, item,
+/// hold id. A hold id already recorded answers its hash as it stands (a repeat);
+/// otherwise the hold is made if the available stock covers `qty`, or its refusal is
+/// recorded under the id. Returns `{state, item, qty, expires_at, stock_before}`.
+const HOLD_LUA: &str = concat!(
+    holds_lua!(),
+    r#"
+release_due(KEYS[1], ARGV[2], ARGV[1])
+local h = redis.call('HMGET', KEYS[4], 'state', 'item', 'qty', 'exp', 'before')
+if h[1] then return {h[1], h[2], h[3], h[4] or '', h[5] or ''} end
+local qty = tonumber(ARGV[3])
+local stock = redis.call('GET', KEYS[2])
+local state, exp, before = 'held', '', ''
+if not stock then
+  state = 'unknown_item'
+else
+  before = stock
+  if tonumber(stock) >= qty then
+    redis.call('DECRBY', KEYS[2], qty)
+    redis.call('INCRBY', KEYS[3], qty)
+    exp = string.format('%d', tonumber(ARGV[1]) + tonumber(ARGV[4]))
+    redis.call('ZADD', KEYS[1], exp, ARGV[6])
+  else
+    state = 'insufficient_stock'
+  end
+end
+redis.call('HSET', KEYS[4], 'state', state, 'item', ARGV[5], 'qty', ARGV[3], 'ttl', ARGV[4],
+  'exp', exp, 'before', before, 'at', ARGV[1])
+return {state, ARGV[5], ARGV[3], exp, before}
+"#
+);
+
+/// Confirm, cancel or read of a hold. KEYS[1]: the shop's expiries, KEYS[2]: the hold's
+/// hash. ARGV: now (ms), shop, hold id, the ending (`confirmed`, `released`, or empty to
+/// read). A held hold past its expiry expires; one still held ends as asked. Returns
+/// `{state, item, qty, expires_at}`, or an empty array for no hold (or a refused one).
+const SETTLE_LUA: &str = concat!(
+    holds_lua!(),
+    r#"
+release_due(KEYS[1], ARGV[2], ARGV[1])
+local h = redis.call('HMGET', KEYS[2], 'state', 'item', 'qty', 'exp')
+local made = {held = true, confirmed = true, released = true, expired = true}
+if not h[1] or not made[h[1]] then return {} end
+if h[1] == 'held' then
+  local state = ARGV[4]
+  if tonumber(h[4]) <= tonumber(ARGV[1]) then state = 'expired' end
+  if state ~= '' then
+    finish(ARGV[2], KEYS[2], KEYS[1], ARGV[3], h[2], h[3], state)
+    h[1] = state
+  end
+end
+return {h[1], h[2], h[3], h[4]}
+"#
+);
+
+/// An item read. KEYS[1]: the shop's expiries, KEYS[2]: the item's stock, KEYS[3]: its
+/// reserved part. ARGV: now (ms), shop. Returns `{stock, reserved}` (nil if absent).
+const ITEM_LUA: &str = concat!(
+    holds_lua!(),
+    r#"
+release_due(KEYS[1], ARGV[2], ARGV[1])
+return {redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}
+"#
+);
 
 pub struct RedisLua {
     /// One multiplexed connection: redis-rs pipelines every concurrent request on it,
     /// which is how a Redis client reaches its throughput (Redis runs commands on one
     /// thread anyway, so more sockets would add no parallelism).
     conn: MultiplexedConnection,
-    sha: String,
+    /// SHA1s of the loaded scripts.
+    decide_sha: String,
+    hold_sha: String,
+    settle_sha: String,
+    item_sha: String,
 }
 
 fn stock_key(shop: &str, item: &str) -> String {
@@ -63,8 +181,38 @@ fn request_key(shop: &str, key: &str) -> String {
     format!("rq:{shop}/{key}")
 }
 
+fn reserved_key(shop: &str, item: &str) -> String {
+    format!("rs:{shop}/{item}")
+}
+
+fn hold_key(shop: &str, hold_id: &str) -> String {
+    format!("hd:{shop}/{hold_id}")
+}
+
+fn expiries_key(shop: &str) -> String {
+    format!("hx:{shop}")
+}
+
 fn opt_i64(s: &str) -> Option<i64> {
     s.parse().ok()
+}
+
+/// Parses a hold answered by [`HOLD_LUA`] or [`SETTLE_LUA`]:
+/// `state, item, qty, expires_at[, stock_before]`.
+fn parse_hold(hold_id: &str, f: &[String]) -> anyhow::Result<Hold> {
+    if f.len() < 4 {
+        anyhow::bail!("malformed hold {hold_id}: {f:?}");
+    }
+    Ok(Hold {
+        hold_id: hold_id.to_string(),
+        status: f[0].clone(),
+        item: f[1].clone(),
+        qty: f[2]
+            .parse()
+            .with_context(|| format!("hold {hold_id}: qty {:?}", f[2]))?,
+        expires_at: opt_i64(&f[3]),
+        stock_before: f.get(4).and_then(|b| opt_i64(b)),
+    })
 }
 
 /// Parses a record written by [`DECIDE_LUA`].
@@ -108,33 +256,115 @@ impl RedisLua {
             .get_multiplexed_async_connection()
             .await
             .with_context(|| format!("--redis-url: cannot connect to {url}"))?;
-        let script = redis::Script::new(DECIDE_LUA);
-        let sha = script
-            .prepare_invoke()
-            .load_async(&mut conn)
-            .await
-            .context("SCRIPT LOAD of the decide script failed")?;
-        Ok(RedisLua { conn, sha })
+        let mut shas = Vec::new();
+        for (name, text) in [
+            ("decide", DECIDE_LUA),
+            ("hold", HOLD_LUA),
+            ("settle", SETTLE_LUA),
+            ("item", ITEM_LUA),
+        ] {
+            let sha = redis::Script::new(text)
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .with_context(|| format!("SCRIPT LOAD of the {name} script failed"))?;
+            shas.push(sha);
+        }
+        let [decide_sha, hold_sha, settle_sha, item_sha] = <[String; 4]>::try_from(shas)
+            .map_err(|_| anyhow::anyhow!("four scripts, four SHA1s"))?;
+        Ok(RedisLua {
+            conn,
+            decide_sha,
+            hold_sha,
+            settle_sha,
+            item_sha,
+        })
     }
 
-    pub async fn load(&self, shop: &str, items: &[(String, i64)]) -> anyhow::Result<()> {
-        let mut cmd = redis::cmd("MSET");
+    /// Sets the stock of the items; their reserved parts (pending holds) stay, and are
+    /// answered in order.
+    pub async fn load(&self, shop: &str, items: &[(String, i64)]) -> anyhow::Result<Vec<i64>> {
+        let mut pipe = redis::pipe();
+        let mset = pipe.cmd("MSET");
         for (item, stock) in items {
-            cmd.arg(stock_key(shop, item)).arg(*stock);
+            mset.arg(stock_key(shop, item)).arg(*stock);
+        }
+        pipe.ignore();
+        let mget = pipe.cmd("MGET");
+        for (item, _) in items {
+            mget.arg(reserved_key(shop, item));
         }
         let mut conn = self.conn.clone();
-        cmd.query_async::<()>(&mut conn)
+        let (reserved,): (Vec<Option<i64>>,) = pipe
+            .query_async(&mut conn)
             .await
-            .context("MSET of the loaded stock")
+            .context("MSET of the loaded stock")?;
+        Ok(reserved
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect())
     }
 
-    pub async fn item(&self, shop: &str, item: &str) -> anyhow::Result<Option<i64>> {
+    pub async fn item(&self, shop: &str, item: &str) -> anyhow::Result<Option<(i64, i64)>> {
         let mut conn = self.conn.clone();
-        redis::cmd("GET")
+        let (stock, reserved): (Option<i64>, Option<i64>) = redis::cmd("EVALSHA")
+            .arg(&self.item_sha)
+            .arg(3)
+            .arg(expiries_key(shop))
             .arg(stock_key(shop, item))
-            .query_async::<Option<i64>>(&mut conn)
+            .arg(reserved_key(shop, item))
+            .arg(now_ms())
+            .arg(shop)
+            .query_async(&mut conn)
             .await
-            .context("GET of an item's stock")
+            .context("EVALSHA of the item script")?;
+        Ok(stock.map(|s| (s, reserved.unwrap_or(0))))
+    }
+
+    pub async fn hold(&self, shop: &str, req: &HoldReq) -> anyhow::Result<Hold> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<String> = redis::cmd("EVALSHA")
+            .arg(&self.hold_sha)
+            .arg(4)
+            .arg(expiries_key(shop))
+            .arg(stock_key(shop, &req.item))
+            .arg(reserved_key(shop, &req.item))
+            .arg(hold_key(shop, &req.hold_id))
+            .arg(now_ms())
+            .arg(shop)
+            .arg(req.qty)
+            .arg(req.ttl_ms)
+            .arg(&req.item)
+            .arg(&req.hold_id)
+            .query_async(&mut conn)
+            .await
+            .context("EVALSHA of the hold script")?;
+        parse_hold(&req.hold_id, &reply)
+    }
+
+    pub async fn settle(
+        &self,
+        shop: &str,
+        hold_id: &str,
+        end: Option<HoldEnd>,
+    ) -> anyhow::Result<Option<Hold>> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<String> = redis::cmd("EVALSHA")
+            .arg(&self.settle_sha)
+            .arg(2)
+            .arg(expiries_key(shop))
+            .arg(hold_key(shop, hold_id))
+            .arg(now_ms())
+            .arg(shop)
+            .arg(hold_id)
+            .arg(end.map_or("", HoldEnd::state))
+            .query_async(&mut conn)
+            .await
+            .context("EVALSHA of the settle script")?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        parse_hold(hold_id, &reply).map(Some)
     }
 
     /// One EVALSHA per transaction; a batch sends them as one pipeline (one round trip,
@@ -144,14 +374,16 @@ impl RedisLua {
         let mut pipe = redis::pipe();
         for t in txns {
             pipe.cmd("EVALSHA")
-                .arg(&self.sha)
-                .arg(2)
+                .arg(&self.decide_sha)
+                .arg(3)
                 .arg(stock_key(shop, &t.item))
                 .arg(request_key(shop, &t.key))
+                .arg(expiries_key(shop))
                 .arg(t.qty)
                 .arg(t.op())
                 .arg(now)
-                .arg(&t.item);
+                .arg(&t.item)
+                .arg(shop);
         }
         let mut conn = self.conn.clone();
         let replies: Vec<String> = pipe
@@ -201,5 +433,35 @@ mod tests {
         let o = parse_record("s", "k", "unknown_item|||decrement|1|1700|x").unwrap();
         assert_eq!((o.stock_before, o.stock_after), (None, None));
         assert!(parse_record("s", "k", "ok|1").is_err());
+    }
+
+    #[test]
+    fn holds_parse_back() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let h = parse_hold("h1", &f(&["held", "it|em", "3", "1700", "10"])).unwrap();
+        assert_eq!(
+            (h.status.as_str(), h.item.as_str(), h.qty, h.expires_at),
+            ("held", "it|em", 3, Some(1700))
+        );
+        let h = parse_hold("h2", &f(&["insufficient_stock", "a", "5", "", "2"])).unwrap();
+        assert_eq!(
+            (h.expires_at, h.stock_before, h.was_held()),
+            (None, Some(2), false)
+        );
+        let h = parse_hold("h3", &f(&["expired", "a", "5", "1700"])).unwrap();
+        assert_eq!((h.stock_before, h.was_held()), (None, true));
+        assert!(parse_hold("h4", &f(&["held", "a"])).is_err());
+    }
+
+    #[test]
+    fn scripts_release_at_most_release_max_and_name_keys_as_rust_does() {
+        for script in [DECIDE_LUA, HOLD_LUA, SETTLE_LUA, ITEM_LUA] {
+            assert!(script.contains(&format!("'LIMIT', 0, {RELEASE_MAX})")));
+            assert!(script.contains("release_due(KEYS["));
+        }
+        // The scripts build these keys of a due hold from the shop's name.
+        assert_eq!(hold_key("s", "h"), "hd:s/h");
+        assert_eq!(stock_key("s", "i"), "st:s/i");
+        assert_eq!(reserved_key("s", "i"), "rs:s/i");
     }
 }
