@@ -16,3 +16,18 @@ pub fn journal_hold() -> Option<Duration> {
     tracing::warn!(ms, "fault injected: each journal write is held back");
     Some(Duration::from_millis(ms))
 }
+
+/// `NRTXN_FAULT_JOURNAL_READ_MS`: each read of items' states from the embedded journal
+/// waits this long first, as a slow disk would: an item that left memory is then read
+/// back while the test checks what else the server still answers.
+pub fn journal_read_hold() -> Option<Duration> {
+    let ms: u64 = std::env::var("NRTXN_FAULT_JOURNAL_READ_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    tracing::warn!(
+        ms,
+        "fault injected: each journal read of items is held back"
+    );
+    Some(Duration::from_millis(ms))
+}

@@ -596,6 +596,63 @@ async fn items_past_the_bound_leave_memory_and_come_back_from_the_journal() {
     assert_eq!(item_state(&c, &server, "s", "sku-99").await, (9, 0));
 }
 
+/// The processor reads an item that left memory off its own thread: while the read
+/// waits (a slow disk, `NRTXN_FAULT_JOURNAL_READ_MS`), the same shard still answers a
+/// read of an item it has in memory. Were the read made on the actor's thread, that
+/// read would wait behind it and be answered after the sale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_read_back_from_the_journal_does_not_stall_its_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--items-max", "8", "--shards", "1"];
+    let server = Server::start_env(
+        dir.path(),
+        &flags,
+        &[("NRTXN_FAULT_JOURNAL_READ_MS", "3000")],
+    );
+    let c = client();
+    // Two loads of 100 items each: every item of the first leaves memory; then the
+    // newest, "resident", which stays.
+    for first in [0, 100] {
+        let names: Vec<String> = (first..first + 100).map(|i| format!("sku-{i}")).collect();
+        let stock: Vec<(&str, i64)> = names.iter().map(|n| (n.as_str(), 10)).collect();
+        load(&c, &server, "s", &stock).await;
+    }
+    load(&c, &server, "s", &[("resident", 7)]).await;
+    items_within(&c, &server, 8).await;
+    let url = server.url("/v1/shops/s/txns");
+    let sale = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let answer = post(
+                &c,
+                &url,
+                json!({"seller": "x", "item": "sku-0", "qty": 1, "request_id": "t0"}),
+            )
+            .await;
+            (answer, Instant::now())
+        }
+    });
+    // The sale reached the shard, which is now reading sku-0 back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(item_state(&c, &server, "s", "resident").await, (7, 0));
+    let read_at = Instant::now();
+    let ((status, sold), sold_at) = sale.await.unwrap();
+    assert_eq!(
+        (status, &sold["status"], &sold["stock_before"], &sold["seq"]),
+        (200, &json!("ok"), &json!(10), &json!(2)),
+        "{sold}"
+    );
+    // Were the shard's thread asleep in the read, the item read would be answered
+    // just before the sale (it is ahead of the sale's durable notice in the shard's
+    // mailbox): a second is far more than answering it takes, and far less than the
+    // 2.7 s the read still had to wait.
+    assert!(
+        read_at + Duration::from_secs(1) < sold_at,
+        "the in-memory item was answered {:?} before the sale, which waited for the journal",
+        sold_at.saturating_duration_since(read_at)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_holds_past_the_bound_are_refused_until_one_ends() {
     let dir = tempfile::tempdir().unwrap();

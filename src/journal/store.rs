@@ -164,6 +164,8 @@ pub struct LogJournal {
     /// Dropping the sender stops the maintenance thread.
     maintainer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
     dir: PathBuf,
+    /// A fault the tests inject: each read of items' states waits this long first.
+    read_hold: Option<Duration>,
 }
 
 fn store_error(e: LogError) -> StoreError {
@@ -299,6 +301,7 @@ impl LogJournal {
             writer: Mutex::new(Some(writer)),
             maintainer: Mutex::new(Some((stop, maintainer))),
             dir,
+            read_hold: crate::faults::journal_read_hold(),
         }))
     }
 
@@ -534,6 +537,9 @@ impl ItemReads for LogJournal {
         &self,
         items: &[(Arc<str>, Arc<str>)],
     ) -> Result<Vec<Option<ItemState>>, StoreError> {
+        if let Some(hold) = self.read_hold {
+            std::thread::sleep(hold);
+        }
         self.progress.wait_views()?;
         self.views.item_states(items)
     }

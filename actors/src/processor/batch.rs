@@ -8,6 +8,7 @@ impl Processor {
     pub(super) fn schedule(&mut self, ctx: &mut Context<Self>) {
         if !self.drain_scheduled
             && self.held_back.is_none()
+            && self.reading.is_none()
             && (!self.mailbox.is_empty() || (self.parked.is_some() && self.in_flight.is_empty()))
             && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
         {
@@ -20,7 +21,10 @@ impl Processor {
 
     pub(super) fn drain(&mut self, ctx: &mut Context<Self>) {
         self.drain_scheduled = false;
-        while self.held_back.is_none() && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX {
+        while self.reading.is_none()
+            && self.held_back.is_none()
+            && self.in_flight.len() < BATCHES_IN_FLIGHT_MAX
+        {
             let works = match self.parked.take() {
                 Some(works) if self.in_flight.is_empty() => works,
                 Some(works) => {
@@ -34,33 +38,46 @@ impl Processor {
                 self.parked = Some(works);
                 break;
             }
-            let batch = self.apply_batch(works);
-            self.evict();
-            self.arm_wake(ctx);
-            let BatchBuilt {
-                entries,
-                mut in_flight,
-            } = batch;
-            in_flight.id = self.next_batch_id;
-            self.next_batch_id += 1;
-            if entries.is_empty() {
-                // Only repeats: answered with the batch before them, or now.
-                match self.in_flight.back_mut() {
-                    Some(last) => last.repeats.extend(in_flight.repeats),
-                    None => {
-                        let id = in_flight.id;
-                        self.in_flight.push_back(in_flight);
-                        self.durable(id, Vec::new(), &[]);
-                    }
-                }
-                continue;
-            }
-            self.metrics.batch_entries.observe(entries.len() as f64);
-            let id = in_flight.id;
-            self.in_flight.push_back(in_flight);
-            self.append(id, entries, ctx);
+            let works = if self.hooks.get().is_some() {
+                self.drop_stale(works)
+            } else {
+                works
+            };
+            self.decide_or_read(works, ctx);
         }
         self.depth_gauge.set(self.mailbox.len() as i64);
+    }
+
+    /// Applies `works` as one batch and hands it to the journal. Everything it is
+    /// decided against is in memory or in [`Processor::prefetched`] (see
+    /// [`Processor::decide_or_read`]).
+    pub(super) fn run_batch(&mut self, works: Vec<Work>, ctx: &mut Context<Self>) {
+        let batch = self.apply_batch(works);
+        self.prefetched = Prefetched::default();
+        self.evict();
+        self.arm_wake(ctx);
+        let BatchBuilt {
+            entries,
+            mut in_flight,
+        } = batch;
+        in_flight.id = self.next_batch_id;
+        self.next_batch_id += 1;
+        if entries.is_empty() {
+            // Only repeats: answered with the batch before them, or now.
+            match self.in_flight.back_mut() {
+                Some(last) => last.repeats.extend(in_flight.repeats),
+                None => {
+                    let id = in_flight.id;
+                    self.in_flight.push_back(in_flight);
+                    self.durable(id, Vec::new(), &[]);
+                }
+            }
+            return;
+        }
+        self.metrics.batch_entries.observe(entries.len() as f64);
+        let id = in_flight.id;
+        self.in_flight.push_back(in_flight);
+        self.append(id, entries, ctx);
     }
 
     /// Hands batch `id` to the journal. If its queue has no room, the batch is held back
@@ -102,12 +119,6 @@ impl Processor {
 
     pub(super) fn apply_batch(&mut self, works: Vec<Work>) -> BatchBuilt {
         let shared_log = self.hooks.get().is_some();
-        let (works, mut journaled) = if shared_log {
-            self.screen(works)
-        } else {
-            (works, HashMap::new())
-        };
-        self.fault_in(&works);
         let now = now_ms();
         let mut entries = Vec::with_capacity(works.iter().map(Work::weight).sum());
         let mut touched: Vec<(Arc<str>, Arc<str>)> = Vec::new();
@@ -120,9 +131,11 @@ impl Processor {
                 Work::Txn(req) => {
                     if shared_log {
                         let key = (req.shop.clone(), req.key.clone());
+                        // Not removed from `prefetched` when found: a second copy of
+                        // the key in this batch is a repeat too.
                         let found = match self.undurable.get(&key) {
                             Some(o) => Some(o.clone()),
-                            None => journaled.remove(&key),
+                            None => self.prefetched.keys.get(&key).cloned().flatten(),
                         };
                         if let Some(outcome) = found {
                             repeats.push(Repeat {

@@ -134,7 +134,11 @@ impl Processor {
     }
 
     pub(super) fn notify_flushed(&mut self) {
-        if self.mailbox.is_empty() && self.in_flight.is_empty() && self.parked.is_none() {
+        if self.mailbox.is_empty()
+            && self.in_flight.is_empty()
+            && self.parked.is_none()
+            && self.reading.is_none()
+        {
             for w in self.flush_waiters.drain(..) {
                 let _ = w.send(());
             }

@@ -39,6 +39,9 @@ mod batch;
 mod cluster;
 mod fanout;
 mod holds;
+mod reads;
+
+use reads::Prefetched;
 
 /// Journal appends a shard may have outstanding. Two lets applying batch N+1 overlap
 /// writing batch N; more would only add latency, since one journal writer serializes them.
@@ -217,6 +220,11 @@ pub struct Processor {
     /// after one is answered with it (the journal does not have it yet). Bounded by the
     /// batches in flight.
     ended: HashMap<(Arc<str>, Arc<str>), Arc<Outcome>>,
+    /// A batch waiting for journal reads made off this thread (see `reads`): nothing
+    /// after it is drained until it is applied, and no item leaves memory meanwhile.
+    reading: Option<Vec<Work>>,
+    /// The journal's answers for the batch about to be applied.
+    prefetched: Prefetched,
 }
 
 impl Processor {
@@ -279,6 +287,8 @@ impl Processor {
             wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
             wake: None,
             ended: HashMap::new(),
+            reading: None,
+            prefetched: Prefetched::default(),
         };
         // Re-armed from the journal; those already past their expiry go at the first
         // tick, which `started` runs.
@@ -300,7 +310,8 @@ impl Processor {
     /// without pending holds leave (see [`Slot::evictable`]), so the others may keep
     /// the shard above the bound for as long as they are busy.
     fn evict(&mut self) {
-        if self.resident <= self.items_max {
+        // A batch waiting for reads was planned against the items in memory now.
+        if self.resident <= self.items_max || self.reading.is_some() {
             return;
         }
         let target = self.items_max - (self.items_max / EVICT_SHARE).min(self.items_max - 1);
@@ -332,52 +343,6 @@ impl Processor {
         self.resident_gauge.sub(n as i64);
         self.complete = false;
         tracing::debug!(shard = self.shard, evicted = n, "idle items left memory");
-    }
-
-    /// Reads back from the journal the items of `works` that left memory, before they
-    /// are decided (a load too: its seq goes on from the item's). Items that a shared
-    /// journal reads back anyway ([`Processor::reload`]) and hold endings (a pending
-    /// hold keeps its item in memory) are not looked up here.
-    fn fault_in(&mut self, works: &[Work]) {
-        if self.complete {
-            return;
-        }
-        let reloads = self.journal.shared();
-        let mut missing: Vec<(Arc<str>, Arc<str>)> = Vec::new();
-        let mut want = |items: &HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
-                        shop: &Arc<str>,
-                        item: &Arc<str>| {
-            if !items.get(shop).is_some_and(|m| m.contains_key(item)) {
-                missing.push((shop.clone(), item.clone()));
-            }
-        };
-        for work in works {
-            match work {
-                Work::Txn(req) if req.op.ends_hold() => {}
-                Work::Txn(req) if reloads && req.log_pos.is_some() => {}
-                Work::Txn(req) => want(&self.items, &req.shop, &req.item),
-                Work::Load(chunk) => {
-                    for load in &chunk.items {
-                        want(&self.items, &chunk.shop, &load.item);
-                    }
-                }
-            }
-        }
-        if missing.is_empty() {
-            return;
-        }
-        missing.sort_unstable();
-        missing.dedup();
-        let states = retry_read(self.shard, || self.journal.item_states(&missing));
-        for ((shop, item), state) in missing.into_iter().zip(states) {
-            if let Some(state) = state {
-                self.items
-                    .entry(shop)
-                    .or_default()
-                    .insert(item, Slot::read(state, 0));
-                self.inserted();
-            }
-        }
     }
 }
 

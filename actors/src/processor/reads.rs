@@ -1,0 +1,308 @@
+//! Journal reads a batch needs before it can be decided, made off the actor's thread.
+//!
+//! Some requests cannot be decided from memory: an item that left memory
+//! ([`Processor::evict`]), an item whose partition came back from another node, a key a
+//! shared log may have delivered before (with the partition's keys learned first), or a
+//! confirm or cancel of a hold that is no longer pending here. A read of the journal can
+//! wait for a disk, the views or a database server (with retries and sleeps when it
+//! fails), and every other actor on this arbiter would wait with it. So the drain
+//! *plans* what the batch needs ([`Processor::plan_reads`]), the reads run on the
+//! runtime's blocking pool ([`Reads::run`]), and their answers come back as a message
+//! ([`Fetched`]) that puts them into memory ([`Processor::absorb`]).
+//!
+//! The batch waits meanwhile (nothing after it is drained, so items stay in order),
+//! while the actor goes on taking messages: durable notices, item reads, new work. A
+//! durable notice can change what the batch needs (a key leaves the undurable set, a
+//! fenced item leaves memory), and nothing leaves memory by eviction while reads are
+//! out. So the plan is made again when the answers are in, and the batch is applied in
+//! the same handler as the plan that needed nothing: what it is decided against is what
+//! was planned. Each new round is caused by a batch retired meanwhile, and none is sent
+//! while the batch waits, so there are at most [`BATCHES_IN_FLIGHT_MAX`] + 1 rounds.
+
+use super::*;
+
+/// An item by shop and item, or a key by shop and request key.
+type ShopKey = (Arc<str>, Arc<str>);
+
+/// What a batch still needs from the journal.
+#[derive(Default)]
+pub(super) struct Reads {
+    /// Partitions whose keys the journal learns first, from an offset (under an epoch).
+    learn: Vec<(i32, u64, i64)>,
+    /// Items read back under a new epoch of their partition, with their pending holds.
+    reload: Vec<(ShopKey, u64)>,
+    /// Items that left memory.
+    fault: Vec<ShopKey>,
+    /// Keys whose outcome the journal may hold, by shop.
+    keys: HashMap<Arc<str>, Vec<Arc<str>>>,
+}
+
+impl Reads {
+    fn is_empty(&self) -> bool {
+        self.learn.is_empty()
+            && self.reload.is_empty()
+            && self.fault.is_empty()
+            && self.keys.is_empty()
+    }
+
+    /// Makes the reads, in the order they depend on each other (a partition's keys are
+    /// learned before they are looked up). Runs on the blocking pool; a read that keeps
+    /// failing stops the process ([`retry_read`]).
+    fn run(self, journal: &dyn Journal, shard: usize) -> Fetched {
+        for (partition, _, offset) in &self.learn {
+            retry_read(shard, || journal.learn_partition(*partition, *offset));
+        }
+        let (reloaded, holds) = if self.reload.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let items: Vec<ShopKey> = self.reload.iter().map(|(k, _)| k.clone()).collect();
+            let states = retry_read(shard, || journal.item_states(&items));
+            let holds = retry_read(shard, || journal.pending_holds(&items));
+            (self.reload.into_iter().zip(states).collect(), holds)
+        };
+        let faulted = if self.fault.is_empty() {
+            Vec::new()
+        } else {
+            let states = retry_read(shard, || journal.item_states(&self.fault));
+            self.fault.into_iter().zip(states).collect()
+        };
+        let mut keys = Vec::new();
+        for (shop, asked) in self.keys {
+            let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
+            let outcomes = retry_read(shard, || journal.outcomes(&shop, &refs));
+            for (key, outcome) in asked.into_iter().zip(outcomes) {
+                keys.push(((shop.clone(), key), outcome.map(Arc::new)));
+            }
+        }
+        Fetched {
+            learned: self.learn.into_iter().map(|(p, e, _)| (p, e)).collect(),
+            reloaded,
+            holds,
+            faulted,
+            keys,
+        }
+    }
+}
+
+/// The journal's answers to [`Reads`], back on the actor's thread.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(super) struct Fetched {
+    learned: Vec<(i32, u64)>,
+    reloaded: Vec<((ShopKey, u64), Option<ItemState>)>,
+    holds: Vec<HoldView>,
+    faulted: Vec<(ShopKey, Option<ItemState>)>,
+    keys: Vec<(ShopKey, Option<Arc<Outcome>>)>,
+}
+
+/// What the journal answered for the batch waiting to be applied; emptied once it is.
+#[derive(Default)]
+pub(super) struct Prefetched {
+    /// Outcomes of keys looked up (`None`: the journal has none).
+    pub(super) keys: HashMap<ShopKey, Option<Arc<Outcome>>>,
+    /// Items the journal does not know: not asked again in a later round.
+    unknown: HashSet<ShopKey>,
+}
+
+impl Handler<Fetched> for Processor {
+    type Result = ();
+    fn handle(&mut self, msg: Fetched, ctx: &mut Self::Context) {
+        self.absorb(msg);
+        let Some(works) = self.reading.take() else {
+            tracing::error!(
+                shard = self.shard,
+                "journal reads answered with no batch waiting"
+            );
+            return;
+        };
+        self.decide_or_read(works, ctx);
+        self.drain(ctx);
+    }
+}
+
+impl Processor {
+    /// Applies `works` as a batch and sends it to the journal if memory has all it needs;
+    /// otherwise sends the reads it needs to the blocking pool and keeps `works` until
+    /// they are answered ([`Fetched`]).
+    pub(super) fn decide_or_read(&mut self, works: Vec<Work>, ctx: &mut Context<Self>) {
+        let reads = self.plan_reads(&works);
+        if reads.is_empty() {
+            self.run_batch(works, ctx);
+            return;
+        }
+        self.reading = Some(works);
+        let journal = self.journal.clone();
+        let shard = self.shard;
+        let addr = ctx.address();
+        tokio::task::spawn_blocking(move || addr.do_send(reads.run(&*journal, shard)));
+    }
+
+    /// What `works` need from the journal that memory and the earlier rounds' answers
+    /// do not have.
+    fn plan_reads(&self, works: &[Work]) -> Reads {
+        let mut reads = Reads::default();
+        let shared_log = self.hooks.get().is_some();
+        let reloads = self.journal.shared();
+        let mut learn: HashMap<i32, (u64, i64)> = HashMap::new();
+        let mut reload: HashMap<ShopKey, u64> = HashMap::new();
+        let mut fault: HashSet<ShopKey> = HashSet::new();
+        let mut keys: HashSet<ShopKey> = HashSet::new();
+        let in_memory = |shop: &Arc<str>, item: &Arc<str>| {
+            self.items.get(shop).is_some_and(|m| m.contains_key(item))
+        };
+        let mut want = |shop: &Arc<str>, item: &Arc<str>| {
+            let key = (shop.clone(), item.clone());
+            if !self.complete && !in_memory(shop, item) && !self.prefetched.unknown.contains(&key) {
+                fault.insert(key);
+            }
+        };
+        for work in works {
+            match work {
+                Work::Txn(req) => {
+                    if shared_log {
+                        if let Some(pos) = req.log_pos {
+                            // The journal learns the keys of a partition seen under a new
+                            // epoch, so its lookups are exact for them.
+                            if self.learned.get(&pos.partition) != Some(&req.epoch()) {
+                                let f = learn
+                                    .entry(pos.partition)
+                                    .or_insert((req.epoch(), pos.offset));
+                                f.1 = f.1.min(pos.offset);
+                            }
+                        }
+                        // Every key not applied here in a batch still in flight.
+                        let key = (req.shop.clone(), req.key.clone());
+                        if !self.undurable.contains_key(&key)
+                            && !self.prefetched.keys.contains_key(&key)
+                        {
+                            keys.insert(key);
+                        }
+                    }
+                    let reloaded = reloads && req.log_pos.is_some();
+                    if reloaded {
+                        // Read under another epoch: another node may have changed it.
+                        let current = self
+                            .items
+                            .get(&req.shop)
+                            .and_then(|m| m.get(&req.item))
+                            .map(|s| s.epoch);
+                        let item = (req.shop.clone(), req.item.clone());
+                        if current != Some(req.epoch()) && !self.prefetched.unknown.contains(&item)
+                        {
+                            reload.entry(item).or_insert(req.epoch());
+                        }
+                    }
+                    if req.op.ends_hold() {
+                        // A hold no longer pending here is answered with how it ended,
+                        // which the journal has (or it is unknown). A pending one whose
+                        // item is read back may have ended on another node.
+                        let hold = (req.shop.clone(), req.hold_id.clone().unwrap_or_default());
+                        let pending = self.holds.get(&hold).is_some_and(|h| {
+                            !reload.contains_key(&(req.shop.clone(), h.item.clone()))
+                        });
+                        let key = (req.shop.clone(), req.key.clone());
+                        if !pending
+                            && !self.ended.contains_key(&hold)
+                            && !self.prefetched.keys.contains_key(&key)
+                        {
+                            keys.insert(key);
+                        }
+                    } else if !reloaded {
+                        want(&req.shop, &req.item);
+                    }
+                }
+                Work::Load(chunk) => {
+                    for load in &chunk.items {
+                        want(&chunk.shop, &load.item);
+                    }
+                }
+            }
+        }
+        reads.learn = learn.into_iter().map(|(p, (e, o))| (p, e, o)).collect();
+        reads.reload = reload.into_iter().collect();
+        reads.reload.sort_unstable();
+        reads.fault = fault.into_iter().collect();
+        reads.fault.sort_unstable();
+        for (shop, key) in keys {
+            reads.keys.entry(shop).or_default().push(key);
+        }
+        reads
+    }
+
+    /// Puts the journal's answers into memory: partitions learned, items read back (and
+    /// their holds, which replace any armed here), outcomes found.
+    fn absorb(&mut self, fetched: Fetched) {
+        let Fetched {
+            learned,
+            reloaded,
+            holds,
+            faulted,
+            keys,
+        } = fetched;
+        for (partition, epoch) in learned {
+            self.learned.insert(partition, epoch);
+        }
+        if !reloaded.is_empty() {
+            // The holds of these items as the journal has them replace any armed here:
+            // the node that owned them meanwhile may have made, confirmed or expired some.
+            let moved: HashSet<ShopKey> = reloaded.iter().map(|((k, _), _)| k.clone()).collect();
+            let gone: Vec<ShopKey> = self
+                .holds
+                .iter()
+                .filter(|((shop, _), h)| moved.contains(&(shop.clone(), h.item.clone())))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in gone {
+                if let Some(h) = self.holds.remove(&key) {
+                    self.wheel.cancel(h.timer);
+                }
+            }
+            for h in holds {
+                self.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at);
+            }
+        }
+        for (((shop, item), epoch), state) in reloaded {
+            let shop_items = self.items.entry(shop.clone()).or_default();
+            match (shop_items.get_mut(&item), state) {
+                (Some(slot), Some(st)) => {
+                    // Ahead of the journal only by this node's own batches in flight.
+                    if st.seq >= slot.live.seq {
+                        slot.live = st;
+                        slot.durable = st;
+                    }
+                    slot.epoch = epoch;
+                }
+                (Some(slot), None) => slot.epoch = epoch,
+                (None, Some(st)) => {
+                    shop_items.insert(item, Slot::read(st, epoch));
+                    self.inserted();
+                }
+                (None, None) => {
+                    // An unknown item: no empty map left behind for its shop. The slot
+                    // made for it at its epoch keeps it from being read again.
+                    if shop_items.is_empty() {
+                        self.items.remove(&shop);
+                    }
+                    self.prefetched.unknown.insert((shop, item));
+                }
+            }
+        }
+        for ((shop, item), state) in faulted {
+            let in_memory = self.items.get(&shop).is_some_and(|m| m.contains_key(&item));
+            match state {
+                Some(state) if !in_memory => {
+                    self.items
+                        .entry(shop)
+                        .or_default()
+                        .insert(item, Slot::read(state, 0));
+                    self.inserted();
+                }
+                Some(_) => {}
+                None => {
+                    self.prefetched.unknown.insert((shop, item));
+                }
+            }
+        }
+        self.prefetched.keys.extend(keys);
+    }
+}
