@@ -266,7 +266,7 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
     }
     let targets = target_lines(&res.runs);
     if !targets.is_empty() {
-        md.push_str("\n## Against the targets of issue 5\n\n");
+        md.push_str("\n## Against the targets of issue 13\n\n");
         for t in targets {
             let _ = writeln!(md, "- {t}");
         }
@@ -297,54 +297,62 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
 }
 
 fn find<'a>(runs: &'a [RunResult], system: &str, scenario: &str) -> Option<&'a RunResult> {
-    runs.iter()
-        .find(|r| r.system == system && r.scenario == scenario && r.mode == "closed")
+    runs.iter().find(|r| {
+        r.system == system
+            && r.scenario == scenario
+            && r.mode == "closed"
+            // Of spread's two runs, the Zipf one: the skew a flash sale has.
+            && (scenario != "spread" || r.distribution.starts_with("zipf"))
+    })
 }
 
-/// The issue's targets, as measured ratios: met or missed, and by how much.
+/// Issue 13's targets, as measured ratios of one run: met or missed, and by how much.
+/// Throughput ratios are nrtxn's over the peer's (higher is better), the p99 ratio
+/// nrtxn's over redis-lua's (lower is better). The CPU and context-switch targets are
+/// measured by `scripts/path-cost.sh`, not here.
 fn target_lines(runs: &[RunResult]) -> Vec<String> {
     let mut out = Vec::new();
-    let Some(n) = find(runs, "nrtxn", "hot") else {
-        return out;
-    };
-    for (peer, want) in [("ceiling", 0.8), ("redis-lua", 1.0), ("postgres-row", 10.0)] {
-        if let Some(p) = find(runs, peer, "hot").filter(|p| p.throughput_rps > 0.0) {
-            let ratio = n.throughput_rps / p.throughput_rps;
-            let verdict = if ratio >= want {
-                "met".to_string()
-            } else {
-                format!("missed by {:.0}%", (1.0 - ratio / want) * 100.0)
-            };
-            out.push(format!(
-                "hot throughput, nrtxn / {peer}: {ratio:.2}× (target ≥ {want}×): {verdict}"
-            ));
-        }
-    }
-    if let Some(r) = find(runs, "redis-lua", "hot") {
-        let verdict = if n.p99_ms <= r.p99_ms {
-            "met"
-        } else {
-            "missed"
+    let throughput = [
+        ("hot", "redis-lua", 1.0),
+        ("hot-sales", "redis-lua", 1.0),
+        ("hot", "ceiling", 0.6),
+        ("spread", "redis-lua", 1.0),
+        ("mixed", "redis-lua", 1.0),
+        ("fire-and-forget", "redis-lua", 1.0),
+        ("batch", "redis-lua", 1.0),
+        ("batch", "ceiling", 0.7),
+    ];
+    for (scenario, peer, want) in throughput {
+        let (Some(n), Some(p)) = (find(runs, "nrtxn", scenario), find(runs, peer, scenario)) else {
+            continue;
         };
-        out.push(format!(
-            "hot p99, nrtxn {} ms vs redis-lua {} ms (target: no worse): {verdict}",
-            compact(n.p99_ms),
-            compact(r.p99_ms)
-        ));
-    }
-    if let Some(b) = find(runs, "nrtxn", "batch") {
-        let verdict = if b.throughput_rps >= 300_000.0 {
+        if p.throughput_rps <= 0.0 {
+            continue;
+        }
+        let ratio = n.throughput_rps / p.throughput_rps;
+        let verdict = if ratio >= want {
             "met".to_string()
         } else {
-            format!(
-                "missed by {:.0}%",
-                (1.0 - b.throughput_rps / 300_000.0) * 100.0
-            )
+            format!("missed by {:.0}%", (1.0 - ratio / want) * 100.0)
         };
         out.push(format!(
-            "batch route: {} decisions/s (target ≥ 300,000): {verdict}",
-            thousands(b.throughput_rps as u64)
+            "{scenario} throughput, nrtxn / {peer}: {ratio:.2}× (target ≥ {want}×): {verdict}"
         ));
+    }
+    if let (Some(n), Some(r)) = (find(runs, "nrtxn", "hot"), find(runs, "redis-lua", "hot")) {
+        if r.p99_ms > 0.0 {
+            let ratio = n.p99_ms / r.p99_ms;
+            let verdict = if ratio <= 1.5 {
+                "met".to_string()
+            } else {
+                format!("missed: {ratio:.1}×")
+            };
+            out.push(format!(
+                "hot p99, nrtxn {} ms / redis-lua {} ms: {ratio:.2}× (target ≤ 1.5×): {verdict}",
+                compact(n.p99_ms),
+                compact(r.p99_ms)
+            ));
+        }
     }
     out
 }
@@ -690,8 +698,26 @@ mod tests {
         assert!(md.contains("| 12,345 |"));
         assert!(md.contains("![throughput and p99 per system and scenario](benchmarks.svg)"));
         assert!(md.contains("```sh\nnrtxn-bench run --x\n```"));
-        assert!(md.contains("hot throughput, nrtxn / ceiling: 0.75× (target ≥ 0.8×): missed by 6%"));
-        assert!(md.contains("batch route: 310,000 decisions/s (target ≥ 300,000): met"));
+        // 30,000 of the ceiling's 40,000 on hot: 0.75 against 0.6.
+        assert!(md.contains("hot throughput, nrtxn / ceiling: 0.75× (target ≥ 0.6×): met"));
+        assert!(!md.contains("batch throughput"), "no peer ran batch");
+    }
+
+    #[test]
+    fn missed_targets_say_by_how_much() {
+        let redis = run("redis-lua", "hot", 20_000.0, 4.0);
+        let nrtxn = run("nrtxn", "hot", 10_000.0, 12.0);
+        let md = markdown(&results(vec![nrtxn, redis]), None, None);
+        assert!(
+            md.contains("hot throughput, nrtxn / redis-lua: 0.50× (target ≥ 1×): missed by 50%"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "hot p99, nrtxn 12.0 ms / redis-lua 4.00 ms: 3.00× (target ≤ 1.5×): missed: 3.0×"
+            ),
+            "{md}"
+        );
     }
 
     #[test]
