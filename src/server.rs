@@ -163,6 +163,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let journal_is_store = settings.mongo_uri.is_none();
     let outbox = journal.clone();
     let kafka = settings.kafka.clone();
+    let stages = metrics.stage.clone();
     let mut log_error = None;
     let engine = Engine::start(
         settings.engine.clone(),
@@ -171,7 +172,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             None => Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
                 as Arc<dyn RequestLog>,
             Some(k) => {
-                match KafkaLog::start(k, dispatcher.clone(), leases) {
+                match KafkaLog::start(k, dispatcher.clone(), leases, stages) {
                     Ok(log) => log,
                     Err(e) => {
                         // Reported below, after the engine is built; nothing reaches it.

@@ -70,6 +70,26 @@ async fn requests_through_kafka_are_answered_and_polled() {
         (item["stock"].as_i64(), item["seq"].as_u64()),
         (Some(3), Some(3))
     );
+
+    // Every stage of the path through Kafka was timed (the journal's is
+    // nrtxn_journal_write_seconds).
+    let text = c
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for stage in ["produce", "consume", "screen", "reply", "total"] {
+        let prefix = format!("nrtxn_stage_seconds_count{{stage=\"{stage}\"}} ");
+        let observed: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(observed >= 1, "stage {stage} never observed:\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

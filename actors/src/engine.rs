@@ -143,7 +143,7 @@ impl Dispatcher {
         }
         for (shop, outcomes) in by_shop {
             if let Some(wm) = self.registry.get(&shop) {
-                wm.addr.do_send(Decided(outcomes));
+                wm.addr.do_send(Decided::new(outcomes));
             }
         }
     }

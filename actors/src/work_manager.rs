@@ -128,6 +128,10 @@ impl Deps {
 struct Waiter {
     call: Arc<Call>,
     index: usize,
+    /// When this WorkManager took the call: the `total` stage runs from then until the
+    /// reply is set. The caller's own, not the key's `since`: a repeat that joins a key in
+    /// flight has waited only since it came.
+    taken: Instant,
 }
 
 struct InFlight {
@@ -290,7 +294,8 @@ impl WorkManager {
             return call.fail(SubmitError::Passivated(reqs));
         }
         self.status.touch();
-        match self.admit(reqs, &call, ctx) {
+        let taken = Instant::now();
+        match self.admit(reqs, &call, taken, ctx) {
             Ok(()) => {
                 self.deadlines.push(call);
                 self.arm_deadline(ctx);
@@ -309,6 +314,7 @@ impl WorkManager {
         &mut self,
         reqs: Vec<(Request, bool)>,
         call: &Arc<Call>,
+        taken: Instant,
         ctx: &mut Context<Self>,
     ) -> Result<(), SubmitError> {
         let mut unknown: Vec<Arc<str>> = Vec::new();
@@ -342,6 +348,7 @@ impl WorkManager {
             let waiter = Waiter {
                 call: call.clone(),
                 index,
+                taken,
             };
             if let Some(flight) = self.in_flight.get_mut(&req.key) {
                 // A repeat of a key in flight waits for the same decision. That is also
@@ -354,7 +361,7 @@ impl WorkManager {
             let flight = InFlight {
                 logged: false,
                 waiters: if respond { vec![waiter] } else { Vec::new() },
-                since: Instant::now(),
+                since: taken,
             };
             self.in_flight.insert(req.key.clone(), flight);
             new.push((index, req, respond));
@@ -416,7 +423,7 @@ impl WorkManager {
         }
         if !decided.is_empty() {
             // Answers the claims' waiters (this call's among them) and lets them go.
-            self.decided(decided);
+            self.decided(decided, None);
         }
         if let Err(e) = self.hand_on(&call, known, rest) {
             call.fail(e);
@@ -481,7 +488,10 @@ impl WorkManager {
         self.deps.release(n);
     }
 
-    fn decided(&mut self, outcomes: Vec<Arc<Outcome>>) {
+    /// Answers the waiters of `outcomes` and lets their keys go. `sent`: when a processor
+    /// (or the responses reader) sent them, for the `reply` stage; `None` when they were
+    /// read from the journal here.
+    fn decided(&mut self, outcomes: Vec<Arc<Outcome>>, sent: Option<Instant>) {
         let mut answers = Vec::new();
         let mut retired = Vec::new();
         for outcome in outcomes {
@@ -500,9 +510,25 @@ impl WorkManager {
         // Room is given back before anyone is answered, so a caller that sees its answer
         // also sees the bound freed.
         self.deps.release(answers.len());
-        for (waiters, outcome) in answers {
+        for (waiters, outcome) in &answers {
             for w in waiters {
                 w.call.set(w.index, Reply::Decided(outcome.clone()));
+            }
+        }
+        // One clock read for the lot: their replies were set together, just now. A call
+        // past its deadline was answered `pending` then, not with this outcome.
+        let mut waiters = answers.iter().flat_map(|(w, _)| w).peekable();
+        if waiters.peek().is_none() {
+            return;
+        }
+        let now = Instant::now();
+        let stage = &self.deps.metrics.stage;
+        let reply = sent.map(|sent| now.saturating_duration_since(sent).as_secs_f64());
+        for w in waiters.filter(|w| w.call.deadline > now) {
+            let total = now.saturating_duration_since(w.taken).as_secs_f64();
+            stage.total.observe(total);
+            if let Some(reply) = reply {
+                stage.reply.observe(reply);
             }
         }
     }
@@ -593,7 +619,7 @@ impl WorkManager {
             self.publish_in_flight();
         }
         if !decided.is_empty() {
-            self.decided(decided);
+            self.decided(decided, None);
         }
     }
 }
@@ -647,15 +673,29 @@ impl Handler<Submit> for WorkManager {
     }
 }
 
-/// Outcomes that became durable.
+/// Outcomes that became durable, and when they were sent to this WorkManager: the
+/// `reply` stage runs from then until their callers' replies are set.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Decided(pub Vec<Arc<Outcome>>);
+pub struct Decided {
+    pub outcomes: Vec<Arc<Outcome>>,
+    pub sent: Instant,
+}
+
+impl Decided {
+    /// Outcomes sent now.
+    pub fn new(outcomes: Vec<Arc<Outcome>>) -> Decided {
+        Decided {
+            outcomes,
+            sent: Instant::now(),
+        }
+    }
+}
 
 impl Handler<Decided> for WorkManager {
     type Result = ();
     fn handle(&mut self, msg: Decided, _: &mut Self::Context) {
-        self.decided(msg.0)
+        self.decided(msg.outcomes, Some(msg.sent))
     }
 }
 
@@ -727,7 +767,7 @@ impl Handler<Resume> for WorkManager {
                 }
                 // Lets the decided ones go, retired from the log (they are `logged`).
                 if !decided.is_empty() {
-                    wm.decided(decided);
+                    wm.decided(decided, None);
                 }
                 wm.deps.log.redeliver(pending);
             },
@@ -780,7 +820,7 @@ impl Handler<Poll> for WorkManager {
             Ok(match found {
                 Some(o) => {
                     if wm.in_flight.contains_key(&key) {
-                        wm.decided(vec![o.clone()]);
+                        wm.decided(vec![o.clone()], None);
                     } else {
                         wm.remember(o.clone());
                     }

@@ -21,13 +21,17 @@
 //!   the responses topic, to the partition numbered by that node's id; each node reads
 //!   only its own partition and hands the outcomes to its WorkManagers.
 //! - Topics are created at start if missing.
+//! - Two stages of a request are timed here (`nrtxn_stage_seconds`): `produce`, an
+//!   append until the broker acknowledged it, and `consume`, the message's timestamp
+//!   until a reader handed it to its shard.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use nrtxn_actors::metrics::Stages;
 use nrtxn_actors::{
     Dispatcher, Durable, Leases, LogHooks, LogPos, Outcome, Request, RequestLog, StoreError,
 };
@@ -173,18 +177,35 @@ impl AckGroup {
     }
 }
 
-struct Delivery;
+/// What the producer keeps of each message until the broker answers for it. One box per
+/// message, which the producer needed anyway for the ack group.
+struct Sent {
+    /// The call's fire-and-forget group, told of a `logged` request's delivery.
+    ack: Option<Arc<AckGroup>>,
+    /// When the request log took it ([`KafkaLog::append`]), for the `produce` stage;
+    /// `None` for messages that are not a request's append (responses, expiries).
+    appended: Option<Instant>,
+}
+
+struct Delivery {
+    /// Where `produce` is observed.
+    stages: Stages,
+}
 
 impl ClientContext for Delivery {}
 
 impl ProducerContext for Delivery {
-    type DeliveryOpaque = Box<Option<Arc<AckGroup>>>;
+    type DeliveryOpaque = Box<Sent>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, ack: Self::DeliveryOpaque) {
+    fn delivery(&self, result: &DeliveryResult<'_>, sent: Self::DeliveryOpaque) {
         if let Err((e, _)) = result {
             tracing::error!(error = %e, "request not delivered to the broker");
         }
-        if let Some(group) = *ack {
+        let Sent { ack, appended } = *sent;
+        if let (Some(at), Ok(_)) = (appended, result) {
+            self.stages.produce.observe(at.elapsed().as_secs_f64());
+        }
+        if let Some(group) = ack {
             group.done(result.is_ok());
         }
     }
@@ -305,6 +326,7 @@ impl KafkaLog {
         settings: KafkaSettings,
         dispatcher: Dispatcher,
         leases: Option<Arc<dyn Leases>>,
+        stages: Stages,
     ) -> Result<Arc<KafkaLog>, StoreError> {
         if settings.node_id as i64 >= i64::from(settings.response_partitions) {
             return Err(kafka_err(format!(
@@ -322,7 +344,9 @@ impl KafkaLog {
                     PRODUCER_QUEUE_MAX.to_string(),
                 )
                 .set("message.timeout.ms", "30000")
-                .create_with_context(Delivery)
+                .create_with_context(Delivery {
+                    stages: stages.clone(),
+                })
                 .map_err(kafka_err)?;
         let producer = Arc::new(producer);
         let tracker = Arc::new(Tracker::default());
@@ -336,7 +360,7 @@ impl KafkaLog {
         );
         dispatcher.attach(LogHooks {
             resubmit: Arc::new(move |reqs| {
-                send_requests(&expiry_producer, &requests_topic, node_id, reqs, None)
+                send_requests(&expiry_producer, &requests_topic, node_id, reqs, None, None)
             }),
             node_id: settings.node_id,
             journaled: Arc::new(move |positions| hook_tracker.journaled(&positions)),
@@ -392,6 +416,7 @@ impl KafkaLog {
                 assigned: log.assigned.clone(),
                 topic: settings.requests_topic.clone(),
                 undecided_max: settings.undecided_max.max(1),
+                stages: stages.clone(),
             };
             handles.push(
                 std::thread::Builder::new()
@@ -413,13 +438,15 @@ impl KafkaLog {
 }
 
 /// Queues requests on the requests topic, keyed by `{shop}:{item}`; `ack` (the call's
-/// fire-and-forget group) is told of each `logged` one's delivery.
+/// fire-and-forget group) is told of each `logged` one's delivery. `appended`: when the
+/// request log took them, if they are an append (timed to their acknowledgement).
 fn send_requests(
     producer: &ThreadedProducer<Delivery>,
     topic: &str,
     origin: u32,
     reqs: Vec<Request>,
     ack: Option<Arc<AckGroup>>,
+    appended: Option<Instant>,
 ) {
     for req in reqs {
         let key = format!("{}:{}", req.shop, req.item);
@@ -438,7 +465,7 @@ fn send_requests(
                 continue;
             }
         };
-        let record = BaseRecord::with_opaque_to(topic, Box::new(ack))
+        let record = BaseRecord::with_opaque_to(topic, Box::new(Sent { ack, appended }))
             .key(&key)
             .payload(&payload);
         if let Err((e, record)) = producer.send(record) {
@@ -447,7 +474,7 @@ fn send_requests(
             // fire-and-forget caller gets a 503, and it stays in flight at its
             // WorkManager (a repeat of its key waits rather than sending it twice).
             tracing::error!(error = %e, key = %key, "request not sent");
-            if let Some(group) = *record.delivery_opaque {
+            if let Some(group) = record.delivery_opaque.ack {
                 group.done(false);
             }
         }
@@ -473,7 +500,11 @@ fn send_responses(
                 continue;
             }
         };
-        let record = BaseRecord::<(), [u8], _>::with_opaque_to(topic, Box::new(None))
+        let unacked = Box::new(Sent {
+            ack: None,
+            appended: None,
+        });
+        let record = BaseRecord::<(), [u8], _>::with_opaque_to(topic, unacked)
             .partition(node as i32)
             .payload(&payload);
         if let Err((e, _)) = producer.send(record) {
@@ -658,6 +689,8 @@ struct Reader {
     assigned: Arc<AtomicUsize>,
     topic: String,
     undecided_max: usize,
+    /// Where `consume` is observed.
+    stages: Stages,
 }
 
 impl Reader {
@@ -670,7 +703,13 @@ impl Reader {
                 std::thread::sleep(Duration::from_millis(2));
             } else if let Some(msg) = self.consumer.poll(Duration::from_millis(50)) {
                 match msg {
-                    Ok(msg) => self.handle(msg.partition(), msg.offset(), msg.payload()),
+                    Ok(msg) => {
+                        self.handle(msg.partition(), msg.offset(), msg.payload());
+                        if let Some(stamped_ms) = msg.timestamp().to_millis() {
+                            let waited_ms = since_epoch_ms(stamped_ms);
+                            self.stages.consume.observe(waited_ms / 1_000.0);
+                        }
+                    }
                     Err(e) => tracing::warn!(error = %e, "kafka poll"),
                 }
             }
@@ -745,8 +784,19 @@ impl Reader {
     }
 }
 
+/// Milliseconds from `stamped_ms` (since the epoch: a message's broker timestamp) until
+/// now, never below 0 (the producer's clock may run ahead of this node's). The stamp is
+/// in whole ms, so this reads up to 1 ms long, 0.5 ms on average.
+fn since_epoch_ms(stamped_ms: i64) -> f64 {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1_000.0);
+    (now_ms - stamped_ms as f64).max(0.0)
+}
+
 impl RequestLog for KafkaLog {
     fn append(&self, reqs: Vec<Request>) -> Result<Option<Durable>, StoreError> {
+        let appended = Instant::now();
         let logged = reqs.iter().filter(|r| r.logged).count();
         let (group, rx) = if logged > 0 {
             let (tx, rx) = oneshot::channel();
@@ -771,6 +821,7 @@ impl RequestLog for KafkaLog {
             self.settings.node_id,
             reqs,
             group,
+            Some(appended),
         );
         Ok(rx)
     }

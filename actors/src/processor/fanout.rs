@@ -112,7 +112,7 @@ impl Processor {
         }
         for (shop, outcomes) in by_shop {
             match self.registry.get(&shop) {
-                Some(wm) => wm.addr.do_send(Decided(outcomes)),
+                Some(wm) => wm.addr.do_send(Decided::new(outcomes)),
                 // The shop's WorkManager passivated (it had nothing in flight, so nobody
                 // waits for these) or was dropped at shutdown: they are durable and can
                 // be polled.

@@ -19,6 +19,8 @@
 //! was planned. Each new round is caused by a batch retired meanwhile, and none is sent
 //! while the batch waits, so there are at most [`BATCHES_IN_FLIGHT_MAX`] + 1 rounds.
 
+use std::time::Instant;
+
 use super::*;
 
 /// An item by shop and item, or a key by shop and request key.
@@ -47,8 +49,9 @@ impl Reads {
 
     /// Makes the reads, in the order they depend on each other (a partition's keys are
     /// learned before they are looked up). Runs on the blocking pool; a read that keeps
-    /// failing stops the process ([`retry_read`]).
-    fn run(self, journal: &dyn Journal, shard: usize) -> Fetched {
+    /// failing stops the process ([`retry_read`]). `since`: when the batch began to wait
+    /// for reads, carried back for the `screen` stage.
+    fn run(self, journal: &dyn Journal, shard: usize, since: Instant) -> Fetched {
         for (partition, _, offset) in &self.learn {
             retry_read(shard, || journal.learn_partition(*partition, *offset));
         }
@@ -75,6 +78,7 @@ impl Reads {
             }
         }
         Fetched {
+            since,
             learned: self.learn.into_iter().map(|(p, e, _)| (p, e)).collect(),
             reloaded,
             holds,
@@ -88,6 +92,8 @@ impl Reads {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(super) struct Fetched {
+    /// When the batch began to wait for reads (its first round's, if it took several).
+    since: Instant,
     learned: Vec<(i32, u64)>,
     reloaded: Vec<((ShopKey, u64), Option<ItemState>)>,
     holds: Vec<HoldView>,
@@ -107,6 +113,7 @@ pub(super) struct Prefetched {
 impl Handler<Fetched> for Processor {
     type Result = ();
     fn handle(&mut self, msg: Fetched, ctx: &mut Self::Context) {
+        let since = msg.since;
         self.absorb(msg);
         let Some(works) = self.reading.take() else {
             tracing::error!(
@@ -115,7 +122,7 @@ impl Handler<Fetched> for Processor {
             );
             return;
         };
-        self.decide_or_read(works, ctx);
+        self.decide_or_read_since(works, Some(since), ctx);
         self.drain(ctx);
     }
 }
@@ -125,8 +132,24 @@ impl Processor {
     /// otherwise sends the reads it needs to the blocking pool and keeps `works` until
     /// they are answered ([`Fetched`]).
     pub(super) fn decide_or_read(&mut self, works: Vec<Work>, ctx: &mut Context<Self>) {
+        self.decide_or_read_since(works, None, ctx);
+    }
+
+    /// [`Processor::decide_or_read`] for a batch that has waited for reads `since` then
+    /// (`None`: not yet). Its wait is one `screen` observation, however many rounds it
+    /// took, observed when it is applied.
+    fn decide_or_read_since(
+        &mut self,
+        works: Vec<Work>,
+        since: Option<Instant>,
+        ctx: &mut Context<Self>,
+    ) {
         let reads = self.plan_reads(&works);
         if reads.is_empty() {
+            if let Some(since) = since {
+                let waited = since.elapsed().as_secs_f64();
+                self.metrics.stage.screen.observe(waited);
+            }
             self.run_batch(works, ctx);
             return;
         }
@@ -134,7 +157,8 @@ impl Processor {
         let journal = self.journal.clone();
         let shard = self.shard;
         let addr = ctx.address();
-        tokio::task::spawn_blocking(move || addr.do_send(reads.run(&*journal, shard)));
+        let since = since.unwrap_or_else(Instant::now);
+        tokio::task::spawn_blocking(move || addr.do_send(reads.run(&*journal, shard, since)));
     }
 
     /// What `works` need from the journal that memory and the earlier rounds' answers
@@ -238,6 +262,7 @@ impl Processor {
             holds,
             faulted,
             keys,
+            since: _,
         } = fetched;
         for (partition, epoch) in learned {
             self.learned.insert(partition, epoch);
