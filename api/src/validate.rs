@@ -117,10 +117,17 @@ pub async fn json_object(
             )))
         }
     }
-    let parsed = serde_json::from_slice::<Strict>(&body);
+    let parsed = decode_object(&body);
     drop(body);
     drop(held);
-    match parsed {
+    parsed
+}
+
+/// A body's bytes as a JSON object, or a 400 that says why (`body: ...`): malformed or
+/// not UTF-8, a key repeated in an object, nested deeper than serde_json's limit of
+/// 128, or not an object.
+pub fn decode_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Strict>(body) {
         Ok(Strict(Value::Object(map))) => Ok(map),
         Ok(_) => Err(ApiError::invalid("body: must be a JSON object")),
         Err(e) => Err(ApiError::invalid(format!("body: malformed JSON: {e}"))),
@@ -555,5 +562,179 @@ mod tests {
         assert!(path_segment(&key, "item").is_err());
         assert!(path_segment("a/b", "shop").is_err());
         assert!(path_segment("", "shop").is_err());
+    }
+}
+
+/// Request decoding and validation over arbitrary input (issue 14's fuzz target, run as
+/// proptest cases: `PROPTEST_CASES` sets how many, 2,000 by default). Whatever the bytes,
+/// the answer is a request within its bounds or a 400 whose detail names the field at
+/// fault: never a panic, never another status.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use actix_web::ResponseError;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// The fields a transaction body has, and the body itself.
+    const FIELDS: [&str; 10] = [
+        "body",
+        "seller",
+        "item",
+        "buyer",
+        "qty",
+        "op",
+        "respond",
+        "req_time",
+        "request_id",
+        "remarks",
+    ];
+
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(2_000)
+    }
+
+    /// The error is a 400 whose detail starts with the name of a field and a colon.
+    fn names_a_field(e: &ApiError) -> Result<(), TestCaseError> {
+        prop_assert_eq!(e.status_code().as_u16(), 400, "{}", e);
+        let detail = e.to_string();
+        let field = detail.split(':').next().unwrap_or("");
+        prop_assert!(FIELDS.contains(&field), "no field named: {}", detail);
+        Ok(())
+    }
+
+    /// Any JSON value: leaves of every type (strings with control characters, NUL and
+    /// astral characters, long ones; integers and floats at their extremes), nested
+    /// up to 4 deep.
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            prop_oneof![
+                Just(0i64),
+                Just(1),
+                Just(-1),
+                Just(QTY_MAX),
+                Just(QTY_MAX + 1)
+            ]
+            .prop_map(Value::from),
+            ".{0,40}".prop_map(Value::String),
+            "[a-z0-9~:/%-]{0,300}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,8}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A transaction body: each field present or not, with a plausible or an arbitrary
+    /// value, and now and then a field no transaction has.
+    fn txn_body() -> impl Strategy<Value = Value> {
+        let plausible = |field: &'static str| -> BoxedStrategy<Value> {
+            match field {
+                "qty" => (-3i64..QTY_MAX + 3).prop_map(Value::from).boxed(),
+                "op" => prop_oneof![Just("decrement"), Just("increment"), Just("hold"), Just("")]
+                    .prop_map(|s| Value::from(s))
+                    .boxed(),
+                "respond" => prop_oneof![Just(json!(true)), Just(json!(0)), Just(json!(2))].boxed(),
+                _ => "[a-z0-9-]{0,12}".prop_map(Value::String).boxed(),
+            }
+        };
+        let fields: Vec<BoxedStrategy<Option<(String, Value)>>> = FIELDS[1..]
+            .iter()
+            .map(|&f| {
+                prop::option::weighted(
+                    0.8,
+                    prop_oneof![3 => plausible(f), 1 => value()]
+                        .prop_map(move |v| (f.to_string(), v)),
+                )
+                .boxed()
+            })
+            .collect();
+        (fields, prop::option::of((".{0,8}", value()))).prop_map(|(fields, extra)| {
+            let mut obj: Map<String, Value> = fields.into_iter().flatten().collect();
+            if let Some((k, v)) = extra {
+                obj.entry(k).or_insert(v);
+            }
+            Value::Object(obj)
+        })
+    }
+
+    fn check_txn(body: &Value) -> Result<(), TestCaseError> {
+        match txn(&"shop".into(), body, "") {
+            Ok((req, _)) => {
+                prop_assert!((1..=QTY_MAX).contains(&req.qty), "qty {}", req.qty);
+                prop_assert!(!req.key.is_empty() && req.key.len() <= KEY_LEN_MAX);
+                prop_assert!(!req.item.is_empty() && req.item.len() <= NAME_LEN_MAX);
+                prop_assert!(matches!(req.op, Op::Decrement | Op::Increment));
+            }
+            Err(e) => names_a_field(&e)?,
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_bytes_decode_to_an_object_or_a_400_about_the_body(
+            bytes in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..600),
+                // Near-JSON: a valid body with bytes cut, flipped or added.
+                (txn_body(), any::<prop::sample::Index>(), any::<u8>()).prop_map(|(v, at, b)| {
+                    let mut bytes = serde_json::to_vec(&v).unwrap_or_default();
+                    if !bytes.is_empty() {
+                        let i = at.index(bytes.len());
+                        match b % 3 {
+                            0 => bytes.truncate(i),
+                            1 => bytes[i] = b,
+                            _ => bytes.insert(i, b),
+                        }
+                    }
+                    bytes
+                }),
+            ]
+        ) {
+            match decode_object(&bytes) {
+                Ok(obj) => check_txn(&Value::Object(obj))?,
+                Err(e) => {
+                    prop_assert_eq!(e.status_code().as_u16(), 400);
+                    prop_assert!(e.to_string().starts_with("body: "), "{}", e);
+                }
+            }
+        }
+
+        #[test]
+        fn any_transaction_body_is_a_request_within_bounds_or_a_400_naming_its_field(
+            body in prop_oneof![txn_body(), value()]
+        ) {
+            check_txn(&body)?;
+            // The same through its bytes, as the route reads it.
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            match decode_object(&bytes) {
+                Ok(obj) => check_txn(&Value::Object(obj))?,
+                Err(e) => prop_assert!(e.to_string().starts_with("body: "), "{}", e),
+            }
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_a_400_not_a_stack_overflow() {
+        for depth in [129, 10_000, 1_000_000] {
+            let body = format!("{{\"item\":{}{}}}", "[".repeat(depth), "]".repeat(depth));
+            let e = decode_object(body.as_bytes()).expect_err("nested too deep");
+            assert_eq!(e.status_code().as_u16(), 400);
+            assert!(e.to_string().contains("recursion limit"), "{e}");
+        }
     }
 }
