@@ -247,6 +247,22 @@ pub fn scan(
                 Ok(v) => v,
                 Err((offset, detail)) => {
                     if i + 1 == n && !any_record_after(&data, at + 1) {
+                        // A tail cut where what was derived from the log (the views,
+                        // written only after a record is durable) reaches further is no
+                        // torn write: records that were acknowledged are gone (a file cut
+                        // short or damaged at rest). Refused, not cut.
+                        let next_in_log = seen.map_or(*first, |lsn| lsn + 1);
+                        if from.next_lsn > next_in_log {
+                            return Err(LogError::Corrupt {
+                                file: path.clone(),
+                                offset,
+                                lsn: next_in_log,
+                                detail: format!(
+                                    "the log ends here ({detail}), but what was derived from it reaches record {}: records that were acknowledged are missing",
+                                    from.next_lsn - 1
+                                ),
+                            });
+                        }
                         let torn = TornTail {
                             file: path.clone(),
                             offset,
@@ -588,6 +604,31 @@ mod tests {
         assert_eq!(torn.bytes, (HEADER_LEN + b"body 9".len()) as u64 - 5);
         let end = write(dir.path(), 3, 1 << 20);
         assert_eq!((end.records, end.torn), (12, None));
+    }
+
+    #[test]
+    fn a_tail_cut_before_what_the_views_hold_refuses_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let end = write(dir.path(), 10, 1 << 20);
+        let (path, len) = end.last.clone().unwrap();
+        // Cut inside record 8, where the views (derived from durable records only) hold
+        // up to record 10: acknowledged records are gone, not a write torn by a crash.
+        let record = (HEADER_LEN + b"body 9".len()) as u64;
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 2 * record - 5).unwrap();
+        drop(f);
+        let views = Chain {
+            next_lsn: 11,
+            ..end.chain
+        };
+        let msg = bodies(dir.path(), views).expect_err("refused").to_string();
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("reaches record 10"),
+            "{msg}"
+        );
+        // Views that hold no more than the log kept: a torn tail, cut as before.
+        let (got, end) = bodies(dir.path(), Chain::default()).unwrap();
+        assert_eq!((got.len(), end.torn.is_some()), (7, true));
     }
 
     #[test]
