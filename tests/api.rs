@@ -450,14 +450,7 @@ async fn health_readiness_and_metrics_are_served() {
         txn("s", "sku-1", 1, 1),
     )
     .await;
-    let text = c
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&c, &server).await;
     for needle in [
         "nrtxn_http_requests_total{route=\"/v1/shops/{shop}/txns\",status=\"200\"} 1",
         "nrtxn_queue_depth{queue=\"inflight\"} 0",

@@ -73,14 +73,7 @@ async fn requests_through_kafka_are_answered_and_polled() {
 
     // Every stage of the path through Kafka was timed (the journal's is
     // nrtxn_journal_write_seconds).
-    let text = c
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&c, &server).await;
     for stage in ["produce", "consume", "screen", "reply", "total"] {
         let prefix = format!("nrtxn_stage_seconds_count{{stage=\"{stage}\"}} ");
         let observed: u64 = text

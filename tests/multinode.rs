@@ -77,20 +77,9 @@ async fn start_two_env(test: &str, env1: &[(&str, &str)]) -> Option<Nodes> {
     })
 }
 
-/// The server's metrics, as text.
-async fn metrics(c: &reqwest::Client, server: &Server) -> String {
-    c.get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// Decisions this node's processors made, from its metrics.
 async fn decisions(c: &reqwest::Client, server: &Server) -> u64 {
-    metrics(c, server)
+    metrics_text(c, server)
         .await
         .lines()
         .filter(|l| l.starts_with("nrtxn_decisions_total{"))
@@ -105,7 +94,7 @@ async fn repeats(c: &reqwest::Client, server: &Server) -> u64 {
 
 /// A counter of a server's metrics (0 when absent).
 async fn counter(c: &reqwest::Client, server: &Server, name: &str) -> u64 {
-    metrics(c, server)
+    metrics_text(c, server)
         .await
         .lines()
         .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())

@@ -141,6 +141,17 @@ pub async fn call(
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+/// The server's metrics, as text.
+pub async fn metrics_text(c: &reqwest::Client, server: &Server) -> String {
+    c.get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
     call(client, reqwest::Method::POST, url, Some(body.to_string())).await
 }
