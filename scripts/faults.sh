@@ -5,8 +5,9 @@
 #
 #   scripts/faults.sh [--quick]
 #
-# Full: 20 SIGKILL and 10 SIGTERM cycles on the release build, and docs/reliability.md's
-# campaign section rewritten with the figures. --quick (run by scripts/test.sh, so in CI):
+# Full: 20 SIGKILL and 10 SIGTERM cycles, corruption, and an overload of 2,000
+# connections, on the release build, and docs/reliability.md's campaign section
+# rewritten with the figures. --quick (run by scripts/test.sh, so in CI):
 # 3 and 2 cycles on the debug build the tests use, nothing written; it fails on any loss.
 # NRTXN_BIN picks the binary; NRTXN_FAULTS_SEED fixes the random choices.
 set -euo pipefail
@@ -24,7 +25,8 @@ elif [ $quick = 1 ]; then
   cargo build --quiet -p nrtxn
   bin=$target_dir/debug/nrtxn
 else
-  cargo build --release --quiet -p nrtxn
+  # nrtxn-bench drives the overload case.
+  cargo build --release --quiet -p nrtxn -p nrtxn-bench
   bin=$target_dir/release/nrtxn
 fi
 if [ $quick = 1 ]; then
