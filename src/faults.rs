@@ -9,25 +9,25 @@ use std::time::Duration;
 /// transaction, before the fence), as a slow disk or database would. A process killed
 /// or stopped under load is then caught with decisions made and not yet durable.
 pub fn journal_hold() -> Option<Duration> {
-    let ms: u64 = std::env::var("NRTXN_FAULT_JOURNAL_HOLD_MS")
-        .ok()?
-        .parse()
-        .ok()?;
-    tracing::warn!(ms, "fault injected: each journal write is held back");
-    Some(Duration::from_millis(ms))
+    fault_ms(
+        "NRTXN_FAULT_JOURNAL_HOLD_MS",
+        "fault injected: each journal write is held back",
+    )
 }
 
 /// `NRTXN_FAULT_JOURNAL_READ_MS`: each read of items' states from the embedded journal
 /// waits this long first, as a slow disk would: an item that left memory is then read
 /// back while the test checks what else the server still answers.
 pub fn journal_read_hold() -> Option<Duration> {
-    let ms: u64 = std::env::var("NRTXN_FAULT_JOURNAL_READ_MS")
-        .ok()?
-        .parse()
-        .ok()?;
-    tracing::warn!(
-        ms,
-        "fault injected: each journal read of items is held back"
-    );
+    fault_ms(
+        "NRTXN_FAULT_JOURNAL_READ_MS",
+        "fault injected: each journal read of items is held back",
+    )
+}
+
+/// The milliseconds in `var`, if it is set to a number: said in the log as `what`.
+fn fault_ms(var: &str, what: &str) -> Option<Duration> {
+    let ms: u64 = std::env::var(var).ok()?.parse().ok()?;
+    tracing::warn!(ms, "{what}");
     Some(Duration::from_millis(ms))
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -311,18 +311,6 @@ fn partial_body(base: &str, path: &str, len: usize, sent: usize) -> TcpStream {
     }
     s.flush().unwrap();
     s
-}
-
-/// The status line of the answer on `s`, waiting up to `wait`.
-fn status_line(s: &mut TcpStream, wait: Duration) -> String {
-    s.set_read_timeout(Some(wait)).unwrap();
-    let mut buf = [0u8; 512];
-    let n = s.read(&mut buf).unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::json;
@@ -19,27 +19,19 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// the status code of the answer, or what went wrong.
 fn raw(addr: &str, head: &[u8], body: &[u8]) -> Result<u16, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(ANSWER_WAIT)).unwrap();
     s.write_all(head).map_err(|e| format!("write head: {e}"))?;
     // The server may answer and close before reading a body it refused.
     let _ = s.write_all(body);
-    let started = Instant::now();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !buf.windows(2).any(|w| w == b"\r\n") {
-        match s.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(format!("no answer after {:?}: {e}", started.elapsed())),
-        }
-    }
-    let line = String::from_utf8_lossy(&buf);
-    let status = line
-        .split(' ')
+    status_code(&mut s)
+}
+
+/// The status code of the answer on `s`, waiting up to [`ANSWER_WAIT`].
+fn status_code(s: &mut TcpStream) -> Result<u16, String> {
+    let line = status_line(s, ANSWER_WAIT);
+    line.split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no status line: {:?}", line.lines().next()))?;
-    Ok(status)
+        .ok_or_else(|| format!("no status line within {ANSWER_WAIT:?}: {line:?}"))
 }
 
 fn head(method: &str, path: &[u8], addr: &str, extra: &str, len: usize) -> Vec<u8> {
@@ -228,18 +220,11 @@ fn garbage_on_every_route_is_answered_4xx_and_nothing_is_applied() {
     let slow = {
         let h = head("POST", b"/v1/shops/g/txns", &addr, JSON, 5);
         let mut s = TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(ANSWER_WAIT)).unwrap();
         for b in h.iter().chain(b"{\"q\":") {
             s.write_all(&[*b]).unwrap();
             std::thread::sleep(Duration::from_millis(5));
         }
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).unwrap_or(0);
-        String::from_utf8_lossy(&buf[..n])
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse::<u16>().ok())
-            .ok_or_else(|| "no answer".to_string())
+        status_code(&mut s)
     };
     expect_4xx("a head sent a byte at a time, then a bad body".into(), slow);
     println!("garbage campaign: {tried} inputs tried");

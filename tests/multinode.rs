@@ -89,16 +89,7 @@ async fn decisions(c: &reqwest::Client, server: &Server) -> u64 {
 
 /// Requests this node's processors answered with an outcome recorded before.
 async fn repeats(c: &reqwest::Client, server: &Server) -> u64 {
-    counter(c, server, "nrtxn_repeats_total").await
-}
-
-/// A counter of a server's metrics (0 when absent).
-async fn counter(c: &reqwest::Client, server: &Server, name: &str) -> u64 {
-    metrics_text(c, server)
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
+    metric(c, server, "nrtxn_repeats_total").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -553,7 +544,7 @@ async fn takeover_under_load(test: &str, fault: Fault) {
             "node 1 no longer serves; its log:\n{}",
             server_log(n1)
         );
-        let fenced = counter(&c, n1, "nrtxn_journal_fenced_total").await;
+        let fenced = metric(&c, n1, "nrtxn_journal_fenced_total").await;
         eprintln!("node 1: {fenced} batches fenced");
         assert!(
             fenced > 0,

@@ -152,6 +152,28 @@ pub async fn metrics_text(c: &reqwest::Client, server: &Server) -> String {
         .unwrap()
 }
 
+/// One sample of a server's metrics, by its name with labels (0 when absent).
+pub async fn metric(c: &reqwest::Client, server: &Server, name: &str) -> u64 {
+    metrics_text(c, server)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// The status line of the answer on `s`, waiting up to `wait` ("" if none came).
+pub fn status_line(s: &mut std::net::TcpStream, wait: Duration) -> String {
+    use std::io::Read;
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
 pub async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
     call(client, reqwest::Method::POST, url, Some(body.to_string())).await
 }
