@@ -24,6 +24,7 @@ Prints one JSON line per case (and writes them to --json).
 
 import argparse
 import http.client
+import importlib
 import json
 import os
 import random
@@ -526,31 +527,72 @@ def overload(binary, work, connections=2000, seconds=10):
     }
 
 
+def case_sigkill(ctx):
+    return kill_cycles(ctx.bin, ctx.work, 3 if ctx.quick else 20, signal.SIGKILL, ctx.rnd)
+
+
+def case_sigterm(ctx):
+    return kill_cycles(ctx.bin, ctx.work, 2 if ctx.quick else 10, signal.SIGTERM, ctx.rnd)
+
+
+def case_corruption(ctx):
+    return corruption(ctx.bin, ctx.work, ctx.rnd, ctx.quick)
+
+
+def case_overload(ctx):
+    return overload(ctx.bin, ctx.work)
+
+
+# Each case: (module, function), called with the run's context (bin, work, rnd, quick),
+# returning a result dict or a list of them. A case of another module (scripts/
+# faults_*.py, importing this one for Server, call, Book, run_load and reconcile) puts
+# its own `what` and `figures` in each result, with `case`, `tried`, `lost`, `doubled`,
+# `wrong` and `notes`.
+CASES = {
+    "sigkill": (None, "case_sigkill"),
+    "sigterm": (None, "case_sigterm"),
+    "corruption": (None, "case_corruption"),
+    "disk-full": ("faults_disk", "disk_full"),
+    "memory": ("faults_memory", "memory_bounds"),
+    "overload": (None, "case_overload"),
+    "cluster": ("faults_cluster", "cluster"),
+}
+FULL = ["sigkill", "sigterm", "corruption", "overload"]
+QUICK = ["sigkill", "sigterm", "corruption"]
+
+
 BEGIN, END = "<!-- faults.sh: begin -->", "<!-- faults.sh: end -->"
+
+
+def describe(r):
+    """(what, figures) of a result of one of this file's cases, for the table. Cases
+    in the other faults_*.py modules put their own `what` and `figures` in the result."""
+    if r["case"] == "overload":
+        what = (f"{r['connections']:,} connections of sales (respond=true) for 10 s "
+                "(`nrtxn-bench run --scenario hot-sales`), then one caller; no 429 is due: "
+                "each connection has one request in flight, far below `--inflight-max` 200,000")
+        figures = (f"{r['answered']:,} answered, {r['overloaded_429']:,} answered 429, "
+                   f"{r['errors']} errors; p99 {r['p99_ms']} ms; peak RSS {r['peak_rss_mb']} MB; "
+                   f"one caller's p50 {r['p50_before_ms']} ms before, {r['p50_after_ms']} ms "
+                   f"{r['back_to_normal_s']} s after")
+    elif r["case"] == "corruption":
+        what = (f"{r['files']} files of a clean data dir, each with a byte flipped (8 times, "
+                f"each in its own copy, for an SQLite file) and, apart, cut to half")
+        figures = (f"{r['refused']} refused to start with a message, {r['refused_at_read']} started "
+                   f"and answer 503 for the damaged rows only, {r['started_same']} started with the "
+                   "acknowledged state")
+    else:
+        what = (f"{r['cycles']} cycles of mixed load (12 callers) and {r['case'].upper()} "
+                f"at a random moment, restarted")
+        figures = f"{r['answered']:,} answered (200/202); exits {', '.join(r['exits'])}; {r['seconds']} s"
+    return what, figures
 
 
 def markdown(results, command, binary):
     """The campaign's section of docs/reliability.md."""
     rows = []
     for r in results:
-        if r["case"] == "overload":
-            what = (f"{r['connections']:,} connections of sales (respond=true) for 10 s "
-                    "(`nrtxn-bench run --scenario hot-sales`), then one caller; no 429 is due: "
-                    "each connection has one request in flight, far below `--inflight-max` 200,000")
-            figures = (f"{r['answered']:,} answered, {r['overloaded_429']:,} answered 429, "
-                       f"{r['errors']} errors; p99 {r['p99_ms']} ms; peak RSS {r['peak_rss_mb']} MB; "
-                       f"one caller's p50 {r['p50_before_ms']} ms before, {r['p50_after_ms']} ms "
-                       f"{r['back_to_normal_s']} s after")
-        elif r["case"] == "corruption":
-            what = (f"{r['files']} files of a clean data dir, each with a byte flipped (8 times, "
-                    f"each in its own copy, for an SQLite file) and, apart, cut to half")
-            figures = (f"{r['refused']} refused to start with a message, {r['refused_at_read']} started "
-                       f"and answer 503 for the damaged rows only, {r['started_same']} started with the "
-                       "acknowledged state")
-        else:
-            what = (f"{r['cycles']} cycles of mixed load (12 callers) and {r['case'].upper()} "
-                    f"at a random moment, restarted")
-            figures = f"{r['answered']:,} answered (200/202); exits {', '.join(r['exits'])}; {r['seconds']} s"
+        what, figures = (r["what"], r["figures"]) if "what" in r else describe(r)
         verdict = "passed" if not (r["lost"] or r["doubled"] or r["wrong"]) else "**failed**"
         rows.append(f"| {r['case']} | {what} | {r['tried']:,} | {figures} | {r['lost']} | {r['doubled']} | {r['wrong']} | {verdict} |")
     notes = []
@@ -606,23 +648,24 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--markdown", help="docs/reliability.md: its campaign section is rewritten")
     ap.add_argument("--command", default="scripts/faults.sh")
-    ap.add_argument("--cases", help="comma-separated; default sigkill,sigterm,corruption (and overload unless --quick)")
+    ap.add_argument("--cases", help="comma-separated, from CASES; default all of them (QUICK with --quick)")
     args = ap.parse_args()
     rnd = random.Random(int(os.environ.get("NRTXN_FAULTS_SEED", time.time())))
     work = tempfile.mkdtemp(prefix="nrtxn-faults.")
     results = []
-    cases = args.cases or ("sigkill,sigterm,corruption" if args.quick else "sigkill,sigterm,corruption,overload")
+    cases = args.cases or ",".join(QUICK if args.quick else FULL)
+    ctx = argparse.Namespace(bin=args.bin, work=work, rnd=rnd, quick=args.quick)
     try:
         for case in cases.split(","):
-            if case == "sigkill":
-                results.append(kill_cycles(args.bin, work, 3 if args.quick else 20, signal.SIGKILL, rnd))
-            elif case == "sigterm":
-                results.append(kill_cycles(args.bin, work, 2 if args.quick else 10, signal.SIGTERM, rnd))
-            elif case == "corruption":
-                results.append(corruption(args.bin, work, rnd, args.quick))
-            elif case == "overload":
-                results.append(overload(args.bin, work))
-            print(json.dumps(results[-1]), flush=True)
+            if case not in CASES:
+                raise SystemExit(f"faults.py: unknown case {case!r}; the cases: {', '.join(CASES)}")
+            module, function = CASES[case]
+            run = globals()[function] if module is None else getattr(importlib.import_module(module), function)
+            # A module's case may give several results (the cluster cases do).
+            got = run(ctx)
+            for r in got if isinstance(got, list) else [got]:
+                results.append(r)
+                print(json.dumps(r), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
