@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
 use crate::processor::{Enqueue, Flush, GetItem, ItemRead, Load, Processor, ShardShared};
 use crate::reply::{Answers, Call, Reply};
-use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request};
+use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request, Status};
 use crate::work_manager::{
     Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle, ShopStatus, Submit,
     SubmitError, WorkManager,
@@ -173,17 +173,29 @@ pub fn load_key(request_id: &str, index: usize) -> Arc<str> {
     format!("~loadid:{request_id}:{index}").into()
 }
 
+/// One item of a load: its stock, and the seq it must still have (`if_seq`) when the
+/// load is conditional.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadEntry {
+    pub item: Arc<str>,
+    pub stock: i64,
+    pub if_seq: Option<u64>,
+}
+
 /// A load's items as keyed requests, item `i` under `key(i)`.
 fn load_requests(
     shop: &Arc<str>,
-    items: Vec<(Arc<str>, i64)>,
+    items: Vec<LoadEntry>,
     key: impl Fn(usize) -> Arc<str>,
 ) -> Vec<Request> {
     let now = now_ms();
     items
         .into_iter()
         .enumerate()
-        .map(|(i, (item, stock))| Request::new(shop.clone(), item, key(i), Op::Load, stock, now))
+        .map(|(i, e)| Request {
+            if_seq: e.if_seq,
+            ..Request::new(shop.clone(), e.item, key(i), Op::Load, e.stock, now)
+        })
         .collect()
 }
 
@@ -501,12 +513,36 @@ impl Engine {
         shop: &Arc<str>,
         items: Vec<(Arc<str>, i64)>,
     ) -> Result<Vec<ItemView>, EngineError> {
+        let entries = items
+            .into_iter()
+            .map(|(item, stock)| LoadEntry {
+                item,
+                stock,
+                if_seq: None,
+            })
+            .collect();
+        let loaded = self.load_entries(shop, entries).await?;
+        Ok(loaded.into_iter().map(|(view, _)| view).collect())
+    }
+
+    /// [`Engine::load`] with conditions: an entry with `if_seq` applies only if its
+    /// item's seq is still that, and is otherwise answered [`Status::SeqMoved`] with the
+    /// item's state, that item unchanged. Each item's state in the order given, with
+    /// `Ok` or `SeqMoved`.
+    pub async fn load_entries(
+        &self,
+        shop: &Arc<str>,
+        items: Vec<LoadEntry>,
+    ) -> Result<Vec<(ItemView, Status)>, EngineError> {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
         if self.shards.shared_log() {
             return self.load_through_log(shop, items).await;
         }
+        // Straight to the processors, not through the log: asked here what the log's
+        // append asks for every other call (a full disk refuses it at once).
+        self.deps.log.admit()?;
         // A load makes its shop one of those in memory, like any request, so loads too
         // are held to `shops_max`.
         self.work_manager(shop).await?.status.touch();
@@ -515,10 +551,15 @@ impl Engine {
             return Err(EngineError::Overloaded);
         }
         let mut per: HashMap<usize, Vec<LoadItem>> = HashMap::new();
-        for (index, (item, stock)) in items.into_iter().enumerate() {
-            per.entry(self.shards.shard_of(shop, &item))
+        for (index, e) in items.into_iter().enumerate() {
+            per.entry(self.shards.shard_of(shop, &e.item))
                 .or_default()
-                .push(LoadItem { item, stock, index });
+                .push(LoadItem {
+                    item: e.item,
+                    stock: e.stock,
+                    if_seq: e.if_seq,
+                    index,
+                });
         }
         let mut waits = Vec::with_capacity(per.len());
         for (s, items) in per {
@@ -530,13 +571,13 @@ impl Engine {
             }));
             waits.push(rx);
         }
-        let mut out: Vec<Option<ItemView>> = vec![None; n];
+        let mut out: Vec<Option<(ItemView, Status)>> = vec![None; n];
         let mut result = Ok(());
         for rx in waits {
             match rx.await {
                 Ok(views) => {
-                    for (i, v) in views {
-                        out[i] = Some(v);
+                    for (i, v, status) in views {
+                        out[i] = Some((v, status));
                     }
                 }
                 Err(_) => result = Err(EngineError::ShuttingDown),
@@ -553,14 +594,17 @@ impl Engine {
     async fn load_through_log(
         &self,
         shop: &Arc<str>,
-        items: Vec<(Arc<str>, i64)>,
-    ) -> Result<Vec<ItemView>, EngineError> {
+        items: Vec<LoadEntry>,
+    ) -> Result<Vec<(ItemView, Status)>, EngineError> {
         let node = self.shards.hooks.get().map_or(0, |h| h.node_id);
         let call = self.load_calls.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("~load:{node}:{}:{call}", self.node_tag);
         let reqs = load_requests(shop, items, |i| format!("{prefix}:{i}").into());
         let outcomes = self.load_keyed(shop, reqs).await?;
-        Ok(outcomes.iter().map(|o| load_view(shop, o)).collect())
+        Ok(outcomes
+            .iter()
+            .map(|o| (load_view(shop, o), o.status))
+            .collect())
     }
 
     /// A load the caller gave a `request_id`: one keyed request per item, under
@@ -573,7 +617,7 @@ impl Engine {
         &self,
         shop: &Arc<str>,
         request_id: &str,
-        items: Vec<(Arc<str>, i64)>,
+        items: Vec<LoadEntry>,
     ) -> Result<Vec<(Request, Arc<Outcome>)>, EngineError> {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);

@@ -11,13 +11,15 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::types::{ItemView, Op, Request};
+use crate::types::{ItemView, Op, Request, Status};
 
 /// One item of a load call, bound for the shard that owns the item.
 #[derive(Debug)]
 pub struct LoadItem {
     pub item: Arc<str>,
     pub stock: i64,
+    /// Apply only if the item's seq is still this (see [`Request::if_seq`]).
+    pub if_seq: Option<u64>,
     /// Position in the caller's list, so the answer keeps the caller's order.
     pub index: usize,
 }
@@ -28,7 +30,9 @@ pub struct LoadItem {
 pub struct LoadChunk {
     pub shop: Arc<str>,
     pub items: Vec<LoadItem>,
-    pub reply: oneshot::Sender<Vec<(usize, ItemView)>>,
+    /// Each item's state after the chunk, with `Ok` or, for a conditional load whose
+    /// item moved, [`Status::SeqMoved`] (the state it has).
+    pub reply: oneshot::Sender<Vec<(usize, ItemView, Status)>>,
 }
 
 /// What waits in a shard's mailbox.

@@ -122,17 +122,21 @@ pub enum Status {
     LimitExceeded,
     /// A confirm or cancel of a hold that does not exist.
     UnknownHold,
+    /// A conditional load (`if_seq`) of an item whose seq is no longer the one given:
+    /// nothing changed, nothing was journaled.
+    SeqMoved,
 }
 
 impl Status {
     /// Every status, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Status; 6] = [
+    pub const ALL: [Status; 7] = [
         Status::Ok,
         Status::InsufficientStock,
         Status::UnknownItem,
         Status::Expired,
         Status::LimitExceeded,
         Status::UnknownHold,
+        Status::SeqMoved,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -143,6 +147,7 @@ impl Status {
             Status::Expired => "expired",
             Status::LimitExceeded => "limit_exceeded",
             Status::UnknownHold => "unknown_hold",
+            Status::SeqMoved => "seq_moved",
         }
     }
 
@@ -154,6 +159,7 @@ impl Status {
             "expired" => Some(Status::Expired),
             "limit_exceeded" => Some(Status::LimitExceeded),
             "unknown_hold" => Some(Status::UnknownHold),
+            "seq_moved" => Some(Status::SeqMoved),
             _ => None,
         }
     }
@@ -199,6 +205,10 @@ pub struct Request {
     /// How long a hold lasts from its decision, in ms (holds only; 0 otherwise).
     #[serde(default)]
     pub ttl_ms: i64,
+    /// Loads only: apply only if the item's seq is still this (an unknown item's is 0),
+    /// else answer [`Status::SeqMoved`] and change nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_seq: Option<u64>,
     /// True when the request log holds this request durably (fire-and-forget), so its
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
@@ -235,6 +245,7 @@ impl Request {
             remarks: None,
             hold_id: None,
             ttl_ms: 0,
+            if_seq: None,
             logged: false,
             log_pos: None,
             origin: None,

@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use nrtxn_actors::engine::load_view;
-use nrtxn_actors::{EngineError, LOAD_ITEMS_MAX, STOCK_MAX};
+use nrtxn_actors::engine::{load_view, LoadEntry};
+use nrtxn_actors::{EngineError, ItemView, Status, LOAD_ITEMS_MAX, STOCK_MAX};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -35,15 +35,25 @@ pub async fn put_items(
         };
         let item = required_name(obj, "item", &prefix)?;
         let stock = integer(obj, "stock", &prefix, 0, STOCK_MAX)?;
+        // A conditional load: only if the item is still at this seq (0: not loaded yet).
+        let if_seq = match obj.get("if_seq") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(integer(obj, "if_seq", &prefix, 0, i64::MAX)? as u64),
+        };
         if !seen.insert(item.clone()) {
             return Err(ApiError::invalid(format!(
                 "items[{i}].item: {item} appears more than once"
             )));
         }
-        items.push((item, stock));
+        items.push(LoadEntry {
+            item,
+            stock,
+            if_seq,
+        });
     }
     let Some(id) = request_id(&body, "")? else {
-        let views = state.engine.load(&shop, items).await?;
+        let loaded = state.engine.load_entries(&shop, items).await?;
+        let views: Vec<Value> = loaded.iter().map(|(v, s)| load_answer(v, *s)).collect();
         return Ok(HttpResponse::Ok().json(json!({ "items": views })));
     };
     // With a request_id the load is done at most once: a retry is answered with what the
@@ -55,7 +65,10 @@ pub async fn put_items(
         }
         other => other?,
     };
-    let views: Vec<_> = decided.iter().map(|(_, o)| load_view(&shop, o)).collect();
+    let views: Vec<Value> = decided
+        .iter()
+        .map(|(_, o)| load_answer(&load_view(&shop, o), o.status))
+        .collect();
     for (i, (req, outcome)) in decided.iter().enumerate() {
         if let Some(diff) = req.reuse_conflict(outcome) {
             return Err(ApiError::KeyReused(
@@ -65,6 +78,14 @@ pub async fn put_items(
         }
     }
     Ok(HttpResponse::Ok().json(json!({ "request_id": &*id, "items": views })))
+}
+
+/// One item of a load's answer: its state, and `status` `ok`, or `seq_moved` when the
+/// entry's `if_seq` no longer held (the item unchanged, at the state shown).
+fn load_answer(view: &ItemView, status: Status) -> Value {
+    let mut v = json!(view);
+    v["status"] = json!(status.as_str());
+    v
 }
 
 /// `GET /v1/shops/{shop}/loads/{request_id}`: a load made with a `request_id`, as far as
@@ -83,7 +104,10 @@ pub async fn get_load(
             "request_id: no load {id} in shop {shop}"
         )));
     }
-    let views: Vec<_> = decided.iter().map(|o| load_view(&shop, o)).collect();
+    let views: Vec<Value> = decided
+        .iter()
+        .map(|o| load_answer(&load_view(&shop, o), o.status))
+        .collect();
     let body = json!({
         "request_id": &*id,
         "status": if pending { "pending" } else { "done" },

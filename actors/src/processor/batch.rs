@@ -179,6 +179,10 @@ impl Processor {
                 Work::Load(LoadChunk { shop, items, reply }) => {
                     let mut views = Vec::with_capacity(items.len());
                     for load in items {
+                        if let Some(view) = self.seq_moved(&shop, &load.item, load.if_seq) {
+                            views.push((load.index, view, Status::SeqMoved));
+                            continue;
+                        }
                         let (slot, new) = slot_for(&mut self.items, &shop, &load.item, 0);
                         if new {
                             self.resident += 1;
@@ -194,6 +198,7 @@ impl Processor {
                                 reserved: slot.live.reserved,
                                 seq: slot.live.seq,
                             },
+                            Status::Ok,
                         ));
                         touched.push((shop.clone(), load.item));
                         entries.push(entry);
@@ -244,6 +249,24 @@ impl Processor {
         touched: &mut Vec<(Arc<str>, Arc<str>)>,
     ) -> Decision {
         if req.op == Op::Load {
+            if let Some(view) = self.seq_moved(&req.shop, &req.item, req.if_seq) {
+                // A refused condition changes nothing, so nothing is journaled: the
+                // answer stands on its own (a retry is judged again, against a seq that
+                // only grows).
+                let mut entry = Entry::of_request(req, now);
+                entry.status = Status::SeqMoved;
+                entry.reason = Some(format!(
+                    "if_seq {}, but the item is at seq {}",
+                    req.if_seq.unwrap_or_default(),
+                    view.seq
+                ));
+                (entry.stock_after, entry.reserved_after, entry.seq) =
+                    (Some(view.stock), Some(view.reserved), Some(view.seq));
+                return match entry.outcome() {
+                    Some(o) => Decision::Answer(Arc::new(o)),
+                    None => Decision::Drop,
+                };
+            }
             let (slot, new) = slot_for(&mut self.items, &req.shop, &req.item, req.epoch());
             if new {
                 self.resident += 1;
@@ -293,6 +316,28 @@ impl Processor {
             );
         }
         Decision::Apply(entry)
+    }
+}
+
+impl Processor {
+    /// The item's state when a load's condition `if_seq` does not hold: its seq (0 for
+    /// an item this shard does not know) is no longer the one given. `None` when the
+    /// load may go ahead.
+    fn seq_moved(&self, shop: &Arc<str>, item: &Arc<str>, if_seq: Option<u64>) -> Option<ItemView> {
+        let want = if_seq?;
+        let live = self
+            .items
+            .get(shop)
+            .and_then(|m| m.get(item))
+            .map(|s| s.live)
+            .unwrap_or_default();
+        (live.seq != want).then(|| ItemView {
+            shop: shop.clone(),
+            item: item.clone(),
+            stock: live.stock,
+            reserved: live.reserved,
+            seq: live.seq,
+        })
     }
 }
 

@@ -36,7 +36,7 @@ impl Processor {
             batch.loads.retain(|(_, views)| {
                 views
                     .iter()
-                    .all(|(_, v)| !dropped.contains(&(v.shop.clone(), v.item.clone())))
+                    .all(|(_, v, _)| !dropped.contains(&(v.shop.clone(), v.item.clone())))
             });
             batch.repeats.retain(|r| !is_fenced(&r.pos));
             kept

@@ -142,7 +142,9 @@ struct Repeat {
 }
 
 /// Where a load chunk's item states go, in the caller's order (index, state).
-type LoadReply = oneshot::Sender<Vec<(usize, ItemView)>>;
+type LoadReply = oneshot::Sender<LoadViews>;
+/// A load chunk's items: (index, state, `Ok` or `SeqMoved`).
+type LoadViews = Vec<(usize, ItemView, Status)>;
 
 /// What a batch leaves to do once it is durable.
 struct BatchInFlight {
@@ -151,7 +153,7 @@ struct BatchInFlight {
     id: u64,
     /// State of each item the batch touched, as of the end of the batch.
     states: Vec<(Arc<str>, Arc<str>, ItemState)>,
-    loads: Vec<(LoadReply, Vec<(usize, ItemView)>)>,
+    loads: Vec<(LoadReply, LoadViews)>,
     weight: usize,
     repeats: Vec<Repeat>,
     /// Keys of this batch in `Processor::undurable` (a shared log only).
