@@ -259,7 +259,7 @@ def reconcile(port, book, rnd):
                     stock = e["stock_after"]
                 elif kind == "decrement":
                     stock -= qty
-                elif kind == "increment":
+                elif kind in ("increment", "adjust"):
                     stock += qty
                 elif kind == "hold":
                     stock, reserved = stock - qty, reserved + qty

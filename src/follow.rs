@@ -623,6 +623,7 @@ mod tests {
             reserved_after: 0,
             at: 1_700_000_000_000 + seq as i64,
             hold_id: None,
+            reason: None,
         }
     }
 

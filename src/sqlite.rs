@@ -671,7 +671,7 @@ fn unknown(what: &str, value: &str) -> rusqlite::Error {
 
 /// The columns [`event_row`] reads, in its order.
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
-    stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum";
+    stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason";
 
 fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     let op: String = row.get(4)?;
@@ -710,6 +710,9 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         reserved_after,
         at: row.get(10)?,
         hold_id: row.get::<_, Option<String>>(11)?.map(Into::into),
+        reason: row
+            .get::<_, Option<String>>(14)?
+            .filter(|_| op == Op::Adjust.as_str()),
     })
 }
 

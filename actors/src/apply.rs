@@ -82,6 +82,25 @@ pub fn apply(
                         Some(format!("requested {}, available {}", req.qty, before.stock));
                 }
             }
+            Op::Adjust => match before.stock.checked_add(req.qty) {
+                Some(stock) if (0..=STOCK_MAX).contains(&stock) => after.stock = stock,
+                Some(stock) if stock < 0 => {
+                    entry.status = Status::InsufficientStock;
+                    entry.reason = Some(format!(
+                        "adjustment {} ({}) would take the stock {} below 0",
+                        req.qty,
+                        req.reason.as_deref().unwrap_or("no reason"),
+                        before.stock
+                    ));
+                }
+                _ => {
+                    entry.status = Status::LimitExceeded;
+                    entry.reason = Some(format!(
+                        "stock {} + {} would pass the limit {STOCK_MAX}",
+                        before.stock, req.qty
+                    ));
+                }
+            },
             Op::Load | Op::Confirm | Op::Release | Op::Expire => {
                 unreachable!("checked above")
             }

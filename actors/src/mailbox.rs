@@ -67,7 +67,8 @@ impl PriorityMailbox {
         self.weight += work.weight();
         let high = match &work {
             // Holds take stock like sales; endings of holds give it back (or sell what is
-            // already set aside), and go first like returns.
+            // already set aside), and go first like returns, as do an operator's
+            // adjustments, which say what the stock really is.
             Work::Txn(r) => !matches!(r.op, Op::Decrement | Op::Hold),
             Work::Load(_) => true,
         };
@@ -195,6 +196,7 @@ mod tests {
             .map(|index| LoadItem {
                 item: format!("i{index}").into(),
                 stock: 1,
+                if_seq: None,
                 index,
             })
             .collect();

@@ -63,11 +63,14 @@ pub enum Op {
     Release,
     /// A hold that reached `expires_at` unconfirmed: its quantity returns to the stock.
     Expire,
+    /// An operator's relative change with a reason (`restock`, `damage`, ...): adds
+    /// `qty`, which may be negative, never taking the stock below 0.
+    Adjust,
 }
 
 impl Op {
     /// Every op, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Op; 7] = [
+    pub const ALL: [Op; 8] = [
         Op::Decrement,
         Op::Increment,
         Op::Load,
@@ -75,6 +78,7 @@ impl Op {
         Op::Confirm,
         Op::Release,
         Op::Expire,
+        Op::Adjust,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -86,6 +90,7 @@ impl Op {
             Op::Confirm => "confirm",
             Op::Release => "release",
             Op::Expire => "expire",
+            Op::Adjust => "adjust",
         }
     }
 
@@ -103,6 +108,7 @@ impl Op {
             "confirm" => Some(Op::Confirm),
             "release" => Some(Op::Release),
             "expire" => Some(Op::Expire),
+            "adjust" => Some(Op::Adjust),
             _ => None,
         }
     }
@@ -209,6 +215,9 @@ pub struct Request {
     /// else answer [`Status::SeqMoved`] and change nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub if_seq: Option<u64>,
+    /// Adjustments only: the operator's reason code, kept as the entry's `reason`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Arc<str>>,
     /// True when the request log holds this request durably (fire-and-forget), so its
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
@@ -246,6 +255,7 @@ impl Request {
             hold_id: None,
             ttl_ms: 0,
             if_seq: None,
+            reason: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -278,7 +288,11 @@ impl Request {
             return Some(format!("item {}, not {}", first.item, self.item));
         }
         if self.qty != first.qty {
-            let what = if self.op == Op::Load { "stock" } else { "qty" };
+            let what = match self.op {
+                Op::Load => "stock",
+                Op::Adjust => "delta",
+                _ => "qty",
+            };
             return Some(format!("{what} {}, not {}", first.qty, self.qty));
         }
         match first.ttl_ms {
@@ -403,6 +417,7 @@ impl Entry {
             remarks: req.remarks.clone(),
             hold_id: req.hold_id.clone(),
             ttl_ms: (req.op == Op::Hold).then_some(req.ttl_ms),
+            reason: req.reason.as_deref().map(str::to_owned),
             logged: req.logged,
             log_pos: req.log_pos,
             origin: req.origin,
@@ -465,6 +480,7 @@ impl Entry {
             reserved_after: self.reserved_after?,
             at: self.completed_at,
             hold_id: self.hold_id.clone(),
+            reason: self.reason.clone().filter(|_| self.op == Op::Adjust),
         })
     }
 }
@@ -478,7 +494,7 @@ pub struct Event {
     pub seq: u64,
     pub prev_seq: u64,
     /// What the change was (`decrement`, `increment`, `load`, `hold`, `confirm`,
-    /// `release`, `expire`).
+    /// `release`, `expire`, `adjust`).
     pub kind: Op,
     /// Its decision: a rejected request is still an event (it took a sequence number).
     pub status: Status,
@@ -490,6 +506,9 @@ pub struct Event {
     pub at: Millis,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_id: Option<Arc<str>>,
+    /// Adjustments only: the operator's reason code (`restock`, `damage`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// What a caller is told about a request. Field names are the HTTP API's.

@@ -14,7 +14,7 @@ pub fn expected_after(op: Op, status: Status, qty: i64, before: ItemState) -> It
     let (stock, reserved) = (before.stock, before.reserved);
     let (stock, reserved) = match (status, op) {
         (Status::Ok, Op::Decrement) => (stock - qty, reserved),
-        (Status::Ok, Op::Increment) => (stock + qty, reserved),
+        (Status::Ok, Op::Increment | Op::Adjust) => (stock + qty, reserved),
         (Status::Ok, Op::Load) => (qty, reserved),
         (Status::Ok, Op::Hold) => (stock - qty, reserved + qty),
         (Status::Ok, Op::Confirm) => (stock, reserved - qty),

@@ -604,6 +604,10 @@ mod tests {
             need_of(Method::GET, "/v1/shops/acme/items/sku/events"),
             shop("acme", Role::Operator)
         );
+        assert_eq!(
+            need_of(Method::POST, "/v1/shops/acme/items/adjust"),
+            shop("acme", Role::Operator)
+        );
         // Unlisted: another method, a new route, an empty placeholder, the bare prefix.
         for (m, p) in [
             (Method::DELETE, "/v1/shops/acme/txns"),

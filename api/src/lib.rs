@@ -33,6 +33,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/metrics", web::get().to(health::metrics))
         .route("/v1/shops/{shop}/items", web::put().to(items::put_items))
         .route(
+            "/v1/shops/{shop}/items/adjust",
+            web::post().to(txns::post_adjust),
+        )
+        .route(
             "/v1/shops/{shop}/items/{item}",
             web::get().to(items::get_item),
         )

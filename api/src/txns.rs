@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use nrtxn_actors::{Outcome, PollResult, Reply, Request, BATCH_TXNS_MAX};
+use nrtxn_actors::{now_ms, Op, Outcome, PollResult, Reply, Request, BATCH_TXNS_MAX, QTY_MAX};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::error::ApiError;
-use crate::validate::{array, json_object, path_segment, txn};
+use crate::validate::{array, integer, json_object, path_segment, request_id, required_name, txn};
 use crate::AppState;
 
 /// Largest body of a single transaction.
@@ -173,6 +173,94 @@ pub async fn post_batch(
         results: Vec<AnswerBody<'a>>,
     }
     Ok(HttpResponse::Ok().json(BatchBody {
+        results: answers.iter().map(Answer::body).collect(),
+    }))
+}
+
+/// Longest reason code of an adjustment, in bytes.
+pub const ADJUST_REASON_LEN_MAX: usize = 64;
+/// The reason codes every shop has; a shop may use codes of its own as well.
+pub const ADJUST_REASONS: [&str; 4] = ["restock", "damage", "correction", "transfer"];
+
+/// One adjustment of `POST .../items/adjust`, validated: a keyed request that adds
+/// `delta` (negative takes stock away) for the reason given.
+fn adjustment(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), ApiError> {
+    let Value::Object(obj) = v else {
+        return Err(ApiError::invalid(format!(
+            "{}: must be a JSON object",
+            prefix.trim_end_matches('.')
+        )));
+    };
+    let item = required_name(obj, "item", prefix)?;
+    let delta = integer(obj, "delta", prefix, -QTY_MAX, QTY_MAX)?;
+    if delta == 0 {
+        return Err(ApiError::invalid(format!(
+            "{prefix}delta: must not be 0 (an adjustment changes the stock)"
+        )));
+    }
+    let reason = match obj.get("reason") {
+        Some(Value::String(r))
+            if !r.is_empty()
+                && r.len() <= ADJUST_REASON_LEN_MAX
+                && r.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                }) =>
+        {
+            r.as_str()
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}reason: required: one of {} or a code of the shop's own",
+                ADJUST_REASONS.join(", ")
+            )))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}reason: must be a code of 1 to {ADJUST_REASON_LEN_MAX} lowercase \
+                 letters, digits, '_' or '-' (one of {}, or the shop's own)",
+                ADJUST_REASONS.join(", ")
+            )))
+        }
+    };
+    let Some(key) = request_id(obj, prefix)? else {
+        return Err(ApiError::invalid(format!(
+            "{prefix}request_id: required (an adjustment is applied at most once)"
+        )));
+    };
+    Ok((
+        Request {
+            reason: Some(reason.into()),
+            ..Request::new(shop.clone(), item, key, Op::Adjust, delta, now_ms())
+        },
+        true,
+    ))
+}
+
+/// `POST /v1/shops/{shop}/items/adjust` (operators): relative changes of stock with a
+/// reason, each sequenced and journaled like any change, applied at most once by its
+/// `request_id`, and never taking the stock below 0 (refused `insufficient_stock`).
+/// Answers each adjustment's outcome in order, like a batch.
+pub async fn post_adjust(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    http: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let body = json_object(&http, payload, BATCH_BODY_MAX).await?;
+    let entries = array(&body, "adjustments", BATCH_TXNS_MAX)?;
+    let reqs = entries
+        .iter()
+        .enumerate()
+        .map(|(i, v)| adjustment(&shop, v, &format!("adjustments[{i}].")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let fields = vec!["request_id"; reqs.len()];
+    let answers = submit(&state, &shop, reqs, &fields).await?;
+    #[derive(serde::Serialize)]
+    struct AdjustBody<'a> {
+        results: Vec<AnswerBody<'a>>,
+    }
+    Ok(HttpResponse::Ok().json(AdjustBody {
         results: answers.iter().map(Answer::body).collect(),
     }))
 }

@@ -402,6 +402,12 @@ mod tests {
             prev_seq: Some(7),
             ..sale("s", "i", "odd", 3, 1, 1)
         };
+        // An adjustment: a negative quantity, and its reason code kept as it is.
+        let mut adjust = sale("s", "i", "adj", 4, 10, 4);
+        adjust.op = Op::Adjust;
+        adjust.qty = -4;
+        adjust.stock_after = Some(6);
+        adjust.reason = Some("damage".into());
         let entries = vec![
             sale("s", "i", "k1", 1, 10, 1),
             hold,
@@ -409,6 +415,7 @@ mod tests {
             load,
             refusal("r1", 9, 2),
             odd,
+            adjust,
         ];
         let mut body = Vec::new();
         encode(&entries, 1_000, &mut body);
