@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::{
-    hold_end_key, now_ms, HoldStatus, Op, Outcome, Reply, Request, Status, HOLD_TTL_MAX_MS, QTY_MAX,
+    hold_end_key, now_ms, HoldStatus, Millis, Op, Outcome, PollResult, Reply, Request, Status,
+    HOLD_TTL_MAX_MS, QTY_MAX,
 };
 use serde_json::Value;
 
@@ -99,6 +100,32 @@ pub async fn cancel_hold(
     end_hold(state, path, Op::Release).await
 }
 
+/// The item, quantity and expiry of hold `hold_id`, which route its ending; `None` when
+/// there is no such hold. From the outcome that made the hold when the shop's
+/// WorkManager still has it in memory (a recent hold's, the common case: no store read,
+/// which on the embedded journal waits for the views' next commit, up to 20 ms), else
+/// from the store.
+async fn hold_of(
+    state: &AppState,
+    shop: &Arc<str>,
+    hold_id: &Arc<str>,
+) -> Result<Option<(Arc<str>, i64, Millis)>, ApiError> {
+    if let PollResult::Decided(o) = state.engine.poll(shop, hold_id.clone()).await? {
+        if o.op != Op::Hold || o.status != Status::Ok {
+            // The key made something else, or a hold that was refused: no hold.
+            return Ok(None);
+        }
+        if let Some(expires_at) = o.expires_at {
+            return Ok(Some((o.item.clone(), o.qty, expires_at)));
+        }
+    }
+    Ok(state
+        .engine
+        .hold(shop, hold_id)
+        .await?
+        .map(|h| (h.item, h.qty, h.expires_at)))
+}
+
 async fn end_hold(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
@@ -109,7 +136,7 @@ async fn end_hold(
     let hold_id = path_segment(&hold_id, "hold_id")?;
     // The hold's item routes the request to its processor. A hold is answered to its
     // maker only once durable, so the store has every hold a caller can know of.
-    let Some(hold) = state.engine.hold(&shop, &hold_id).await? else {
+    let Some((item, qty, expires_at)) = hold_of(&state, &shop, &hold_id).await? else {
         return Err(ApiError::NotFound(format!(
             "hold_id: no hold {hold_id} in shop {shop}"
         )));
@@ -118,10 +145,10 @@ async fn end_hold(
         hold_id: Some(hold_id.clone()),
         ..Request::new(
             shop.clone(),
-            hold.item.clone(),
+            item.clone(),
             hold_end_key(&hold_id),
             op,
-            hold.qty,
+            qty,
             now_ms(),
         )
     };
@@ -135,9 +162,9 @@ async fn end_hold(
     let body = HoldBody {
         hold_id: &hold_id,
         status: status.as_str(),
-        item: &hold.item,
-        qty: hold.qty,
-        expires_at: Some(hold.expires_at),
+        item: &item,
+        qty,
+        expires_at: Some(expires_at),
         seq: o.seq,
         reason: None,
     };
