@@ -644,7 +644,7 @@ mod fuzz {
             match field {
                 "qty" => (-3i64..QTY_MAX + 3).prop_map(Value::from).boxed(),
                 "op" => prop_oneof![Just("decrement"), Just("increment"), Just("hold"), Just("")]
-                    .prop_map(|s| Value::from(s))
+                    .prop_map(Value::from)
                     .boxed(),
                 "respond" => prop_oneof![Just(json!(true)), Just(json!(0)), Just(json!(2))].boxed(),
                 _ => "[a-z0-9-]{0,12}".prop_map(Value::String).boxed(),
