@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# nrtxn's fault campaign on the embedded default (issue 14): SIGKILL and SIGTERM cycles
-# under mixed load, and corruption of each file of a data dir, each case reconciled
-# (scripts/faults.py says how). Everything listens on 127.0.0.1 and is stopped at the end.
+# nrtxn's fault campaign (issue 14): on the embedded default, SIGKILL and SIGTERM cycles
+# under mixed load, corruption of each file of a data dir, a full disk (a small tmpfs,
+# as root), an overload and each memory bound; with two nodes on Kafka and MongoDB (test
+# servers of its own, installed by scripts/services.sh), the broker, the database and a
+# node killed and a node stalled. Each case reconciled (scripts/faults.py says how).
+# Everything listens on 127.0.0.1 and is stopped at the end.
 #
 #   scripts/faults.sh [--quick]
 #
-# Full: 20 SIGKILL and 10 SIGTERM cycles, corruption, and an overload of 2,000
-# connections, on the release build, and docs/reliability.md's campaign section
-# rewritten with the figures. --quick (run by scripts/test.sh, so in CI):
-# 3 and 2 cycles on the debug build the tests use, nothing written; it fails on any loss.
+# Full: every case at its full size on the release build, and docs/reliability.md's
+# campaign section rewritten with the figures. --quick (run by scripts/test.sh, so in
+# CI): every case but the overload, smaller, on the debug build the tests use, nothing
+# written; it fails on any loss.
 # NRTXN_BIN picks the binary; NRTXN_FAULTS_SEED fixes the random choices.
 set -euo pipefail
 cd "$(dirname "$0")/.."

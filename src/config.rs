@@ -133,6 +133,11 @@ pub struct ServeArgs {
     /// Size of one segment of the embedded journal's log, in MiB [default: 64].
     #[arg(long, env = "NRTXN_JOURNAL_SEGMENT_MB")]
     pub journal_segment_mb: Option<u64>,
+    /// Free space, in MiB, the server leaves on the data dir's disk: below it new writes
+    /// are refused (503 disk_full) and a start is refused, saying what to do; 0 turns the
+    /// check off [default: 64].
+    #[arg(long, env = "NRTXN_DISK_FREE_MIN_MB")]
+    pub disk_free_min_mb: Option<u64>,
     /// Serve without access keys on a non-loopback address while the key store has no
     /// unrevoked key (protected mode refuses to start there otherwise). Keys, once
     /// created, are always checked.
@@ -200,6 +205,7 @@ pub mod defaults {
     /// Seven days, as idempotency windows go (Stripe keeps keys 24 hours).
     pub const KEY_WINDOW_SECS: u64 = 7 * 86_400;
     pub const JOURNAL_SEGMENT_MB: u64 = 64;
+    pub const DISK_FREE_MIN_MB: u64 = crate::space::FREE_MIN_MB_DEFAULT;
 }
 
 /// Where the access keys are: the options `serve` and `keys` share.
@@ -258,6 +264,8 @@ pub struct Settings {
     pub connections_max: usize,
     /// What the embedded journal keeps on disk, and for how long.
     pub retention: crate::journal::Retention,
+    /// See [`ServeArgs::disk_free_min_mb`].
+    pub disk_free_min_bytes: u64,
     pub engine: EngineConfig,
     pub edge: EdgeSettings,
 }
@@ -444,6 +452,13 @@ impl ServeArgs {
                 )? * 1024
                     * 1024,
             },
+            disk_free_min_bytes: in_range(
+                "disk_free_min_mb",
+                pick!(disk_free_min_mb, defaults::DISK_FREE_MIN_MB),
+                0,
+                1 << 20,
+            )? * 1024
+                * 1024,
             engine,
             edge: self.edge(&file)?,
         })

@@ -27,6 +27,9 @@ pub trait RequestStore: Send + Sync + 'static {
     fn pending(&self) -> Result<Vec<Request>, StoreError>;
     /// Forgets requests whose outcomes another journal holds (not durable by itself).
     fn retire(&self, shop: Arc<str>, keys: Vec<Arc<str>>);
+    /// `Err` ([`StoreError::DiskFull`]) while the data dir's disk has no room for new
+    /// writes (see [`crate::space`]).
+    fn admit(&self) -> Result<(), StoreError>;
 }
 
 impl RequestStore for SqliteStore {
@@ -39,6 +42,9 @@ impl RequestStore for SqliteStore {
     fn retire(&self, shop: Arc<str>, keys: Vec<Arc<str>>) {
         SqliteStore::retire(self, shop, keys)
     }
+    fn admit(&self) -> Result<(), StoreError> {
+        self.space().admit()
+    }
 }
 
 impl RequestStore for LogJournal {
@@ -50,6 +56,9 @@ impl RequestStore for LogJournal {
     }
     fn retire(&self, shop: Arc<str>, keys: Vec<Arc<str>>) {
         LogJournal::retire(self, shop, keys)
+    }
+    fn admit(&self) -> Result<(), StoreError> {
+        self.space().admit()
     }
 }
 
@@ -78,6 +87,8 @@ impl EmbeddedLog {
 
 impl RequestLog for EmbeddedLog {
     fn append(&self, reqs: Vec<Request>) -> Result<Option<Durable>, StoreError> {
+        // Before anything is handed on: a refusal takes back the whole call.
+        self.store.admit()?;
         let (logged, direct): (Vec<Request>, Vec<Request>) =
             reqs.into_iter().partition(|r| r.logged);
         if !direct.is_empty() {
@@ -105,6 +116,10 @@ impl RequestLog for EmbeddedLog {
 
     fn pending(&self) -> Result<Vec<Request>, StoreError> {
         self.store.pending()
+    }
+
+    fn admit(&self) -> Result<(), StoreError> {
+        self.store.admit()
     }
 
     fn redeliver(&self, reqs: Vec<Request>) {

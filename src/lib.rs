@@ -11,4 +11,5 @@ pub mod keyfilter;
 pub mod keys;
 pub mod mongo;
 pub mod server;
+pub mod space;
 pub mod sqlite;

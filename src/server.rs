@@ -115,6 +115,8 @@ fn tls_config(cert: &Path, key: &Path) -> anyhow::Result<rustls::ServerConfig> {
 /// answered, flushes every shard's batches to the journal and closes it. Call inside an
 /// actix system.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    // Room on the disk first: even reading the access keys writes (SQLite's WAL).
+    crate::space::check_at_start(&settings.data_dir, settings.disk_free_min_bytes)?;
     // Access keys and TLS first: a server that may not start should say so before it
     // spends a recovery.
     let (keys, reloader) = KeyReloader::start(&settings.data_dir, settings.mongo_uri.as_deref())
@@ -138,6 +140,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let cannot_open = || format!("data_dir: cannot open {}", settings.data_dir.display());
     let mut side_store = None;
     let mut leases: Option<Arc<dyn Leases>> = None;
+    let space;
     let (journal, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = match &settings.mongo_uri
     {
         Some(uri) => {
@@ -151,15 +154,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             let store =
                 SqliteStore::open(&settings.data_dir, metrics.clone()).with_context(cannot_open)?;
             side_store = Some(store.clone());
+            space = store.space().clone();
             leases = Some(journal.clone());
             (journal, store)
         }
         None => {
             let journal = LogJournal::open(&settings.data_dir, metrics.clone(), settings.retention)
                 .with_context(cannot_open)?;
+            space = journal.space().clone();
             (journal.clone(), journal)
         }
     };
+    space.set_free_min(settings.disk_free_min_bytes);
     let journal_is_store = settings.mongo_uri.is_none();
     let outbox = journal.clone();
     let kafka = settings.kafka.clone();
@@ -268,6 +274,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         handle.stop(true).await;
     }
     tracing::info!("stopped accepting; flushing shards to the journal");
+    // With the disk full, a flush could wait for room for ever: the writers give up
+    // instead, and the process stops saying so (what they held was never acknowledged).
+    space.stop_waiting();
     engine.drain().await;
     if let Some(relay) = relay {
         relay.stop();

@@ -38,6 +38,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::journal::segment::Chain;
 use crate::keyfilter::KeyFilter;
+use crate::space::Space;
 
 /// Commands waiting for the writer; senders block beyond it (admission control upstream
 /// keeps it from filling in practice).
@@ -220,6 +221,9 @@ pub struct SqliteStore {
     keys: Arc<KeyFilter>,
     /// Dropping the sender stops the checkpointer.
     checkpointer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
+    /// The room on the data dir's disk: the writer waits for it when a transaction
+    /// finds none, and the embedded journal refuses new writes while it is short.
+    space: Arc<Space>,
 }
 
 fn storage(e: impl std::fmt::Display) -> StoreError {
@@ -257,6 +261,11 @@ impl SqliteStore {
     /// key the filter does not know was never decided, whatever the views' lag.
     pub(crate) fn key_filter(&self) -> &Arc<KeyFilter> {
         &self.keys
+    }
+
+    /// The room on the data dir's disk (see [`crate::space`]).
+    pub fn space(&self) -> &Arc<Space> {
+        &self.space
     }
 
     /// Opens (or creates) `dir/nrtxn.db` and starts the writer thread.
@@ -351,6 +360,8 @@ impl SqliteStore {
         let dirty = tail_states(&conn).map_err(storage)?;
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let writer_keys = keys.clone();
+        let space = Space::new(dir);
+        let writer_space = space.clone();
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || {
@@ -359,7 +370,7 @@ impl SqliteStore {
                 } else {
                     VIEWS_LINGER
                 };
-                let mut writer = Writer::new(conn, metrics, writer_keys, linger);
+                let mut writer = Writer::new(conn, metrics, writer_keys, linger, writer_space);
                 writer.dirty = dirty;
                 writer.run(rx)
             })
@@ -372,6 +383,7 @@ impl SqliteStore {
             writer: Mutex::new(Some(writer)),
             keys,
             checkpointer: Mutex::new(Some((stop_tx, checkpointer))),
+            space,
         }))
     }
 
@@ -669,7 +681,7 @@ fn unknown(what: &str, value: &str) -> rusqlite::Error {
     )
 }
 
-/// The columns [`event_row`] reads, in its order.
+/// The columns [`event_row`] reads, in its order (a query may add its own after them).
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
     stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason";
 
@@ -1134,7 +1146,7 @@ impl Outbox for SqliteStore {
                 next: cursor,
             };
             while let Some(row) = rows.next()? {
-                page.next = row.get::<_, i64>(14)? as u64;
+                page.next = row.get::<_, i64>(15)? as u64;
                 // An unknown item's entry has no seq: not an event.
                 if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
                     page.events.push(event_row(row)?);
@@ -1295,6 +1307,7 @@ struct Writer {
     /// How long a transaction waits for more commands after its first: zero for a
     /// durable store (its callers wait for the commit), [`VIEWS_LINGER`] for views.
     linger: std::time::Duration,
+    space: Arc<Space>,
 }
 
 impl Writer {
@@ -1303,6 +1316,7 @@ impl Writer {
         metrics: Arc<Metrics>,
         keys: Arc<KeyFilter>,
         linger: std::time::Duration,
+        space: Arc<Space>,
     ) -> Writer {
         Writer {
             conn,
@@ -1312,6 +1326,7 @@ impl Writer {
             pruned: 0,
             txns_since_snapshot: 0,
             linger,
+            space,
         }
     }
 
@@ -1324,7 +1339,16 @@ impl Writer {
             };
             let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
             let started = Instant::now();
-            let result = self.write(&cmds, snapshot).map_err(storage);
+            // A transaction that finds the disk full is rolled back and run again once
+            // there is room (see `crate::space`), rather than stopping the process.
+            let space = self.space.clone();
+            let result = space
+                .retry(
+                    "the journal's views",
+                    || self.write(&cmds, snapshot),
+                    crate::space::sqlite_no_room,
+                )
+                .map_err(storage);
             self.metrics
                 .journal_write_seconds
                 .observe(started.elapsed().as_secs_f64());

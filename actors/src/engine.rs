@@ -239,6 +239,9 @@ pub struct Engine {
 /// Idle WorkManagers asked to passivate in one eviction, as a share of `shops_max`: a
 /// scan of the registry pays for room for many new shops, not one.
 const EVICT_SHARE: usize = 64;
+/// Evictions one new shop at the bound asks for at most before it is refused (each may
+/// find its idle shops busy again by the time they are asked to passivate).
+const EVICT_ROUNDS_MAX: usize = 4;
 
 impl Engine {
     /// Recovers every item from the journal, starts the shards and builds the request log
@@ -368,22 +371,32 @@ impl Engine {
         if let Some(wm) = self.registry.get(shop) {
             return Ok(wm.clone());
         }
-        if self.registry.len() >= self.cfg.shops_max {
-            self.evict_idle().await;
-            if self.registry.len() >= self.cfg.shops_max {
-                return Err(EngineError::TooManyShops);
+        if self.registry.len() < self.cfg.shops_max {
+            return Ok(self.work_manager_unbounded(shop));
+        }
+        // At the bound, new shops come in one at a time: each makes room and takes it
+        // before the next looks, so room made for one is not taken by another, and a
+        // burst of new shops larger than one eviction's share is not refused while
+        // idle shops remain (the fault campaign's memory case saw 429s there).
+        let _one_at_a_time = self.evicting.lock().await;
+        for _ in 0..EVICT_ROUNDS_MAX {
+            if let Some(wm) = self.registry.get(shop) {
+                return Ok(wm.clone());
+            }
+            if self.registry.len() < self.cfg.shops_max {
+                return Ok(self.work_manager_unbounded(shop));
+            }
+            if !self.evict_idle().await {
+                break;
             }
         }
-        Ok(self.work_manager_unbounded(shop))
+        Err(EngineError::TooManyShops)
     }
 
     /// Asks the idle WorkManagers used longest ago (a share of `shops_max`) to passivate;
     /// each leaves the registry before it answers, unless it took work in meanwhile.
-    async fn evict_idle(&self) {
-        let _one_at_a_time = self.evicting.lock().await;
-        if self.registry.len() < self.cfg.shops_max {
-            return; // the eviction this call waited for made room
-        }
+    /// Whether any shop was idle. The caller holds `evicting`.
+    async fn evict_idle(&self) -> bool {
         let mut idle: Vec<(Millis, Addr<WorkManager>)> = self
             .registry
             .iter()
@@ -391,7 +404,7 @@ impl Engine {
             .collect();
         let n = (self.cfg.shops_max / EVICT_SHARE).max(1).min(idle.len());
         if n == 0 {
-            return;
+            return false;
         }
         if n < idle.len() {
             idle.select_nth_unstable_by_key(n - 1, |(at, _)| *at);
@@ -399,6 +412,7 @@ impl Engine {
         for (_, addr) in idle.into_iter().take(n) {
             let _ = addr.send(Passivate).await;
         }
+        true
     }
 
     fn work_manager_unbounded(&self, shop: &Arc<str>) -> ShopHandle {

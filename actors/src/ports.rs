@@ -45,6 +45,10 @@ pub enum StoreError {
     /// durable.
     #[error("refused: the write lease of partitions {0:?} passed to another node")]
     Fenced(Vec<(i32, u64)>),
+    /// The disk of the store has too little room for new writes (below the free space
+    /// it keeps, or none at all): nothing of the call was taken. Reads still work.
+    #[error("the store's disk is full")]
+    DiskFull,
 }
 
 /// The write leases of a partitioned request log's partitions, kept by a journal that
@@ -224,6 +228,15 @@ pub trait RequestLog: Send + Sync + 'static {
     /// Durable requests whose outcomes are now journaled: the log may forget them. A log
     /// whose records are retired in the journal's own write has nothing to do here.
     fn retire(&self, _shop: &Arc<str>, _keys: Vec<Arc<str>>) {}
+
+    /// Whether new requests may be taken now: `Err` ([`StoreError::DiskFull`]) while
+    /// the log's disk has no room, so that a caller is refused at once instead of
+    /// waiting for a write that cannot be made. Called once per call, before anything of
+    /// it is applied: it must cost no I/O most of the time. [`RequestLog::append`]
+    /// checks it too; calls that bypass the log (loads) ask it themselves.
+    fn admit(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Whether requests appended now will be read (a consumer group has assigned this
     /// node its partitions, say). `/readyz` answers 503 until it is.

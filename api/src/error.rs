@@ -3,7 +3,7 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use nrtxn_actors::EngineError;
+use nrtxn_actors::{EngineError, StoreError};
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,10 @@ pub enum ApiError {
     /// 503 with `Retry-After`: shutting down or the store failed; nothing was applied.
     #[error("{0}")]
     Unavailable(String),
+    /// 503 `disk_full` with `Retry-After`: the server's disk has no room for new writes
+    /// (or for the views a read waits for); nothing was applied.
+    #[error("{0}")]
+    DiskFull(String),
     /// 504: no answer within the reply timeout; the change may still be applied.
     #[error("{0}")]
     Timeout(String),
@@ -77,6 +81,13 @@ impl From<EngineError> for ApiError {
                 ApiError::Overloaded(e.to_string())
             }
             EngineError::ShuttingDown => ApiError::Unavailable(e.to_string()),
+            // Said once in the log when the disk fills, not once per refused call.
+            EngineError::Store(StoreError::DiskFull) => ApiError::DiskFull(
+                "the server's disk is full: writes are refused (and reads of the latest \
+                 writes may be) until its operator frees space; nothing of this call was \
+                 applied"
+                    .into(),
+            ),
             EngineError::Store(e) => ApiError::store(e),
             EngineError::Timeout => ApiError::Timeout(e.to_string()),
         }
@@ -90,7 +101,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) | ApiError::KeyReused(..) => StatusCode::CONFLICT,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::DiskFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -118,13 +129,22 @@ impl ResponseError for ApiError {
             ApiError::KeyReused(d, _) => ("key_reused", d),
             ApiError::Overloaded(d) => ("overloaded", d),
             ApiError::Unavailable(d) => ("unavailable", d),
+            ApiError::DiskFull(d) => ("disk_full", d),
             ApiError::Timeout(d) => ("timeout", d),
             ApiError::BodyTimeout(d) => ("body_timeout", d),
             ApiError::UnsupportedMediaType(d) => ("unsupported_media_type", d),
         };
         let mut res = HttpResponse::build(self.status_code());
-        if matches!(self, ApiError::Overloaded(_) | ApiError::Unavailable(_)) {
-            res.insert_header(("Retry-After", "1"));
+        match self {
+            ApiError::Overloaded(_) | ApiError::Unavailable(_) => {
+                res.insert_header(("Retry-After", "1"));
+            }
+            // Room comes back only when someone frees it: sooner retries would only
+            // be refused again.
+            ApiError::DiskFull(_) => {
+                res.insert_header(("Retry-After", "5"));
+            }
+            _ => {}
         }
         res.json(json!({ "error": code, "detail": detail }))
     }

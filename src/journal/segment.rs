@@ -117,6 +117,13 @@ pub enum LogError {
     Gap { detail: String },
 }
 
+impl LogError {
+    /// Whether the disk had no room for what was written (see `crate::space`).
+    pub fn no_room(&self) -> bool {
+        matches!(self, LogError::Io(e) if crate::space::io_no_room(e))
+    }
+}
+
 /// One record, as a scan hands it over.
 pub struct Record<'a> {
     pub header: Header,
@@ -458,7 +465,15 @@ impl LogWriter {
         self.buf.clear();
         self.buf.extend_from_slice(&encoded);
         self.buf.extend_from_slice(body);
-        self.file.write_all(&self.buf)?;
+        if let Err(e) = self.file.write_all(&self.buf) {
+            // A write cut short (no room left on the disk, say) may have left part of
+            // the record in the file: it is cut off, so the writer stands where it stood
+            // and the same record can be written again once there is room
+            // (`crate::space`). Cutting frees space, so it does not fail for want of it.
+            self.file.set_len(self.offset)?;
+            self.file.seek(io::SeekFrom::Start(self.offset))?;
+            return Err(e.into());
+        }
         self.offset += len;
         let lsn = header.lsn;
         self.chain = Chain {
@@ -540,8 +555,12 @@ fn create_segment(dir: &Path, first_lsn: u64) -> Result<File, LogError> {
         .create_new(true)
         .write(true)
         .open(&path)?;
-    // The new name is durable before a record in it is acknowledged.
-    File::open(dir)?.sync_all()?;
+    // The new name is durable before a record in it is acknowledged. If it cannot be
+    // made so, the file goes again, so that a writer that tries again can create it.
+    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+        let _ = std::fs::remove_file(&path);
+        return Err(e.into());
+    }
     Ok(f)
 }
 

@@ -93,6 +93,10 @@ struct Progress {
     /// Entries durable in the log and not yet in the views: at most
     /// [`VIEWS_BEHIND_MAX`] before the log writer waits for the views.
     behind: AtomicUsize,
+    /// The room on the disk: views waiting for it will not catch up in time, and a read
+    /// waiting for them is refused at once (503 `disk_full`) rather than at the end of
+    /// [`VIEWS_WAIT`].
+    space: Option<Arc<crate::space::Space>>,
 }
 
 /// How many entries the views may be behind the log. A read that needs the views (a
@@ -138,6 +142,7 @@ impl Progress {
         let target = self.durable.load(Ordering::Acquire);
         let deadline = Instant::now() + most;
         let mut applied = self.applied.lock().map_err(|_| StoreError::Closed)?;
+        let mut waited = false;
         while *applied < target {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -146,9 +151,14 @@ impl Progress {
                     *applied
                 )));
             }
+            // After one wait, so that a caller that loops on this (recovery) is paced.
+            if waited && self.space.as_ref().is_some_and(|s| s.waiting()) {
+                return Err(StoreError::DiskFull);
+            }
+            waited = true;
             applied = self
                 .caught_up
-                .wait_timeout(applied, left)
+                .wait_timeout(applied, left.min(crate::space::RETRY_EVERY))
                 .map_err(|_| StoreError::Closed)?
                 .0;
         }
@@ -202,7 +212,10 @@ impl LogJournal {
             },
             None => Chain::default(),
         };
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress {
+            space: Some(views.space().clone()),
+            ..Progress::default()
+        });
         progress.applied(from.next_lsn.saturating_sub(1), 0);
         let started = Instant::now();
         let mut replayed = 0u64;
@@ -327,6 +340,11 @@ impl LogJournal {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// The room on the data dir's disk (see [`crate::space`]).
+    pub fn space(&self) -> &Arc<crate::space::Space> {
+        self.views.space()
+    }
 }
 
 /// Retires the segments the views hold for good, and prunes entries past the key window
@@ -433,7 +451,15 @@ fn commit(
                 continue;
             }
         };
-        match log.append(kind, now, body) {
+        // A record that finds the disk full is cut off and written again once there is
+        // room, while new writes are refused (see `crate::space`); nothing of this group
+        // is answered before its sync.
+        let space = views.space();
+        match space.retry(
+            "the journal's log",
+            || log.append(kind, now, body),
+            LogError::no_room,
+        ) {
             Ok(_) => marks.push(Some(log.chain())),
             Err(e) => {
                 result = Err(e);
