@@ -231,8 +231,8 @@ pub struct Engine {
     /// own (its start time): both go into each load's request key.
     load_calls: AtomicUsize,
     node_tag: String,
-    /// One eviction of idle WorkManagers at a time: the shops that wait for room are
-    /// served by the one under way.
+    /// New shops come in one at a time under it: each looks for room in the registry,
+    /// evicts idle WorkManagers at the bound, and takes the room it made.
     evicting: tokio::sync::Mutex<()>,
 }
 
@@ -371,13 +371,11 @@ impl Engine {
         if let Some(wm) = self.registry.get(shop) {
             return Ok(wm.clone());
         }
-        if self.registry.len() < self.cfg.shops_max {
-            return Ok(self.work_manager_unbounded(shop));
-        }
-        // At the bound, new shops come in one at a time: each makes room and takes it
-        // before the next looks, so room made for one is not taken by another, and a
-        // burst of new shops larger than one eviction's share is not refused while
-        // idle shops remain (the fault campaign's memory case saw 429s there).
+        // New shops come in one at a time: each looks for room and takes it (at the
+        // bound, making room first) before the next looks, so room made for one is not
+        // taken by another, and a burst of new shops larger than one eviction's share
+        // is not refused while idle shops remain (the fault campaign's memory case saw
+        // 429s there). Making a WorkManager is quick: the wait is short.
         let _one_at_a_time = self.evicting.lock().await;
         for _ in 0..EVICT_ROUNDS_MAX {
             if let Some(wm) = self.registry.get(shop) {
@@ -393,26 +391,29 @@ impl Engine {
         Err(EngineError::TooManyShops)
     }
 
-    /// Asks the idle WorkManagers used longest ago (a share of `shops_max`) to passivate;
-    /// each leaves the registry before it answers, unless it took work in meanwhile.
-    /// Whether any shop was idle. The caller holds `evicting`.
+    /// Asks idle WorkManagers, used longest ago first, to passivate, until a share of
+    /// `shops_max` has; each leaves the registry before it answers, unless it took work
+    /// in meanwhile (a WorkManager just made for a new shop looks idle until its first
+    /// request reaches it), and then the next is asked. Whether any passivated. The
+    /// caller holds `evicting`.
     async fn evict_idle(&self) -> bool {
         let mut idle: Vec<(Millis, Addr<WorkManager>)> = self
             .registry
             .iter()
             .filter_map(|e| e.status.idle_since().map(|at| (at, e.addr.clone())))
             .collect();
-        let n = (self.cfg.shops_max / EVICT_SHARE).max(1).min(idle.len());
-        if n == 0 {
-            return false;
+        idle.sort_unstable_by_key(|(at, _)| *at);
+        let share = (self.cfg.shops_max / EVICT_SHARE).max(1);
+        let mut passivated = 0;
+        for (_, addr) in idle {
+            if passivated == share {
+                break;
+            }
+            if let Ok(true) = addr.send(Passivate).await {
+                passivated += 1;
+            }
         }
-        if n < idle.len() {
-            idle.select_nth_unstable_by_key(n - 1, |(at, _)| *at);
-        }
-        for (_, addr) in idle.into_iter().take(n) {
-            let _ = addr.send(Passivate).await;
-        }
-        true
+        passivated > 0
     }
 
     fn work_manager_unbounded(&self, shop: &Arc<str>) -> ShopHandle {
