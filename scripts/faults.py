@@ -556,8 +556,8 @@ CASES = {
     "overload": (None, "case_overload"),
     "cluster": ("faults_cluster", "cluster"),
 }
-FULL = ["sigkill", "sigterm", "corruption", "disk-full", "overload", "memory"]
-QUICK = ["sigkill", "sigterm", "corruption", "disk-full", "memory"]
+FULL = ["sigkill", "sigterm", "corruption", "disk-full", "overload", "memory", "cluster"]
+QUICK = ["sigkill", "sigterm", "corruption", "disk-full", "memory", "cluster"]
 
 
 BEGIN, END = "<!-- faults.sh: begin -->", "<!-- faults.sh: end -->"

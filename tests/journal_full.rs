@@ -53,6 +53,13 @@ impl ItemReads for FullEveryThird {
         self.inner.holds(shop, ids)
     }
 
+    fn ledgers(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<nrtxn_actors::ledger::BuyerLedger>>, StoreError> {
+        self.inner.ledgers(items)
+    }
+
     fn events(
         &self,
         shop: &str,

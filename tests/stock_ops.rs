@@ -281,3 +281,204 @@ async fn adjustments_change_stock_relatively_with_their_reason_at_most_once() {
     assert_eq!(events["events"][2]["reason"], "restock");
     assert_eq!(events["events"][0].get("reason"), None);
 }
+
+async fn sale(
+    c: &reqwest::Client,
+    server: &Server,
+    key: &str,
+    buyer: Option<&str>,
+    qty: i64,
+    op: &str,
+) -> Value {
+    let mut body =
+        json!({"seller": "s", "item": "limited", "qty": qty, "request_id": key, "op": op});
+    if let Some(b) = buyer {
+        body["buyer"] = json!(b);
+    }
+    let (status, answer) = post(c, &server.url("/v1/shops/shop/txns"), body).await;
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+async fn hold_for(
+    c: &reqwest::Client,
+    server: &Server,
+    key: &str,
+    buyer: &str,
+    qty: i64,
+    ttl_ms: i64,
+) -> Value {
+    let (status, answer) = post(
+        c,
+        &server.url("/v1/shops/shop/holds"),
+        json!({"item": "limited", "qty": qty, "ttl_ms": ttl_ms, "request_id": key, "buyer": buyer}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+/// Per-buyer limits: a buyer's sales and pending or confirmed holds, less returns and
+/// holds that went back, may not pass the item's `per_buyer_max`; a request without a
+/// buyer is refused too. The counts survive a crash (SIGKILL), and a load with 0 lifts
+/// the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_buyer_limit_counts_sales_and_holds_and_survives_a_crash() {
+    per_buyer_limits(&[], true).await;
+}
+
+/// The same on the MongoDB journal, whose ledgers are folded from the item's entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_buyer_limit_survives_a_crash_on_the_mongodb_journal() {
+    let Some(uri) = mongo_uri("per_buyer") else {
+        return;
+    };
+    per_buyer_limits(&["--mongo-uri", &uri], false).await;
+    drop_database(&uri).await;
+}
+
+/// The per-buyer scenario on a server started with `flags`; `rebuild_views`: also move
+/// the embedded journal's views away and check the counts rebuilt from its log.
+async fn per_buyer_limits(flags: &[&str], rebuild_views: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), flags);
+    let c = client();
+    let (status, loaded) = put_items(
+        &c,
+        &server,
+        json!({"items": [{"item": "limited", "stock": 100, "per_buyer_max": 3}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{loaded}");
+    let status_of = |v: &Value| v["status"].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        status_of(&sale(&c, &server, "a1", Some("ann"), 2, "decrement").await),
+        "ok"
+    );
+    let over = sale(&c, &server, "a2", Some("ann"), 2, "decrement").await;
+    assert_eq!(status_of(&over), "buyer_limit", "{over}");
+    assert!(over["reason"].as_str().unwrap().contains("has 2"), "{over}");
+    assert_eq!(
+        status_of(&sale(&c, &server, "a3", Some("ann"), 1, "decrement").await),
+        "ok"
+    );
+    let anonymous = sale(&c, &server, "x1", None, 1, "decrement").await;
+    assert_eq!(status_of(&anonymous), "buyer_limit");
+    assert!(anonymous["reason"]
+        .as_str()
+        .unwrap()
+        .contains("must name its buyer"));
+    // A pending hold counts; once it expires, its units go back.
+    assert_eq!(
+        status_of(&hold_for(&c, &server, "bh1", "bob", 3, 300).await),
+        "held"
+    );
+    assert_eq!(
+        status_of(&sale(&c, &server, "b1", Some("bob"), 1, "decrement").await),
+        "buyer_limit"
+    );
+    let ended = common::holds::wait_ended(&c, &server, "shop", "bh1").await;
+    assert_eq!(ended["status"], "expired", "{ended}");
+    assert_eq!(
+        status_of(&sale(&c, &server, "b2", Some("bob"), 1, "decrement").await),
+        "ok"
+    );
+    // A confirmed hold stays counted, as a sale.
+    assert_eq!(
+        status_of(&hold_for(&c, &server, "ch1", "cat", 3, 60_000).await),
+        "held"
+    );
+    let (status, _) = post(
+        &c,
+        &server.url("/v1/shops/shop/holds/ch1/confirm"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        status_of(&sale(&c, &server, "c1", Some("cat"), 1, "decrement").await),
+        "buyer_limit"
+    );
+    // A return gives units back.
+    assert_eq!(
+        status_of(&sale(&c, &server, "a4", Some("ann"), 1, "increment").await),
+        "ok"
+    );
+    // The counts survive a crash: ann has 2, bob 1, cat 3.
+    server.kill();
+    let mut server = Server::start(dir.path(), flags);
+    for (key, buyer, qty, want) in [
+        ("a5", "ann", 2, "buyer_limit"),
+        ("a6", "ann", 1, "ok"),
+        ("b3", "bob", 3, "buyer_limit"),
+    ] {
+        let answer = sale(&c, &server, key, Some(buyer), qty, "decrement").await;
+        assert_eq!(
+            status_of(&answer),
+            want,
+            "{key} after the restart: {answer}"
+        );
+    }
+    // And views rebuilt from the log alone (moved away, as after damage) count the
+    // same: the log's entries carry the limit and every buyer, a hold's ending its
+    // hold's.
+    assert!(server.terminate().success());
+    if rebuild_views {
+        for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
+            let _ = std::fs::remove_file(dir.path().join("data").join(f));
+        }
+    }
+    let server = Server::start(dir.path(), flags);
+    for (key, buyer, qty, want) in [
+        ("a7", "ann", 1, "buyer_limit"),
+        ("b4", "bob", 2, "ok"),
+        ("c2", "cat", 1, "buyer_limit"),
+    ] {
+        let answer = sale(&c, &server, key, Some(buyer), qty, "decrement").await;
+        assert_eq!(
+            status_of(&answer),
+            want,
+            "{key} after the views were rebuilt: {answer}"
+        );
+    }
+    // A limit is not reset by a load that leaves it; 0 lifts it.
+    put_items(
+        &c,
+        &server,
+        json!({"items": [{"item": "limited", "stock": 100}]}),
+    )
+    .await;
+    assert_eq!(
+        status_of(&sale(&c, &server, "c3", Some("cat"), 1, "decrement").await),
+        "buyer_limit"
+    );
+    put_items(
+        &c,
+        &server,
+        json!({"items": [{"item": "limited", "stock": 100, "per_buyer_max": 0}]}),
+    )
+    .await;
+    assert_eq!(
+        status_of(&sale(&c, &server, "c4", Some("cat"), 5, "decrement").await),
+        "ok"
+    );
+    assert_eq!(
+        status_of(&sale(&c, &server, "x2", None, 1, "decrement").await),
+        "ok"
+    );
+    // A bad limit names its field.
+    let (status, bad) = put_items(
+        &c,
+        &server,
+        json!({"items": [{"item": "limited", "stock": 1, "per_buyer_max": -1}]}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        bad["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("items[0].per_buyer_max"),
+        "{bad}"
+    );
+}

@@ -180,6 +180,8 @@ pub struct LoadEntry {
     pub item: Arc<str>,
     pub stock: i64,
     pub if_seq: Option<u64>,
+    /// The item's new per-buyer limit: 0 lifts it, `None` leaves it ([`crate::ledger`]).
+    pub per_buyer_max: Option<i64>,
 }
 
 /// A load's items as keyed requests, item `i` under `key(i)`.
@@ -194,6 +196,7 @@ fn load_requests(
         .enumerate()
         .map(|(i, e)| Request {
             if_seq: e.if_seq,
+            per_buyer_max: e.per_buyer_max,
             ..Request::new(shop.clone(), e.item, key(i), Op::Load, e.stock, now)
         })
         .collect()
@@ -261,8 +264,9 @@ impl Engine {
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
         let registry: Registry = Arc::new(DashMap::new());
         let shard_count = cfg.shards.max(1);
-        let mut initial: Vec<(Vec<_>, Vec<HoldView>)> =
-            (0..shard_count).map(|_| (Vec::new(), Vec::new())).collect();
+        let mut initial: Vec<(Vec<_>, Vec<HoldView>, Vec<_>)> = (0..shard_count)
+            .map(|_| (Vec::new(), Vec::new(), Vec::new()))
+            .collect();
         for (shop, item, state) in std::mem::take(&mut recovered.items) {
             initial[shard_of(&shop, &item, shard_count)]
                 .0
@@ -273,22 +277,30 @@ impl Engine {
                 .1
                 .push(hold);
         }
+        for (shop, item, ledger) in std::mem::take(&mut recovered.ledgers) {
+            initial[shard_of(&shop, &item, shard_count)]
+                .2
+                .push((shop, item, ledger));
+        }
         let hooks: Arc<OnceLock<LogHooks>> = Arc::new(OnceLock::new());
+        let log_made: Arc<OnceLock<()>> = Arc::new(OnceLock::new());
         let shards: Vec<Addr<Processor>> = initial
             .into_iter()
             .enumerate()
-            .map(|(i, (items, holds))| {
+            .map(|(i, (items, holds, ledgers))| {
                 let p = Processor::new(
                     i,
                     cfg.batch_max,
                     cfg.request_ttl_ms,
                     items,
                     holds,
+                    ledgers,
                     ShardShared {
                         journal: journal.clone(),
                         registry: registry.clone(),
                         metrics: metrics.clone(),
                         hooks: hooks.clone(),
+                        log_made: log_made.clone(),
                         holds_max: cfg.holds_max,
                         items_max: cfg.items_max.div_ceil(cfg.shards.max(1)),
                     },
@@ -302,6 +314,8 @@ impl Engine {
             registry: registry.clone(),
         };
         let log = make_log(dispatcher.clone(), &recovered);
+        // A shared log attaches while it is made: past this, none will.
+        let _ = log_made.set(());
         let pending = log.pending()?;
         let deps = Arc::new(Deps {
             journal,
@@ -534,6 +548,7 @@ impl Engine {
                 item,
                 stock,
                 if_seq: None,
+                per_buyer_max: None,
             })
             .collect();
         let loaded = self.load_entries(shop, entries).await?;
@@ -573,6 +588,7 @@ impl Engine {
                     item: e.item,
                     stock: e.stock,
                     if_seq: e.if_seq,
+                    per_buyer_max: e.per_buyer_max,
                     index,
                 });
         }

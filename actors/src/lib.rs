@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod engine;
+pub mod ledger;
 pub mod mailbox;
 pub mod metrics;
 pub mod ports;

@@ -20,6 +20,8 @@ pub struct LoadItem {
     pub stock: i64,
     /// Apply only if the item's seq is still this (see [`Request::if_seq`]).
     pub if_seq: Option<u64>,
+    /// The item's new per-buyer limit (see [`Request::per_buyer_max`]).
+    pub per_buyer_max: Option<i64>,
     /// Position in the caller's list, so the answer keeps the caller's order.
     pub index: usize,
 }
@@ -197,6 +199,7 @@ mod tests {
                 item: format!("i{index}").into(),
                 stock: 1,
                 if_seq: None,
+                per_buyer_max: None,
                 index,
             })
             .collect();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use crate::ledger::BuyerLedger;
 use crate::types::{Entry, Event, HoldView, ItemState, LogPos, Outcome, Request};
 
 /// Told the log positions of entries once they are journaled (a partitioned log commits
@@ -25,6 +26,11 @@ pub struct LogHooks {
     /// This node's id; outcomes of requests from other nodes go through `remote`.
     pub node_id: u32,
     pub journaled: JournaledHook,
+    /// Told the log positions of entries the journal refused ([`StoreError::Fenced`]):
+    /// this node no longer holds their partitions' leases, so the node holding them
+    /// decides those requests. The log stops waiting for them (a partition taken from
+    /// this node need not drain them first) but commits no offset past them.
+    pub fenced: JournaledHook,
     pub remote: RemoteReplies,
     /// Sends requests a processor makes itself (a hold's expiry) through the log, so
     /// they reach whichever node owns the item now.
@@ -77,6 +83,8 @@ pub struct Recovered {
     /// Holds still pending (`held`), to be re-armed; those already past `expires_at`
     /// expire at once.
     pub holds: Vec<HoldView>,
+    /// The per-buyer limit and counts of every item that has one ([`crate::ledger`]).
+    pub ledgers: Vec<(Arc<str>, Arc<str>, BuyerLedger)>,
 }
 
 /// The durable record of every decision, as the narrow ports its callers use: the
@@ -131,6 +139,13 @@ pub trait ItemReads: Send + Sync + 'static {
 
     /// Holds by id, as durable (`None`: no such hold), in the order asked.
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError>;
+
+    /// Each item's per-buyer limit and counts as durable (`None`: no limit), in the
+    /// order asked: read with its state when an item comes (back) into memory.
+    fn ledgers(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<BuyerLedger>>, StoreError>;
 
     /// The item's durable events with `seq > after`, in seq order, at most `limit`.
     fn events(

@@ -131,11 +131,14 @@ pub enum Status {
     /// A conditional load (`if_seq`) of an item whose seq is no longer the one given:
     /// nothing changed, nothing was journaled.
     SeqMoved,
+    /// A sale or hold that would take its buyer past the item's `per_buyer_max`, or
+    /// that names no buyer on an item with one ([`crate::ledger`]).
+    BuyerLimit,
 }
 
 impl Status {
     /// Every status, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::Ok,
         Status::InsufficientStock,
         Status::UnknownItem,
@@ -143,6 +146,7 @@ impl Status {
         Status::LimitExceeded,
         Status::UnknownHold,
         Status::SeqMoved,
+        Status::BuyerLimit,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -154,6 +158,7 @@ impl Status {
             Status::LimitExceeded => "limit_exceeded",
             Status::UnknownHold => "unknown_hold",
             Status::SeqMoved => "seq_moved",
+            Status::BuyerLimit => "buyer_limit",
         }
     }
 
@@ -166,6 +171,7 @@ impl Status {
             "limit_exceeded" => Some(Status::LimitExceeded),
             "unknown_hold" => Some(Status::UnknownHold),
             "seq_moved" => Some(Status::SeqMoved),
+            "buyer_limit" => Some(Status::BuyerLimit),
             _ => None,
         }
     }
@@ -218,6 +224,9 @@ pub struct Request {
     /// Adjustments only: the operator's reason code, kept as the entry's `reason`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<Arc<str>>,
+    /// Loads only: the item's new per-buyer limit (0 lifts it; `None` leaves it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_buyer_max: Option<i64>,
     /// True when the request log holds this request durably (fire-and-forget), so its
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
@@ -256,6 +265,7 @@ impl Request {
             ttl_ms: 0,
             if_seq: None,
             reason: None,
+            per_buyer_max: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -358,6 +368,10 @@ pub struct Entry {
     /// first used with (see [`Request::reuse_conflict`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<i64>,
+    /// Loads only: the per-buyer limit the load set (0: lifted); `None` left it as it
+    /// was ([`crate::ledger`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_buyer_max: Option<i64>,
     /// Mirrors [`Request::logged`]: the adapter retires the request log's record.
     #[serde(skip)]
     pub logged: bool,
@@ -401,6 +415,7 @@ impl Entry {
             hold_id: None,
             expires_at: None,
             ttl_ms: None,
+            per_buyer_max: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -600,4 +615,8 @@ pub struct HoldView {
     pub expires_at: Millis,
     /// The item's sequence number of the hold's latest transition.
     pub seq: u64,
+    /// The buyer the hold was made for, if it named one (its units count against an
+    /// item's per-buyer limit until it ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buyer: Option<Arc<str>>,
 }

@@ -62,8 +62,10 @@ pub async fn post_hold(
         ApiError::invalid("request_id: required (it makes the hold idempotent and is its id)")
     })?;
     let seller = name(&body, "seller", "")?;
+    let buyer = name(&body, "buyer", "")?;
     let req = Request {
         seller,
+        buyer,
         ttl_ms,
         ..Request::new(shop.clone(), item, key.clone(), Op::Hold, qty, now_ms())
     };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::engine::{load_view, LoadEntry};
-use nrtxn_actors::{EngineError, ItemView, Status, LOAD_ITEMS_MAX, STOCK_MAX};
+use nrtxn_actors::{EngineError, ItemView, Status, LOAD_ITEMS_MAX, QTY_MAX, STOCK_MAX};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -40,6 +40,11 @@ pub async fn put_items(
             None | Some(Value::Null) => None,
             Some(_) => Some(integer(obj, "if_seq", &prefix, 0, i64::MAX)? as u64),
         };
+        // A per-buyer limit: at most this many units per buyer (0 lifts the limit).
+        let per_buyer_max = match obj.get("per_buyer_max") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(integer(obj, "per_buyer_max", &prefix, 0, QTY_MAX)?),
+        };
         if !seen.insert(item.clone()) {
             return Err(ApiError::invalid(format!(
                 "items[{i}].item: {item} appears more than once"
@@ -49,6 +54,7 @@ pub async fn put_items(
             item,
             stock,
             if_seq,
+            per_buyer_max,
         });
     }
     let Some(id) = request_id(&body, "")? else {

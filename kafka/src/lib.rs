@@ -80,6 +80,13 @@ pub struct KafkaSettings {
     pub group: String,
     /// Most messages read and not yet journaled; readers wait beyond it.
     pub undecided_max: usize,
+    /// Longest the broker holds a reader's fetch (of requests or of responses) open when
+    /// it has nothing new (`fetch.wait.max.ms`): an idle partition delays the next
+    /// request up to this long, so it is small; but a broker whose storage answers a
+    /// fetch more slowly than this (tansu on S3 storage lists a partition's objects per
+    /// fetch, about 20 ms on the test S3 server) returns nothing, every time, and its
+    /// readers stall.
+    pub fetch_wait_ms: u64,
     /// Where outcomes travel to the node that accepted their request.
     pub responses_topic: String,
     /// Partitions of the responses topic when it is created: one per node id, so node
@@ -215,6 +222,9 @@ impl ProducerContext for Delivery {
 #[derive(Default)]
 struct PartitionProgress {
     pending: BTreeSet<i64>,
+    /// Offsets the journal refused (fenced: another node holds the partition's lease and
+    /// decides them): not waited for, but no offset past them is committed from here.
+    fenced: BTreeSet<i64>,
     next: i64,
     committed: i64,
 }
@@ -250,6 +260,23 @@ impl Tracker {
             for pos in positions {
                 if let Some(p) = parts.get_mut(&pos.partition) {
                     if p.pending.remove(&pos.offset) {
+                        n += 1;
+                    }
+                }
+            }
+        }
+        self.undecided.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Messages the journal refused ([`LogHooks::fenced`]): no longer this node's to
+    /// decide, so no longer waited for, and never committed past.
+    fn fenced(&self, positions: &[LogPos]) {
+        let mut n = 0;
+        if let Ok(mut parts) = self.partitions.lock() {
+            for pos in positions {
+                if let Some(p) = parts.get_mut(&pos.partition) {
+                    if p.pending.remove(&pos.offset) {
+                        p.fenced.insert(pos.offset);
                         n += 1;
                     }
                 }
@@ -295,7 +322,14 @@ impl Tracker {
         if let Ok(mut parts) = self.partitions.lock() {
             for partition in assigned {
                 if let Some(p) = parts.get_mut(partition) {
-                    let point = p.pending.first().copied().unwrap_or(p.next);
+                    let point = p
+                        .pending
+                        .first()
+                        .into_iter()
+                        .chain(p.fenced.first())
+                        .copied()
+                        .min()
+                        .unwrap_or(p.next);
                     if point > p.committed {
                         p.committed = point;
                         out.push((*partition, point));
@@ -351,6 +385,7 @@ impl KafkaLog {
         let producer = Arc::new(producer);
         let tracker = Arc::new(Tracker::default());
         let hook_tracker = tracker.clone();
+        let fence_tracker = tracker.clone();
         let reply_producer = producer.clone();
         let responses_topic = settings.responses_topic.clone();
         let (expiry_producer, requests_topic, node_id) = (
@@ -364,6 +399,7 @@ impl KafkaLog {
             }),
             node_id: settings.node_id,
             journaled: Arc::new(move |positions| hook_tracker.journaled(&positions)),
+            fenced: Arc::new(move |positions| fence_tracker.fenced(&positions)),
             remote: Arc::new(move |node, outcomes| {
                 send_responses(&reply_producer, &responses_topic, node, &outcomes)
             }),
@@ -402,7 +438,7 @@ impl KafkaLog {
                 // The broker answers a fetch as soon as there is data or after this: with
                 // the default 500 ms an idle partition delays the next request that
                 // much (seen: p50 252 ms on the HTTP benchmark).
-                .set("fetch.wait.max.ms", "5")
+                .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
                 .create_with_context(context)
                 .map_err(kafka_err)?;
             consumer
@@ -530,7 +566,7 @@ fn start_responses_reader(
         )
         .set("client.id", format!("nrtxn-{}-responses", settings.node_id))
         .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
+        .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
         .create()
         .map_err(kafka_err)?;
     // The end offset is read before anything is sent (not left to `Offset::End`, which

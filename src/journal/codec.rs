@@ -32,7 +32,9 @@ const F_LOGGED: u32 = 1 << 15;
 const F_LOG_POS: u32 = 1 << 16;
 /// `prev_seq` is not `seq - 1` (or one of them is missing): it is written out.
 const F_PREV_SEQ: u32 = 1 << 17;
-const F_ALL: u32 = (1 << 18) - 1;
+/// A load's `per_buyer_max` follows.
+const F_PER_BUYER: u32 = 1 << 18;
+const F_ALL: u32 = (1 << 19) - 1;
 
 /// What identifies a request apart from its key: its kind and op, item, quantity and (a
 /// hold's) TTL. Two uses of one key with different fingerprints are two requests: the
@@ -120,6 +122,7 @@ pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
             (e.logged, F_LOGGED),
             (e.log_pos.is_some(), F_LOG_POS),
             (!prev_implied, F_PREV_SEQ),
+            (e.per_buyer_max.is_some(), F_PER_BUYER),
         ] {
             if on {
                 flags |= f;
@@ -172,6 +175,9 @@ pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
         }
         if !prev_implied {
             put_uvar(out, e.prev_seq.map_or(0, |p| p + 1));
+        }
+        if let Some(n) = e.per_buyer_max {
+            put_ivar(out, n);
         }
         out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
         prev = Some((&e.shop, &e.item));
@@ -303,6 +309,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
     } else {
         seq.map(|s| s.saturating_sub(1))
     };
+    let per_buyer_max = has(F_PER_BUYER).then(|| r.ivar()).transpose()?;
     let fp = u64::from_le_bytes(r.bytes(8)?.try_into().expect("8 bytes"));
     if fp != fingerprint(op, &item, qty, ttl_ms) {
         return Err(format!(
@@ -323,6 +330,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         hold_id,
         expires_at,
         ttl_ms,
+        per_buyer_max,
         logged: has(F_LOGGED),
         log_pos,
         ..Entry::decided(shop, item, op, qty, submitted_at, completed_at)
@@ -398,6 +406,7 @@ mod tests {
         load.op = Op::Load;
         load.request_key = None;
         load.prev_seq = Some(0);
+        load.per_buyer_max = Some(2);
         let odd = Entry {
             prev_seq: Some(7),
             ..sale("s", "i", "odd", 3, 1, 1)

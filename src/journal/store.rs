@@ -575,6 +575,14 @@ impl ItemReads for LogJournal {
         self.views.holds(shop, hold_ids)
     }
 
+    fn ledgers(
+        &self,
+        items: &[(Arc<str>, Arc<str>)],
+    ) -> Result<Vec<Option<nrtxn_actors::ledger::BuyerLedger>>, StoreError> {
+        self.progress.wait_views()?;
+        self.views.ledgers(items)
+    }
+
     fn events(
         &self,
         shop: &str,

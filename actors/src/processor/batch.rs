@@ -188,7 +188,9 @@ impl Processor {
                             self.resident += 1;
                             self.resident_gauge.inc();
                         }
-                        let entry = apply_load(&mut slot.live, &shop, &load.item, load.stock, now);
+                        let mut entry =
+                            apply_load(&mut slot.live, &shop, &load.item, load.stock, now);
+                        entry.per_buyer_max = load.per_buyer_max;
                         views.push((
                             load.index,
                             ItemView {
@@ -200,6 +202,7 @@ impl Processor {
                             },
                             Status::Ok,
                         ));
+                        self.set_limit(&shop, &load.item, load.per_buyer_max);
                         touched.push((shop.clone(), load.item));
                         entries.push(entry);
                     }
@@ -273,6 +276,8 @@ impl Processor {
                 self.resident_gauge.inc();
             }
             let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, now);
+            entry.per_buyer_max = req.per_buyer_max;
+            self.set_limit(&req.shop, &req.item, req.per_buyer_max);
             entry.request_key = Some(req.key.clone());
             entry.submitted_at = req.submitted_at;
             entry.logged = req.logged;
@@ -289,7 +294,25 @@ impl Processor {
             .get_mut(&req.shop)
             .and_then(|items| items.get_mut(&req.item));
         let known = slot.is_some();
+        let ledger = if self.ledgers.is_empty() {
+            None
+        } else {
+            self.ledgers.get_mut(&(req.shop.clone(), req.item.clone()))
+        };
+        let over_limit = match &ledger {
+            Some(l) if matches!(req.op, Op::Decrement | Op::Hold) => {
+                l.check(&req.item, req.buyer.as_ref(), req.qty)
+            }
+            _ => None,
+        };
         let entry = match slot {
+            Some(slot) if over_limit.is_some() => reject(
+                &mut slot.live,
+                req,
+                now,
+                Status::BuyerLimit,
+                over_limit.unwrap_or_default(),
+            ),
             Some(slot) if req.op == Op::Hold && self.holds.len() >= self.holds_max => reject(
                 &mut slot.live,
                 req,
@@ -302,6 +325,9 @@ impl Processor {
             ),
             slot => apply(slot.map(|s| &mut s.live), req, now, self.request_ttl_ms),
         };
+        if let (Some(l), Some((buyer, delta))) = (ledger, crate::ledger::delta(&entry)) {
+            l.apply(buyer, delta);
+        }
         if known {
             touched.push((req.shop.clone(), req.item.clone()));
         }
@@ -313,6 +339,7 @@ impl Processor {
                 req.item.clone(),
                 req.qty,
                 expires_at,
+                req.buyer.clone(),
             );
         }
         Decision::Apply(entry)
@@ -320,6 +347,23 @@ impl Processor {
 }
 
 impl Processor {
+    /// A load's `per_buyer_max`: `Some(0)` lifts the item's limit and forgets its
+    /// counts, `Some(n)` sets it (keeping the counts), `None` leaves it.
+    fn set_limit(&mut self, shop: &Arc<str>, item: &Arc<str>, per_buyer_max: Option<i64>) {
+        match per_buyer_max {
+            None => {}
+            Some(0) => {
+                self.ledgers.remove(&(shop.clone(), item.clone()));
+            }
+            Some(max) => {
+                self.ledgers
+                    .entry((shop.clone(), item.clone()))
+                    .or_insert_with(|| BuyerLedger::new(max))
+                    .max = max;
+            }
+        }
+    }
+
     /// The item's state when a load's condition `if_seq` does not hold: its seq (0 for
     /// an item this shard does not know) is no longer the one given. `None` when the
     /// load may go ahead.

@@ -23,11 +23,20 @@ impl Processor {
         let is_fenced =
             |pos: &Option<LogPos>| pos.is_some_and(|p| fenced.contains(&(p.partition, p.epoch)));
         let mut dropped: HashSet<(Arc<str>, Arc<str>)> = HashSet::new();
+        let mut refused_at: Vec<LogPos> = Vec::new();
         let entries: Vec<Entry> = if fenced.is_empty() {
             entries
         } else {
             let (kept, refused): (Vec<Entry>, Vec<Entry>) =
                 entries.into_iter().partition(|e| !is_fenced(&e.log_pos));
+            refused_at.extend(refused.iter().filter_map(|e| e.log_pos));
+            refused_at.extend(
+                batch
+                    .repeats
+                    .iter()
+                    .filter(|r| is_fenced(&r.pos))
+                    .filter_map(|r| r.pos),
+            );
             dropped.extend(refused.into_iter().map(|e| (e.shop, e.item)));
             batch
                 .states
@@ -66,6 +75,9 @@ impl Processor {
                 .collect();
             if !positions.is_empty() {
                 (hooks.journaled)(positions);
+            }
+            if !refused_at.is_empty() {
+                (hooks.fenced)(refused_at);
             }
         }
         // Outcomes to the WorkManagers that hold the reply handles: this node's, one

@@ -12,6 +12,7 @@ impl Processor {
         item: Arc<str>,
         qty: i64,
         expires_at: Millis,
+        buyer: Option<Arc<str>>,
     ) {
         let key = (shop, hold_id);
         let timer = self.wheel.insert(expires_at.max(0) as u64, key.clone());
@@ -23,6 +24,7 @@ impl Processor {
                 expires_at,
                 timer,
                 expiries_sent: 0,
+                buyer,
             },
         ) {
             self.wheel.cancel(old.timer);
@@ -37,15 +39,33 @@ impl Processor {
         let mut fired = Vec::new();
         self.wheel.advance(now.max(0) as u64, &mut fired);
         let mut via_log = Vec::new();
+        let shared = self.journal.shared();
         let resubmit = self
             .hooks
             .get()
-            .filter(|_| self.journal.shared())
+            .filter(|_| shared)
             .map(|h| h.resubmit.clone());
         for (_, (shop, hold_id)) in fired {
-            let Some(h) = self.holds.get(&(shop.clone(), hold_id.clone())) else {
+            let pending = (shop.clone(), hold_id.clone());
+            let Some(h) = self.holds.get(&pending) else {
                 continue;
             };
+            if shared && resubmit.is_none() && self.log_made.get().is_none() {
+                // The request log is not made yet: the node is starting, and armed
+                // every pending hold of the shared journal, overdue ones firing at
+                // once. Such an expiry must reach the item's owner through the log,
+                // never be decided here: this node may not own the item, and a write
+                // that did not come through the log carries no lease, so nothing
+                // fences it (the campaign saw a restarted node write an expiry of
+                // another node's item and stop on the conflict). Tried again later,
+                // without counting as a copy sent.
+                let retry_at = (now.max(0) as u64).saturating_add(EXPIRY_RESEND_MS);
+                let timer = self.wheel.insert(retry_at, pending.clone());
+                if let Some(h) = self.holds.get_mut(&pending) {
+                    h.timer = timer;
+                }
+                continue;
+            }
             let key = hold_end_key(&hold_id);
             let req = Request {
                 hold_id: Some(hold_id),
@@ -56,9 +76,11 @@ impl Processor {
                 // it, say): sent once more a second later while the hold is still pending
                 // here, a few times. Every copy has the same key, so it is one decision.
                 // A hold still here after the last copy belongs to an item another node
-                // owns now (which re-armed it from the journal), or its copies were all
-                // lost: either way this node lets it go, and a restart or takeover re-arms
-                // it from the journal.
+                // owns now (which re-armed it from the journal), or its copies wait out
+                // an outage (the broker or the database down), or were all lost: this
+                // node lets it go. A copy that reaches its owner later finds it pending
+                // in the journal and arms it again (`Processor::absorb`); a restart or
+                // takeover re-arms it from the journal too.
                 let key = (req.shop.clone(), req.hold_id.clone().unwrap_or_default());
                 let retry_at = (now.max(0) as u64).saturating_add(EXPIRY_RESEND_MS);
                 let sent = self.holds.get(&key).map_or(0, |h| h.expiries_sent);
@@ -136,10 +158,18 @@ impl Processor {
                 };
                 let mut end = req.clone();
                 end.item = hold.item.clone();
+                // The ending names the hold's buyer, so the entries alone say whose
+                // units of a limited item went back.
+                end.buyer = hold.buyer.clone();
                 if due {
                     end.op = Op::Expire;
                 }
                 let entry = apply_hold_end(&mut slot.live, &end, hold.qty, now);
+                if let Some(l) = self.ledgers.get_mut(&(req.shop.clone(), hold.item.clone())) {
+                    if let Some((buyer, delta)) = crate::ledger::delta(&entry) {
+                        l.apply(buyer, delta);
+                    }
+                }
                 touched.push((req.shop.clone(), hold.item));
                 Decision::Apply(entry)
             }

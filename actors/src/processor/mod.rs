@@ -25,6 +25,7 @@ use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
 use crate::apply::{apply, apply_hold_end, apply_load, reject};
+use crate::ledger::BuyerLedger;
 use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, StoreError};
@@ -66,6 +67,9 @@ pub struct ShardShared {
     pub metrics: Arc<Metrics>,
     /// Set by a log that several nodes share (Kafka): see [`LogHooks`].
     pub hooks: Arc<OnceLock<LogHooks>>,
+    /// Set once the request log is made: from then on, `hooks` unset means no shared
+    /// log will attach (the embedded log beside a shared journal).
+    pub log_made: Arc<OnceLock<()>>,
     /// Pending holds one shard keeps at most; a hold beyond it is refused
     /// (`limit_exceeded`), so the holds map and the wheel stay bounded.
     pub holds_max: usize,
@@ -82,6 +86,8 @@ struct PendingHold {
     timer: TimerId,
     /// Copies of its expiry sent through a shared log so far.
     expiries_sent: u8,
+    /// Its buyer, whose units of a limited item go back when it does.
+    buyer: Option<Arc<str>>,
 }
 
 /// What the processor makes of one request.
@@ -199,6 +205,8 @@ pub struct Processor {
     metrics: Arc<Metrics>,
     depth_gauge: IntGauge,
     hooks: Arc<OnceLock<LogHooks>>,
+    /// See [`ShardShared::log_made`].
+    log_made: Arc<OnceLock<()>>,
     /// Outcomes of keys applied but not yet durable, by shop and key: a repeat of one of
     /// them is found here, since the journal does not hold it yet (a shared log only;
     /// bounded by the batches in flight).
@@ -213,6 +221,9 @@ pub struct Processor {
     flush_waiters: Vec<oneshot::Sender<()>>,
     /// Pending holds of this shard's items by shop and hold id; at most `holds_max`.
     holds: HashMap<(Arc<str>, Arc<str>), PendingHold>,
+    /// The per-buyer limits and counts of this shard's limited items in memory
+    /// ([`crate::ledger`]). A limited item stays in memory (see [`Processor::evict`]).
+    ledgers: HashMap<(Arc<str>, Arc<str>), BuyerLedger>,
     holds_max: usize,
     /// The expiry of every pending hold, by shop and hold id.
     wheel: TimingWheel<(Arc<str>, Arc<str>)>,
@@ -236,6 +247,7 @@ impl Processor {
         request_ttl_ms: i64,
         initial: Vec<(Arc<str>, Arc<str>, ItemState)>,
         holds: Vec<HoldView>,
+        ledgers: Vec<(Arc<str>, Arc<str>, BuyerLedger)>,
         shared: ShardShared,
     ) -> Processor {
         let ShardShared {
@@ -243,6 +255,7 @@ impl Processor {
             registry,
             metrics,
             hooks,
+            log_made,
             holds_max,
             items_max,
         } = shared;
@@ -280,6 +293,7 @@ impl Processor {
             metrics,
             depth_gauge,
             hooks,
+            log_made,
             undurable: HashMap::new(),
             partition_epochs: HashMap::new(),
             learned: HashMap::new(),
@@ -291,11 +305,15 @@ impl Processor {
             ended: HashMap::new(),
             reading: None,
             prefetched: Prefetched::default(),
+            ledgers: ledgers
+                .into_iter()
+                .map(|(shop, item, l)| ((shop, item), l))
+                .collect(),
         };
         // Re-armed from the journal; those already past their expiry go at the first
         // tick, which `started` runs.
         for h in holds {
-            processor.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at);
+            processor.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at, h.buyer);
         }
         processor.evict();
         processor
@@ -322,7 +340,11 @@ impl Processor {
             .iter()
             .flat_map(|(shop, m)| {
                 m.iter()
-                    .filter(|(_, slot)| slot.evictable())
+                    .filter(|(item, slot)| {
+                        slot.evictable()
+                            && (self.ledgers.is_empty()
+                                || !self.ledgers.contains_key(&(shop.clone(), (*item).clone())))
+                    })
                     .map(|(item, slot)| (slot.used, shop.clone(), item.clone()))
             })
             .collect();

@@ -21,6 +21,8 @@
 
 use std::time::Instant;
 
+use crate::types::HoldStatus;
+
 use super::*;
 
 /// An item by shop and item, or a key by shop and request key.
@@ -37,6 +39,9 @@ pub(super) struct Reads {
     fault: Vec<ShopKey>,
     /// Keys whose outcome the journal may hold, by shop.
     keys: HashMap<Arc<str>, Vec<Arc<str>>>,
+    /// Holds to end that are not pending here, by shop: the journal may still have one
+    /// pending (see [`Processor::absorb`]).
+    holds: HashMap<Arc<str>, Vec<Arc<str>>>,
 }
 
 impl Reads {
@@ -45,6 +50,7 @@ impl Reads {
             && self.reload.is_empty()
             && self.fault.is_empty()
             && self.keys.is_empty()
+            && self.holds.is_empty()
     }
 
     /// Makes the reads, in the order they depend on each other (a partition's keys are
@@ -63,6 +69,18 @@ impl Reads {
             let holds = retry_read(shard, || journal.pending_holds(&items));
             (self.reload.into_iter().zip(states).collect(), holds)
         };
+        // The per-buyer ledgers of the items read back, with them.
+        let read_back: Vec<ShopKey> = reloaded
+            .iter()
+            .map(|((k, _), _)| k.clone())
+            .chain(self.fault.iter().cloned())
+            .collect();
+        let ledgers = if read_back.is_empty() {
+            Vec::new()
+        } else {
+            let found = retry_read(shard, || journal.ledgers(&read_back));
+            read_back.into_iter().zip(found).collect()
+        };
         let faulted = if self.fault.is_empty() {
             Vec::new()
         } else {
@@ -77,6 +95,17 @@ impl Reads {
                 keys.push(((shop.clone(), key), outcome.map(Arc::new)));
             }
         }
+        let mut looked_up = Vec::new();
+        for (shop, ids) in self.holds {
+            let refs: Vec<&str> = ids.iter().map(|k| &**k).collect();
+            let views = retry_read(shard, || journal.holds(&shop, &refs));
+            looked_up.extend(ids.into_iter().zip(views).map(|(id, view)| {
+                (
+                    (shop.clone(), id),
+                    view.filter(|v| v.status == HoldStatus::Held),
+                )
+            }));
+        }
         Fetched {
             since,
             learned: self.learn.into_iter().map(|(p, e, _)| (p, e)).collect(),
@@ -84,6 +113,8 @@ impl Reads {
             holds,
             faulted,
             keys,
+            looked_up,
+            ledgers,
         }
     }
 }
@@ -99,6 +130,10 @@ pub(super) struct Fetched {
     holds: Vec<HoldView>,
     faulted: Vec<(ShopKey, Option<ItemState>)>,
     keys: Vec<(ShopKey, Option<Arc<Outcome>>)>,
+    /// Holds by shop and id, with their journal record if it is still pending there.
+    looked_up: Vec<(ShopKey, Option<HoldView>)>,
+    /// The per-buyer ledgers of the items read back (`None`: no limit).
+    ledgers: Vec<(ShopKey, Option<BuyerLedger>)>,
 }
 
 /// What the journal answered for the batch waiting to be applied; emptied once it is.
@@ -108,6 +143,8 @@ pub(super) struct Prefetched {
     pub(super) keys: HashMap<ShopKey, Option<Arc<Outcome>>>,
     /// Items the journal does not know: not asked again in a later round.
     unknown: HashSet<ShopKey>,
+    /// Holds (by shop and id) whose journal record was read: not asked again.
+    holds: HashSet<ShopKey>,
 }
 
 impl Handler<Fetched> for Processor {
@@ -171,6 +208,7 @@ impl Processor {
         let mut reload: HashMap<ShopKey, u64> = HashMap::new();
         let mut fault: HashSet<ShopKey> = HashSet::new();
         let mut keys: HashSet<ShopKey> = HashSet::new();
+        let mut held: HashSet<ShopKey> = HashSet::new();
         let in_memory = |shop: &Arc<str>, item: &Arc<str>| {
             self.items.get(shop).is_some_and(|m| m.contains_key(item))
         };
@@ -231,6 +269,16 @@ impl Processor {
                         {
                             keys.insert(key);
                         }
+                        if !self.holds.contains_key(&hold)
+                            && !self.ended.contains_key(&hold)
+                            && !self.prefetched.holds.contains(&hold)
+                        {
+                            // Not pending here, yet the journal may have it pending:
+                            // this node let it go (see `Processor::tick`) or never armed
+                            // it. Its record, and its item, are read.
+                            want(&req.shop, &req.item);
+                            held.insert(hold);
+                        }
                     } else if !reloaded {
                         want(&req.shop, &req.item);
                     }
@@ -250,6 +298,9 @@ impl Processor {
         for (shop, key) in keys {
             reads.keys.entry(shop).or_default().push(key);
         }
+        for (shop, hold_id) in held {
+            reads.holds.entry(shop).or_default().push(hold_id);
+        }
         reads
     }
 
@@ -262,8 +313,48 @@ impl Processor {
             holds,
             faulted,
             keys,
+            looked_up,
+            ledgers,
             since: _,
         } = fetched;
+        // An item's ledger is taken from the journal with its state: when the item was
+        // not in memory, or its state is taken as the journal has it (below). This
+        // node's own batches in flight are ahead of both, and keep what they counted.
+        let taken: HashSet<ShopKey> = reloaded
+            .iter()
+            .filter(|((k, _), st)| {
+                let live = self
+                    .items
+                    .get(&k.0)
+                    .and_then(|m| m.get(&k.1))
+                    .map(|s| s.live.seq);
+                match (live, st) {
+                    (None, _) => true,
+                    (Some(live), Some(st)) => st.seq >= live,
+                    (Some(_), None) => false,
+                }
+            })
+            .map(|((k, _), _)| k.clone())
+            .chain(
+                faulted
+                    .iter()
+                    .filter(|(k, _)| !self.items.get(&k.0).is_some_and(|m| m.contains_key(&k.1)))
+                    .map(|(k, _)| k.clone()),
+            )
+            .collect();
+        for (key, ledger) in ledgers {
+            if !taken.contains(&key) {
+                continue;
+            }
+            match ledger {
+                Some(l) => {
+                    self.ledgers.insert(key, l);
+                }
+                None => {
+                    self.ledgers.remove(&key);
+                }
+            }
+        }
         for (partition, epoch) in learned {
             self.learned.insert(partition, epoch);
         }
@@ -283,7 +374,7 @@ impl Processor {
                 }
             }
             for h in holds {
-                self.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at);
+                self.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at, h.buyer);
             }
         }
         for (((shop, item), epoch), state) in reloaded {
@@ -329,5 +420,19 @@ impl Processor {
             }
         }
         self.prefetched.keys.extend(keys);
+        // A hold the journal has pending that is not pending here is armed again, so
+        // that the request ending it ends it: it reached this shard through the log
+        // under its partition's current epoch (an older one is dropped), so this node
+        // owns its item. Without this, a hold this node let go after its expiry went
+        // unanswered for a while (the broker or the database was down) would be held
+        // for good once its expiry arrived, and a confirm of it refused as unknown.
+        for (key, view) in looked_up {
+            self.prefetched.holds.insert(key.clone());
+            let Some(h) = view else { continue };
+            if self.holds.contains_key(&key) || self.ended.contains_key(&key) {
+                continue;
+            }
+            self.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at, h.buyer);
+        }
     }
 }
