@@ -646,6 +646,7 @@ def main():
     ap.add_argument("--markdown", help="docs/reliability.md: its campaign section is rewritten")
     ap.add_argument("--command", default="scripts/faults.sh")
     ap.add_argument("--cases", help="comma-separated, from CASES; default all of them (QUICK with --quick)")
+    ap.add_argument("--keep", help="JSON lines of an earlier run (what this prints): its results of cases not run now are kept in --markdown's table")
     args = ap.parse_args()
     rnd = random.Random(int(os.environ.get("NRTXN_FAULTS_SEED", time.time())))
     work = tempfile.mkdtemp(prefix="nrtxn-faults.")
@@ -669,7 +670,15 @@ def main():
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if args.markdown:
-        write_section(args.markdown, markdown(results, args.command, os.path.basename(args.bin)))
+        table = results
+        if args.keep:
+            # Cases run now replace their earlier results; the others stay, in order.
+            ran = {r["case"] for r in results}
+            kept = [json.loads(line) for line in open(args.keep) if line.startswith("{")]
+            table = [r for r in kept if r["case"] not in ran] + results
+            order = {c: i for i, c in enumerate(r["case"] for r in kept)}
+            table.sort(key=lambda r: order.get(r["case"], len(order)))
+        write_section(args.markdown, markdown(table, args.command, os.path.basename(args.bin)))
     failed = [r["case"] for r in results if r["lost"] or r["doubled"] or r["wrong"]]
     if failed:
         print(f"faults.py: failed: {', '.join(failed)}", file=sys.stderr)

@@ -223,7 +223,7 @@ DOCUMENTED = {
     "shops": (4.0, 40),
     "outcomes": (0.68, 136),
     "items": (0.3, 600),
-    "holds": (0.35, 2_800),
+    "holds": (0.4, 3_200),
     "inflight": (1.3, 260),
     "bodies": (None, 400),
     "connections": (18, 180),

@@ -515,24 +515,30 @@ impl Engine {
                 shop.clone(),
                 self.deps.shared_log,
             );
-            let found = tokio::task::spawn_blocking(move || {
-                if exact {
-                    journal.decided(&shop, &[&key])
-                } else {
-                    journal.outcomes(&shop, &[&key])
-                }
-            })
-            .await
-            .map_err(|_| EngineError::ShuttingDown)??;
+            let found = self
+                .read_for_caller("an outcome", move || {
+                    if exact {
+                        journal.decided(&shop, &[&key])
+                    } else {
+                        journal.outcomes(&shop, &[&key])
+                    }
+                })
+                .await?;
             return Ok(match found.into_iter().next().flatten() {
                 Some(o) => PollResult::Decided(Arc::new(o)),
                 None => PollResult::Unknown,
             });
         };
-        Ok(wm
-            .send(Poll(key))
-            .await
-            .map_err(|_| EngineError::ShuttingDown)??)
+        // The WorkManager answers from memory, or reads the journal off its thread:
+        // bounded like a read of the caller's own.
+        let within = self.deps.reply_timeout;
+        match tokio::time::timeout(within, wm.send(Poll(key))).await {
+            Ok(answer) => Ok(answer.map_err(|_| EngineError::ShuttingDown)??),
+            Err(_) => Err(EngineError::Store(StoreError::Storage(format!(
+                "an outcome: the journal did not answer within the reply timeout ({} ms)",
+                within.as_millis()
+            )))),
+        }
     }
 
     /// Sets the available stock of items (creating unknown ones) through their
@@ -691,12 +697,12 @@ impl Engine {
                 .map(|i| load_key(request_id, i))
                 .collect();
             let (journal, shop_owned, asked) = (self.deps.journal.clone(), shop.clone(), keys);
-            let found = tokio::task::spawn_blocking(move || {
-                let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
-                journal.decided(&shop_owned, &refs)
-            })
-            .await
-            .map_err(|_| EngineError::ShuttingDown)??;
+            let found = self
+                .read_for_caller("a load's outcomes", move || {
+                    let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
+                    journal.decided(&shop_owned, &refs)
+                })
+                .await?;
             let n = found.len();
             let mut complete = true;
             for o in found {
@@ -719,6 +725,26 @@ impl Engine {
         Ok((decided, pending))
     }
 
+    /// Runs a caller's read of the journal on the blocking pool, and gives up waiting
+    /// for it at the reply timeout: a journal that does not answer (its database down)
+    /// is a `503` to the caller, not a wait as long as the outage (the fault campaign's
+    /// db-kill case saw reads wait 12.7 s). The read itself runs on until the store
+    /// answers or fails. Not for the processors, which must wait for their reads.
+    async fn read_for_caller<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        read: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let within = self.deps.reply_timeout;
+        match tokio::time::timeout(within, tokio::task::spawn_blocking(read)).await {
+            Ok(joined) => Ok(joined.map_err(|_| EngineError::ShuttingDown)??),
+            Err(_) => Err(EngineError::Store(StoreError::Storage(format!(
+                "{what}: the journal did not answer within the reply timeout ({} ms)",
+                within.as_millis()
+            )))),
+        }
+    }
+
     /// A hold as durable, `None` if there is no such hold.
     pub async fn hold(
         &self,
@@ -726,9 +752,9 @@ impl Engine {
         hold_id: &Arc<str>,
     ) -> Result<Option<HoldView>, EngineError> {
         let (journal, shop, hold_id) = (self.deps.journal.clone(), shop.clone(), hold_id.clone());
-        let found = tokio::task::spawn_blocking(move || journal.holds(&shop, &[&hold_id]))
-            .await
-            .map_err(|_| EngineError::ShuttingDown)??;
+        let found = self
+            .read_for_caller("a hold", move || journal.holds(&shop, &[&hold_id]))
+            .await?;
         Ok(found.into_iter().next().flatten())
     }
 
@@ -741,11 +767,10 @@ impl Engine {
         limit: usize,
     ) -> Result<Vec<Event>, EngineError> {
         let (journal, shop, item) = (self.deps.journal.clone(), shop.clone(), item.clone());
-        Ok(
-            tokio::task::spawn_blocking(move || journal.events(&shop, &item, after, limit))
-                .await
-                .map_err(|_| EngineError::ShuttingDown)??,
-        )
+        self.read_for_caller("an item's events", move || {
+            journal.events(&shop, &item, after, limit)
+        })
+        .await
     }
 
     /// The durable state of an item, `None` if unknown.
@@ -775,9 +800,8 @@ impl Engine {
             ItemRead::AskJournal => {
                 let journal = self.deps.journal.clone();
                 let key = [(shop.clone(), item.clone())];
-                tokio::task::spawn_blocking(move || journal.item_states(&key))
-                    .await
-                    .map_err(|_| EngineError::ShuttingDown)??
+                self.read_for_caller("an item", move || journal.item_states(&key))
+                    .await?
                     .into_iter()
                     .next()
                     .flatten()
