@@ -621,9 +621,11 @@ def markdown(results, command, binary):
         "",
         *notes,
         "",
-        "The property test of the engine (`tests/engine_model.rs`), the fuzz target of "
-        "request decoding (`api/src/validate.rs`, `mod fuzz`) and the HTTP garbage campaign "
-        "(`tests/garbage.rs`) run with the tests.",
+        "The property test of the engine (`tests/engine_model.rs`, 24 random sequences by "
+        "default, `PROPTEST_CASES` for more), the fuzz target of request decoding "
+        "(`api/src/validate.rs`, `mod fuzz`, 2,000 cases) and the HTTP garbage campaign "
+        "(`tests/garbage.rs`, 661 malformed requests, every one answered 4xx, none 5xx) run "
+        "with the tests.",
         END,
     ])
 
