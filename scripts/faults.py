@@ -48,10 +48,12 @@ SHOP = "faults"
 
 
 class Server:
-    """`nrtxn serve` on a data dir, on a free loopback port."""
+    """`nrtxn serve` on a data dir, on a free loopback port; `env`: settings of its own,
+    as the `NRTXN_*` environment variables every flag has."""
 
-    def __init__(self, binary, data_dir, log_path):
+    def __init__(self, binary, data_dir, log_path, env=None):
         self.binary, self.data_dir, self.log_path = binary, data_dir, log_path
+        self.env = {k: str(v) for k, v in (env or {}).items()}
         self.proc, self.port = None, None
 
     def start(self, wait_ready=True):
@@ -60,7 +62,7 @@ class Server:
             [self.binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", self.data_dir],
             stdout=subprocess.PIPE,
             stderr=log,
-            env={**os.environ, "RUST_LOG": "warn"},
+            env={**os.environ, "RUST_LOG": "warn", **self.env},
         )
         line = b""
         deadline = time.time() + 120

@@ -49,27 +49,6 @@ HANG_S = REPLY_TIMEOUT_S + 3.0
 STOP_S = 30.0
 
 
-class DiskServer(faults.Server):
-    """`faults.Server` with settings of its own, given as `NRTXN_*` environment
-    variables (faults.Server passes only --listen and --data-dir)."""
-
-    def __init__(self, binary, data_dir, log_path, env):
-        super().__init__(binary, data_dir, log_path)
-        self.env = {k: str(v) for k, v in env.items()}
-
-    def start(self, wait_ready=True):
-        saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-        try:
-            return super().start(wait_ready)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
 def free_bytes(path):
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
@@ -229,7 +208,7 @@ def disk_full(ctx):
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", mnt],
                        check=True, capture_output=True, timeout=30)
         mounted = True
-        server = DiskServer(ctx.bin, os.path.join(mnt, "data"), log,
+        server = faults.Server(ctx.bin, os.path.join(mnt, "data"), log,
                             {"NRTXN_DISK_FREE_MIN_MB": FREE_MIN_MB})
         code = server.start()
         if code is not None:

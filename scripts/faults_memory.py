@@ -42,24 +42,7 @@ MB = 1024 * 1024
 
 
 class BoundServer(faults.Server):
-    """`faults.Server` with settings of its own, given as the `NRTXN_*` environment
-    variables every flag has (faults.Server passes only --listen and --data-dir)."""
-
-    def __init__(self, binary, data_dir, log_path, env):
-        super().__init__(binary, data_dir, log_path)
-        self.env = {k: str(v) for k, v in env.items()}
-
-    def start(self, wait_ready=True):
-        saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-        try:
-            return super().start(wait_ready)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    """`faults.Server` that reads its RSS."""
 
     def rss_mb(self):
         """(VmRSS, VmHWM) of the server, in MB."""
