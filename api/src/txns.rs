@@ -157,22 +157,42 @@ pub async fn post_batch(
     http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let shop = path_segment(&path, "shop")?;
-    let body = json_object(&http, payload, BATCH_BODY_MAX).await?;
-    let entries = array(&body, "txns", BATCH_TXNS_MAX)?;
-    // Every entry is validated before any is submitted: a bad entry fails the whole call.
+    post_entries(&state, &path, &http, payload, "txns", txn, key_field).await
+}
+
+/// Validates one entry of a call's array: its shop, value and place (`txns[3].`); the
+/// request and whether its caller waits for the outcome.
+type ParseEntry = fn(&Arc<str>, &Value, &str) -> Result<(Request, bool), ApiError>;
+
+/// A call whose body is an array `field` of entries, each a request: every entry is
+/// validated (by `parse`, given its shop, value and place) before any is submitted, so
+/// a bad entry fails the whole call; then they are submitted together and each is
+/// answered in order, as `{"results":[...]}`. `key_field` names where an entry's key
+/// came from, for a `key_reused` answer.
+async fn post_entries(
+    state: &AppState,
+    path: &str,
+    http: &HttpRequest,
+    payload: web::Payload,
+    field: &str,
+    parse: ParseEntry,
+    key_field: fn(&Value) -> &'static str,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(path, "shop")?;
+    let body = json_object(http, payload, BATCH_BODY_MAX).await?;
+    let entries = array(&body, field, BATCH_TXNS_MAX)?;
     let reqs = entries
         .iter()
         .enumerate()
-        .map(|(i, v)| txn(&shop, v, &format!("txns[{i}].")))
+        .map(|(i, v)| parse(&shop, v, &format!("{field}[{i}].")))
         .collect::<Result<Vec<_>, _>>()?;
     let fields: Vec<&'static str> = entries.iter().map(key_field).collect();
-    let answers = submit(&state, &shop, reqs, &fields).await?;
+    let answers = submit(state, &shop, reqs, &fields).await?;
     #[derive(serde::Serialize)]
-    struct BatchBody<'a> {
+    struct EntriesBody<'a> {
         results: Vec<AnswerBody<'a>>,
     }
-    Ok(HttpResponse::Ok().json(BatchBody {
+    Ok(HttpResponse::Ok().json(EntriesBody {
         results: answers.iter().map(Answer::body).collect(),
     }))
 }
@@ -246,23 +266,16 @@ pub async fn post_adjust(
     http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let shop = path_segment(&path, "shop")?;
-    let body = json_object(&http, payload, BATCH_BODY_MAX).await?;
-    let entries = array(&body, "adjustments", BATCH_TXNS_MAX)?;
-    let reqs = entries
-        .iter()
-        .enumerate()
-        .map(|(i, v)| adjustment(&shop, v, &format!("adjustments[{i}].")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let fields = vec!["request_id"; reqs.len()];
-    let answers = submit(&state, &shop, reqs, &fields).await?;
-    #[derive(serde::Serialize)]
-    struct AdjustBody<'a> {
-        results: Vec<AnswerBody<'a>>,
-    }
-    Ok(HttpResponse::Ok().json(AdjustBody {
-        results: answers.iter().map(Answer::body).collect(),
-    }))
+    post_entries(
+        &state,
+        &path,
+        &http,
+        payload,
+        "adjustments",
+        adjustment,
+        |_| "request_id",
+    )
+    .await
 }
 
 pub async fn get_txn(
