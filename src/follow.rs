@@ -624,6 +624,7 @@ mod tests {
             at: 1_700_000_000_000 + seq as i64,
             hold_id: None,
             reason: None,
+            order_id: None,
         }
     }
 

@@ -727,6 +727,7 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     let (seq, prev_seq): (i64, i64) = (row.get(2)?, row.get(3)?);
     let (qty, stock_after): (i64, i64) = (row.get(7)?, row.get(8)?);
     let reserved_after: i64 = row.get(9)?;
+    let hold_id: Option<String> = row.get(11)?;
     check_row(
         &RowFields {
             shop: &shop,
@@ -743,6 +744,7 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         },
         row.get(13)?,
     )?;
+    let order_id = nrtxn_actors::order_id_of(&item, hold_id.as_deref());
     Ok(Event {
         shop: shop.into(),
         item: item.into(),
@@ -755,7 +757,8 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         stock_after,
         reserved_after,
         at: row.get(10)?,
-        hold_id: row.get::<_, Option<String>>(11)?.map(Into::into),
+        order_id,
+        hold_id: hold_id.map(Into::into),
         reason: row
             .get::<_, Option<String>>(14)?
             .filter(|_| op == Op::Adjust.as_str()),

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::types::{Entry, ItemState, Millis, Op, Request, Status, STOCK_MAX};
+use crate::types::{is_order_item, Entry, ItemState, Millis, Op, Request, Status, STOCK_MAX};
 
 /// Decides `req` against the item's current state (`None`: the item is unknown) and
 /// returns the journal entry that records the decision. On `ok` the state is updated in
@@ -20,7 +20,7 @@ pub fn apply(
     request_ttl_ms: i64,
 ) -> Entry {
     debug_assert!(
-        req.op != Op::Load && !req.op.ends_hold(),
+        !matches!(req.op, Op::Load | Op::Order | Op::Firm) && !req.op.ends_hold(),
         "loads and hold endings have their own steps"
     );
     let mut entry = Entry::of_request(req, now);
@@ -101,7 +101,7 @@ pub fn apply(
                     ));
                 }
             },
-            Op::Load | Op::Confirm | Op::Release | Op::Expire => {
+            Op::Load | Op::Confirm | Op::Release | Op::Expire | Op::Order | Op::Firm => {
                 unreachable!("checked above")
             }
         }
@@ -154,9 +154,15 @@ pub fn apply_hold_end(state: &mut ItemState, req: &Request, qty: i64, now: Milli
     let before = *state;
     let mut after = before;
     after.seq = before.seq + 1;
-    after.reserved = before.reserved - qty;
-    if req.op != Op::Confirm {
-        after.stock = before.stock + qty;
+    if is_order_item(&req.item) {
+        // An order's record: its item counts pending records in `reserved`, and has no
+        // stock to give back.
+        after.reserved = before.reserved - 1;
+    } else {
+        after.reserved = before.reserved - qty;
+        if req.op != Op::Confirm {
+            after.stock = before.stock + qty;
+        }
     }
     // Invariants 1 and 2: a hold never gives back more than it set aside.
     assert!(
@@ -168,6 +174,26 @@ pub fn apply_hold_end(state: &mut ItemState, req: &Request, qty: i64, now: Milli
         qty,
         ..Entry::of_request(req, now)
     };
+    fill_states(&mut entry, before, after);
+    assert_follows(before, &entry);
+    entry
+}
+
+/// Records order `req.key` on its order item ([`crate::types::order_item`]): the next
+/// entry of that item, a pending record of `req.qty` lines until the order ends, counted
+/// in the item's `reserved`. No stock changes: the lines hold it, each on its own item.
+pub fn apply_order(state: &mut ItemState, req: &Request, now: Millis) -> Entry {
+    assert!(req.op == Op::Order && is_order_item(&req.item));
+    let before = *state;
+    let after = ItemState {
+        reserved: before.reserved + 1,
+        seq: before.seq + 1,
+        ..before
+    };
+    *state = after;
+    let mut entry = Entry::of_request(req, now);
+    entry.hold_id = Some(req.key.clone());
+    entry.expires_at = Some(now.saturating_add(req.ttl_ms));
     fill_states(&mut entry, before, after);
     assert_follows(before, &entry);
     entry

@@ -15,7 +15,9 @@ use tokio::sync::oneshot;
 use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
-use crate::processor::{Enqueue, Flush, GetItem, ItemRead, Load, Processor, ShardShared};
+use crate::processor::{
+    Enqueue, Flush, GetItem, ItemRead, Load, OrderHook, Processor, ShardShared,
+};
 use crate::reply::{Answers, Call, Reply};
 use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request, Status};
 use crate::work_manager::{
@@ -237,6 +239,8 @@ pub struct Engine {
     /// New shops come in one at a time under it: each looks for room in the registry,
     /// evicts idle WorkManagers at the bound, and takes the room it made.
     evicting: tokio::sync::Mutex<()>,
+    /// Orders being settled after a processor's nudge ([`crate::orders`]).
+    settling: crate::orders::Settling,
 }
 
 /// Idle WorkManagers asked to passivate in one eviction, as a share of `shops_max`: a
@@ -284,6 +288,7 @@ impl Engine {
         }
         let hooks: Arc<OnceLock<LogHooks>> = Arc::new(OnceLock::new());
         let log_made: Arc<OnceLock<()>> = Arc::new(OnceLock::new());
+        let order_hook: Arc<OnceLock<OrderHook>> = Arc::new(OnceLock::new());
         let shards: Vec<Addr<Processor>> = initial
             .into_iter()
             .enumerate()
@@ -303,6 +308,7 @@ impl Engine {
                         log_made: log_made.clone(),
                         holds_max: cfg.holds_max,
                         items_max: cfg.items_max.div_ceil(cfg.shards.max(1)),
+                        order_hook: order_hook.clone(),
                     },
                 );
                 Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
@@ -345,7 +351,15 @@ impl Engine {
             load_calls: AtomicUsize::new(0),
             node_tag: format!("{}", now_ms()),
             evicting: tokio::sync::Mutex::new(()),
+            settling: Default::default(),
         });
+        // Orders' records and lines past their time reach the engine from here on.
+        let weak = Arc::downgrade(&engine);
+        let _ = order_hook.set(Arc::new(move |nudge| {
+            if let Some(engine) = weak.upgrade() {
+                engine.on_nudge(nudge);
+            }
+        }));
         let mut by_shop: HashMap<Arc<str>, Vec<Request>> = HashMap::new();
         for r in pending {
             by_shop.entry(r.shop.clone()).or_default().push(r);
@@ -360,6 +374,47 @@ impl Engine {
                 .do_send(Resume(reqs));
         }
         Ok(engine)
+    }
+
+    /// How long a caller waits for an outcome before it is answered `pending`.
+    pub fn reply_timeout(&self) -> Duration {
+        self.deps.reply_timeout
+    }
+
+    /// Whether other nodes write the same journal (a shared log and journal).
+    pub(crate) fn shares_journal(&self) -> bool {
+        self.deps.shared_log && self.deps.journal.shared()
+    }
+
+    pub(crate) fn settling(&self) -> &crate::orders::Settling {
+        &self.settling
+    }
+
+    /// Sends requests nrtxn makes itself, which nobody waits for, to their items'
+    /// processors: through the shared log when there is one (the item's owner may be
+    /// another node), else straight to the shard.
+    pub(crate) fn send_internal(&self, reqs: Vec<Request>) {
+        if reqs.is_empty() {
+            return;
+        }
+        match self.shards.hooks.get() {
+            Some(h) => (h.resubmit)(reqs),
+            None => self.shards.dispatch(reqs),
+        }
+    }
+
+    /// Holds as durable, in the order of `hold_ids` (`None`: no such hold).
+    pub async fn holds_of(
+        &self,
+        shop: &Arc<str>,
+        hold_ids: Vec<Arc<str>>,
+    ) -> Result<Vec<Option<HoldView>>, EngineError> {
+        let (journal, shop) = (self.deps.journal.clone(), shop.clone());
+        self.read_for_caller("holds", move || {
+            let ids: Vec<&str> = hold_ids.iter().map(|h| &**h).collect();
+            journal.holds(&shop, &ids)
+        })
+        .await
     }
 
     pub fn config(&self) -> &EngineConfig {

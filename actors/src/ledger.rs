@@ -79,14 +79,15 @@ impl BuyerLedger {
 /// The change an entry makes to its buyer's units, if any: `ok` sales and holds add
 /// their quantity; returns and holds that went back take it away.
 pub fn delta(e: &Entry) -> Option<(&Arc<str>, i64)> {
-    if e.status != Status::Ok {
+    // An order's record is not stock: its lines count, each on its own item.
+    if e.status != Status::Ok || crate::types::is_order_item(&e.item) {
         return None;
     }
     let buyer = e.buyer.as_ref()?;
     match e.op {
         Op::Decrement | Op::Hold => Some((buyer, e.qty)),
         Op::Increment | Op::Release | Op::Expire => Some((buyer, -e.qty)),
-        Op::Confirm | Op::Load | Op::Adjust => None,
+        Op::Confirm | Op::Load | Op::Adjust | Op::Order | Op::Firm => None,
     }
 }
 

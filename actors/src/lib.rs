@@ -9,6 +9,7 @@ pub mod engine;
 pub mod ledger;
 pub mod mailbox;
 pub mod metrics;
+pub mod orders;
 pub mod ports;
 pub mod processor;
 pub mod reply;

@@ -36,6 +36,37 @@ pub fn hold_end_key(hold_id: &str) -> Arc<str> {
     format!("{HOLD_END_PREFIX}{hold_id}").into()
 }
 
+/// Prefix of the items that keep a shop's order records ([`order_item`]).
+pub const ORDER_ITEM_PREFIX: &str = "~orders/";
+/// Order items per shop: an order's record goes to one of them by a hash of its id, so
+/// a shop's orders spread over shards while its order items stay few.
+pub const ORDER_ITEMS: usize = 16;
+/// Prefix of the hold id of an order's line: `~line:{order_id}:{index}`.
+pub const LINE_PREFIX: &str = "~line:";
+
+/// The item that keeps the record of order `order_id` of `shop`.
+pub fn order_item(shop: &str, order_id: &str) -> Arc<str> {
+    let bucket = crate::engine::shard_of(shop, order_id, ORDER_ITEMS);
+    format!("{ORDER_ITEM_PREFIX}{bucket}").into()
+}
+
+/// Whether `item` keeps order records rather than stock.
+pub fn is_order_item(item: &str) -> bool {
+    item.starts_with(ORDER_ITEM_PREFIX)
+}
+
+/// The hold id (and request key) of line `index` of order `order_id`.
+pub fn line_key(order_id: &str, index: usize) -> Arc<str> {
+    format!("{LINE_PREFIX}{order_id}:{index}").into()
+}
+
+/// The order a hold id belongs to and its line index, if it is an order's line.
+pub fn order_of_line(hold_id: &str) -> Option<(&str, usize)> {
+    let rest = hold_id.strip_prefix(LINE_PREFIX)?;
+    let (order_id, index) = rest.rsplit_once(':')?;
+    Some((order_id, index.parse().ok()?))
+}
+
 /// The wall clock in [`Millis`].
 pub fn now_ms() -> Millis {
     std::time::SystemTime::now()
@@ -66,11 +97,18 @@ pub enum Op {
     /// An operator's relative change with a reason (`restock`, `damage`, ...): adds
     /// `qty`, which may be negative, never taking the stock below 0.
     Adjust,
+    /// An order's record ([`crate::orders`]): journaled on the shop's order item
+    /// [`order_item`] before any line is held, as a hold of that item whose `qty` is the
+    /// number of lines; its endings are the order's. Changes no stock.
+    Order,
+    /// An order's line hold made firm: the order it belongs to is held, so the line no
+    /// longer counts as tentative on its item. Never journaled.
+    Firm,
 }
 
 impl Op {
     /// Every op, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 10] = [
         Op::Decrement,
         Op::Increment,
         Op::Load,
@@ -79,6 +117,8 @@ impl Op {
         Op::Release,
         Op::Expire,
         Op::Adjust,
+        Op::Order,
+        Op::Firm,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -91,6 +131,8 @@ impl Op {
             Op::Release => "release",
             Op::Expire => "expire",
             Op::Adjust => "adjust",
+            Op::Order => "order",
+            Op::Firm => "firm",
         }
     }
 
@@ -109,6 +151,8 @@ impl Op {
             "release" => Some(Op::Release),
             "expire" => Some(Op::Expire),
             "adjust" => Some(Op::Adjust),
+            "order" => Some(Op::Order),
+            "firm" => Some(Op::Firm),
             _ => None,
         }
     }
@@ -134,11 +178,15 @@ pub enum Status {
     /// A sale or hold that would take its buyer past the item's `per_buyer_max`, or
     /// that names no buyer on an item with one ([`crate::ledger`]).
     BuyerLimit,
+    /// An order's line that finds too little stock available, but enough once the
+    /// lines of orders still being reserved are counted back: it waits for them rather
+    /// than being refused ([`crate::orders`]). Never journaled, never a caller's answer.
+    Tentative,
 }
 
 impl Status {
     /// Every status, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Status::Ok,
         Status::InsufficientStock,
         Status::UnknownItem,
@@ -147,6 +195,7 @@ impl Status {
         Status::UnknownHold,
         Status::SeqMoved,
         Status::BuyerLimit,
+        Status::Tentative,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -159,6 +208,7 @@ impl Status {
             Status::UnknownHold => "unknown_hold",
             Status::SeqMoved => "seq_moved",
             Status::BuyerLimit => "buyer_limit",
+            Status::Tentative => "tentative",
         }
     }
 
@@ -172,6 +222,7 @@ impl Status {
             "unknown_hold" => Some(Status::UnknownHold),
             "seq_moved" => Some(Status::SeqMoved),
             "buyer_limit" => Some(Status::BuyerLimit),
+            "tentative" => Some(Status::Tentative),
             _ => None,
         }
     }
@@ -294,6 +345,9 @@ impl Request {
                 self.op.as_str()
             ));
         }
+        if self.op == Op::Order && self.reason.as_deref() != first.reason.as_deref() {
+            return Some("other lines".to_string());
+        }
         if self.item != first.item {
             return Some(format!("item {}, not {}", first.item, self.item));
         }
@@ -306,7 +360,7 @@ impl Request {
             return Some(format!("{what} {}, not {}", first.qty, self.qty));
         }
         match first.ttl_ms {
-            Some(ttl) if self.op == Op::Hold && ttl != self.ttl_ms => {
+            Some(ttl) if matches!(self.op, Op::Hold | Op::Order) && ttl != self.ttl_ms => {
                 Some(format!("ttl_ms {ttl}, not {}", self.ttl_ms))
             }
             _ => None,
@@ -431,7 +485,7 @@ impl Entry {
             buyer: req.buyer.clone(),
             remarks: req.remarks.clone(),
             hold_id: req.hold_id.clone(),
-            ttl_ms: (req.op == Op::Hold).then_some(req.ttl_ms),
+            ttl_ms: matches!(req.op, Op::Hold | Op::Order).then_some(req.ttl_ms),
             reason: req.reason.as_deref().map(str::to_owned),
             logged: req.logged,
             log_pos: req.log_pos,
@@ -496,8 +550,19 @@ impl Entry {
             at: self.completed_at,
             hold_id: self.hold_id.clone(),
             reason: self.reason.clone().filter(|_| self.op == Op::Adjust),
+            order_id: order_id_of(&self.item, self.hold_id.as_deref()),
         })
     }
+}
+
+/// The order an entry of `item` about hold `hold_id` belongs to: an order's line, or
+/// its record on an order item.
+pub fn order_id_of(item: &str, hold_id: Option<&str>) -> Option<Arc<str>> {
+    let hold_id = hold_id?;
+    if is_order_item(item) {
+        return Some(hold_id.into());
+    }
+    order_of_line(hold_id).map(|(order, _)| order.into())
 }
 
 /// One change of an item, as its sequenced event stream shows it: every journal entry of
@@ -524,6 +589,9 @@ pub struct Event {
     /// Adjustments only: the operator's reason code (`restock`, `damage`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The order this change belongs to: the hold or ending of one of its lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<Arc<str>>,
 }
 
 /// What a caller is told about a request. Field names are the HTTP API's.
@@ -594,7 +662,7 @@ impl HoldStatus {
     /// The state an `ok` entry of `op` leaves its hold in.
     pub fn after(op: Op) -> Option<HoldStatus> {
         match op {
-            Op::Hold => Some(HoldStatus::Held),
+            Op::Hold | Op::Order => Some(HoldStatus::Held),
             Op::Confirm => Some(HoldStatus::Confirmed),
             Op::Release => Some(HoldStatus::Released),
             Op::Expire => Some(HoldStatus::Expired),

@@ -6,13 +6,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::types::{Entry, ItemState, Op, Status};
+use crate::types::{is_order_item, Entry, ItemState, Op, Status};
 
 /// The item's state after an entry of `op` and `qty` decided `status` on `before`, by the
 /// rules of each op (see [`crate::apply`]), computed from scratch.
 pub fn expected_after(op: Op, status: Status, qty: i64, before: ItemState) -> ItemState {
     let (stock, reserved) = (before.stock, before.reserved);
     let (stock, reserved) = match (status, op) {
+        // An order's record counts in its order item's `reserved` until it ends.
+        (Status::Ok, Op::Order) => (stock, reserved + 1),
         (Status::Ok, Op::Decrement) => (stock - qty, reserved),
         (Status::Ok, Op::Increment | Op::Adjust) => (stock + qty, reserved),
         (Status::Ok, Op::Load) => (qty, reserved),
@@ -34,7 +36,16 @@ pub fn check_entry(before: ItemState, e: &Entry) -> Result<ItemState, String> {
     let after = e
         .state_after()
         .ok_or_else(|| "an entry of a known item without its state".to_string())?;
-    let expected = expected_after(e.op, e.status, e.qty, before);
+    let expected = if is_order_item(&e.item) && e.op.ends_hold() && e.status == Status::Ok {
+        // The ending of an order's record: one record fewer, no stock.
+        ItemState {
+            reserved: before.reserved - 1,
+            seq: before.seq + 1,
+            ..before
+        }
+    } else {
+        expected_after(e.op, e.status, e.qty, before)
+    };
     if e.prev_seq != Some(before.seq) || after.seq != before.seq + 1 {
         return Err(format!(
             "seq {} (prev {:?}) does not follow seq {}",

@@ -203,7 +203,11 @@ impl WorkManager {
     }
 
     fn remember(&mut self, outcome: Arc<Outcome>) {
-        if self.deps.outcome_cache_max == 0 || self.passivated {
+        // A line told to wait asks again under its key: nothing was decided.
+        if self.deps.outcome_cache_max == 0
+            || self.passivated
+            || outcome.status == crate::types::Status::Tentative
+        {
             return;
         }
         let key = outcome.request_key.clone();

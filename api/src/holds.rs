@@ -136,6 +136,13 @@ async fn end_hold(
     let (shop, hold_id) = path.into_inner();
     let shop = path_segment(&shop, "shop")?;
     let hold_id = path_segment(&hold_id, "hold_id")?;
+    if hold_id.starts_with('~') {
+        // nrtxn's own holds (an order's lines) end with their order.
+        return Err(ApiError::NotFound(format!(
+            "hold_id: no hold {hold_id} in shop {shop} (an order's line ends with its order: \
+             /v1/shops/{shop}/orders/{{order_id}}/confirm or /cancel)"
+        )));
+    }
     // The hold's item routes the request to its processor. A hold is answered to its
     // maker only once durable, so the store has every hold a caller can know of.
     let Some((item, qty, expires_at)) = hold_of(&state, &shop, &hold_id).await? else {

@@ -16,6 +16,7 @@ pub mod events;
 pub mod health;
 pub mod holds;
 pub mod items;
+pub mod orders;
 pub mod txns;
 pub mod validate;
 
@@ -69,6 +70,22 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/v1/shops/{shop}/holds/{hold_id}/cancel",
             web::post().to(holds::cancel_hold),
+        )
+        .route(
+            "/v1/shops/{shop}/orders",
+            web::post().to(orders::post_order),
+        )
+        .route(
+            "/v1/shops/{shop}/orders/{order_id}",
+            web::get().to(orders::get_order),
+        )
+        .route(
+            "/v1/shops/{shop}/orders/{order_id}/confirm",
+            web::post().to(orders::confirm_order),
+        )
+        .route(
+            "/v1/shops/{shop}/orders/{order_id}/cancel",
+            web::post().to(orders::cancel_order),
         )
         .default_service(web::to(not_found));
 }

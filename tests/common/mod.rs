@@ -5,6 +5,7 @@
 
 pub mod holds;
 pub mod load;
+pub mod nodes;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -289,6 +289,20 @@ impl Processor {
         if req.op.ends_hold() {
             return self.end_hold(req, now, touched);
         }
+        match req.op {
+            Op::Firm => {
+                self.firm(req);
+                return Decision::Drop;
+            }
+            Op::Order => return self.record_order(req, now, touched),
+            _ => {}
+        }
+        let line = req.op == Op::Hold && req.key.starts_with(LINE_PREFIX);
+        if line {
+            if let Some(wait) = self.line_waits(req, now) {
+                return wait;
+            }
+        }
         let slot = self
             .items
             .get_mut(&req.shop)
@@ -333,16 +347,107 @@ impl Processor {
         }
         if let (Op::Hold, Status::Ok, Some(expires_at)) = (entry.op, entry.status, entry.expires_at)
         {
-            self.arm_hold(
-                req.shop.clone(),
-                req.key.clone(),
-                req.item.clone(),
-                req.qty,
-                expires_at,
-                req.buyer.clone(),
-            );
+            self.arm_hold(made_hold(req, expires_at), false);
+            if line {
+                // Tentative until its order is held ([`Op::Firm`]).
+                let key = (req.shop.clone(), req.key.clone());
+                if let Some(h) = self.holds.get_mut(&key) {
+                    h.tentative = true;
+                }
+                *self
+                    .tentative
+                    .entry((req.shop.clone(), req.item.clone()))
+                    .or_default() += req.qty;
+            }
         }
         Decision::Apply(entry)
+    }
+
+    /// An order's line that finds too little stock available, but enough with the
+    /// lines of other orders not yet held counted back: answered [`Status::Tentative`]
+    /// (not journaled), and its order asks again once those orders are decided.
+    fn line_waits(&self, req: &Request, now: Millis) -> Option<Decision> {
+        let live = self.items.get(&req.shop)?.get(&req.item)?.live;
+        if req.qty <= live.stock {
+            return None;
+        }
+        let tentative = self
+            .tentative
+            .get(&(req.shop.clone(), req.item.clone()))
+            .copied()
+            .unwrap_or(0);
+        if req.qty > live.stock + tentative {
+            return None;
+        }
+        let mut entry = Entry::of_request(req, now);
+        entry.status = Status::Tentative;
+        entry.reason = Some(format!(
+            "requested {}, available {}, and {tentative} more held by orders being reserved",
+            req.qty, live.stock
+        ));
+        (entry.stock_after, entry.reserved_after, entry.seq) =
+            (Some(live.stock), Some(live.reserved), Some(live.seq));
+        entry.outcome().map(|o| Decision::Answer(Arc::new(o)))
+    }
+
+    /// An order's line made firm: its order is held.
+    fn firm(&mut self, req: &Request) {
+        let Some(hold_id) = &req.hold_id else { return };
+        let key = (req.shop.clone(), hold_id.clone());
+        let Some(h) = self.holds.get_mut(&key) else {
+            return;
+        };
+        if !h.tentative {
+            return;
+        }
+        h.tentative = false;
+        let (item, qty) = (h.item.clone(), h.qty);
+        let key = (req.shop.clone(), item);
+        if let Some(n) = self.tentative.get_mut(&key) {
+            *n -= qty;
+            if *n <= 0 {
+                self.tentative.remove(&key);
+            }
+        }
+    }
+
+    /// Journals an order's record on its order item (made on first use): a pending
+    /// record of `qty` lines, ended like a hold.
+    fn record_order(
+        &mut self,
+        req: &Request,
+        now: Millis,
+        touched: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Decision {
+        if !is_order_item(&req.item) {
+            tracing::error!(key = %req.key, item = %req.item, "order record off an order item; dropped");
+            return Decision::Drop;
+        }
+        let (slot, new) = slot_for(&mut self.items, &req.shop, &req.item, req.epoch());
+        if new {
+            self.resident += 1;
+            self.resident_gauge.inc();
+        }
+        let entry = crate::apply::apply_order(&mut slot.live, req, now);
+        touched.push((req.shop.clone(), req.item.clone()));
+        if let Some(expires_at) = entry.expires_at {
+            self.arm_hold(made_hold(req, expires_at), false);
+        }
+        Decision::Apply(entry)
+    }
+}
+
+/// The pending hold request `req` makes, expiring at `expires_at`.
+fn made_hold(req: &Request, expires_at: Millis) -> HoldView {
+    HoldView {
+        hold_id: req.key.clone(),
+        status: HoldStatus::Held,
+        shop: req.shop.clone(),
+        item: req.item.clone(),
+        qty: req.qty,
+        expires_at,
+        seq: 0,
+        buyer: req.buyer.clone(),
     }
 }
 

@@ -5,29 +5,91 @@
 use super::*;
 
 impl Processor {
-    pub(super) fn arm_hold(
-        &mut self,
-        shop: Arc<str>,
-        hold_id: Arc<str>,
-        item: Arc<str>,
-        qty: i64,
-        expires_at: Millis,
-        buyer: Option<Arc<str>>,
-    ) {
-        let key = (shop, hold_id);
-        let timer = self.wheel.insert(expires_at.max(0) as u64, key.clone());
+    /// Arms the expiry of hold `h`. `recovered`: read back from the journal (a start,
+    /// or an item taken over), not just made here; an order's record or line read back
+    /// is checked with its order at once ([`OrderNudge`]).
+    pub(super) fn arm_hold(&mut self, h: HoldView, recovered: bool) {
+        let order = is_order_item(&h.item) || order_of_line(&h.hold_id).is_some();
+        let check = recovered && order;
+        let deadline = if check {
+            now_ms()
+        } else {
+            due_at(&h.hold_id, h.expires_at)
+        };
+        let key_shop = h.shop.clone();
+        let key = (h.shop, h.hold_id);
+        let timer = self.wheel.insert(deadline.max(0) as u64, key.clone());
         if let Some(old) = self.holds.insert(
             key,
             PendingHold {
-                item,
-                qty,
-                expires_at,
+                item: h.item,
+                qty: h.qty,
+                expires_at: h.expires_at,
                 timer,
                 expiries_sent: 0,
-                buyer,
+                buyer: h.buyer,
+                tentative: false,
+                check,
             },
         ) {
             self.wheel.cancel(old.timer);
+            self.untentative(&key_shop, &old);
+        }
+    }
+
+    /// Takes a pending line's quantity out of its item's tentative count, if it counts.
+    pub(super) fn untentative(&mut self, shop: &Arc<str>, h: &PendingHold) {
+        if !h.tentative {
+            return;
+        }
+        let key = (shop.clone(), h.item.clone());
+        if let Some(n) = self.tentative.get_mut(&key) {
+            *n -= h.qty;
+            if *n <= 0 {
+                self.tentative.remove(&key);
+            }
+        }
+    }
+
+    /// An order's record or line whose timer fired: its order decides, off this actor
+    /// ([`OrderNudge`]). The timer is armed again, so the nudge is repeated until the
+    /// hold ends here.
+    fn nudge_order(&mut self, key: &(Arc<str>, Arc<str>), now: Millis) {
+        let Some(h) = self.holds.get(key) else {
+            return;
+        };
+        let order_id: Arc<str> = if is_order_item(&h.item) {
+            key.1.clone()
+        } else {
+            match order_of_line(&key.1) {
+                Some((order, _)) => order.into(),
+                None => return,
+            }
+        };
+        let due = due_at(&key.1, h.expires_at);
+        let (why, next) = match self.order_hook.get() {
+            // Not attached yet: the node is starting.
+            None => (None, now.saturating_add(ORDER_HOOK_WAIT_MS)),
+            Some(_) if h.check && now < due => (Some(Nudge::Recovered), due),
+            Some(_) if h.check => (
+                Some(Nudge::Recovered),
+                now.saturating_add(ORDER_NUDGE_RETRY_MS),
+            ),
+            Some(_) => (Some(Nudge::Due), now.saturating_add(ORDER_NUDGE_RETRY_MS)),
+        };
+        let timer = self.wheel.insert(next.max(0) as u64, key.clone());
+        if let Some(h) = self.holds.get_mut(key) {
+            h.timer = timer;
+            if why.is_some() {
+                h.check = false;
+            }
+        }
+        if let (Some(why), Some(hook)) = (why, self.order_hook.get()) {
+            hook(OrderNudge {
+                shop: key.0.clone(),
+                order_id,
+                why,
+            });
         }
     }
 
@@ -50,6 +112,10 @@ impl Processor {
             let Some(h) = self.holds.get(&pending) else {
                 continue;
             };
+            if is_order_item(&h.item) || order_of_line(&hold_id).is_some() {
+                self.nudge_order(&pending, now);
+                continue;
+            }
             if shared && resubmit.is_none() && self.log_made.get().is_none() {
                 // The request log is not made yet: the node is starting, and armed
                 // every pending hold of the shared journal, overdue ones firing at
@@ -139,7 +205,16 @@ impl Processor {
             return Decision::Drop;
         };
         let key = (req.shop.clone(), hold_id.clone());
-        let due = self.holds.get(&key).map(|h| h.expires_at <= now);
+        // An order's line ends as its order decided: expired only when the order's
+        // ending says so, whenever the request reaches it.
+        let line = order_of_line(&hold_id).is_some();
+        let due = self.holds.get(&key).map(|h| {
+            if line {
+                req.op == Op::Expire
+            } else {
+                h.expires_at <= now
+            }
+        });
         match due {
             // An expiry that is not due yet: sent by a node whose clock runs ahead.
             Some(false) if req.op == Op::Expire => Decision::Drop,
@@ -148,6 +223,7 @@ impl Processor {
                     return Decision::Drop;
                 };
                 self.wheel.cancel(hold.timer);
+                self.untentative(&req.shop, &hold);
                 let Some(slot) = self
                     .items
                     .get_mut(&req.shop)
@@ -204,5 +280,16 @@ impl Processor {
                 }
             }
         }
+    }
+}
+
+/// When a pending hold's timer is due: a hold's or an order record's at its expiry; an
+/// order's line a grace period later, since its order's own expiry ends it (the line's
+/// timer only makes sure it is not forgotten if that ending is lost).
+fn due_at(hold_id: &str, expires_at: Millis) -> Millis {
+    if order_of_line(hold_id).is_some() {
+        expires_at.saturating_add(LINE_GRACE_MS)
+    } else {
+        expires_at
     }
 }

@@ -30,8 +30,8 @@ use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, StoreError};
 use crate::types::{
-    hold_end_key, now_ms, Entry, HoldView, ItemState, ItemView, LogPos, Millis, Op, Outcome,
-    Request, Status,
+    hold_end_key, is_order_item, now_ms, order_of_line, Entry, HoldStatus, HoldView, ItemState,
+    ItemView, LogPos, Millis, Op, Outcome, Request, Status, LINE_PREFIX,
 };
 use crate::wheel::{TimerId, TimingWheel};
 use crate::work_manager::{Decided, Registry};
@@ -57,6 +57,35 @@ const EXPIRY_RESEND_MS: u64 = 1_000;
 const EXPIRY_SENDS_MAX: u8 = 5;
 /// How long a batch the journal had no room for waits before it is sent again.
 const JOURNAL_FULL_RETRY_MS: u64 = 1;
+/// How long after its order's expiry an order's line's own timer fires, in case the
+/// order's ending never reached it: long enough for the order's ending to arrive first.
+pub const LINE_GRACE_MS: i64 = 30_000;
+/// How often an order's record or line past its time nudges its order again while it
+/// is still pending here.
+const ORDER_NUDGE_RETRY_MS: i64 = 5_000;
+/// How long a nudge waits for the orders' hook while the node is starting.
+const ORDER_HOOK_WAIT_MS: i64 = 100;
+
+/// Why an order is nudged ([`OrderHook`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nudge {
+    /// Its record or a line is past its time: the order expires, if it has not ended.
+    Due,
+    /// Its record or a line was read back from the journal (a start, a takeover): an
+    /// order whose lines are not all held is ended, and an ended one's lines follow.
+    Recovered,
+}
+
+/// A processor asks the engine to act on an order ([`crate::orders`]).
+#[derive(Debug, Clone)]
+pub struct OrderNudge {
+    pub shop: Arc<str>,
+    pub order_id: Arc<str>,
+    pub why: Nudge,
+}
+
+/// Where the processors send [`OrderNudge`]s: set by the engine once it is running.
+pub type OrderHook = Arc<dyn Fn(OrderNudge) + Send + Sync>;
 
 /// What every shard shares with the others.
 #[derive(Clone)]
@@ -76,6 +105,8 @@ pub struct ShardShared {
     /// Items one shard keeps in memory; beyond it the idle ones used longest ago leave
     /// (see [`Processor::evict`]) and are read back from the journal when next needed.
     pub items_max: usize,
+    /// Where orders' records and lines past their time are reported.
+    pub order_hook: Arc<OnceLock<OrderHook>>,
 }
 
 /// A hold the processor keeps until it is confirmed, cancelled or expires.
@@ -88,6 +119,11 @@ struct PendingHold {
     expiries_sent: u8,
     /// Its buyer, whose units of a limited item go back when it does.
     buyer: Option<Arc<str>>,
+    /// An order's line whose order is not yet held: counted in [`Processor::tentative`].
+    tentative: bool,
+    /// An order's record or line read back from the journal, not yet checked with its
+    /// order ([`Nudge::Recovered`]).
+    check: bool,
 }
 
 /// What the processor makes of one request.
@@ -225,6 +261,10 @@ pub struct Processor {
     /// ([`crate::ledger`]). A limited item stays in memory (see [`Processor::evict`]).
     ledgers: HashMap<(Arc<str>, Arc<str>), BuyerLedger>,
     holds_max: usize,
+    /// Per item, the quantity held by lines of orders not yet held: a line that finds
+    /// too little stock but enough with these counted back waits ([`Status::Tentative`]).
+    tentative: HashMap<(Arc<str>, Arc<str>), i64>,
+    order_hook: Arc<OnceLock<OrderHook>>,
     /// The expiry of every pending hold, by shop and hold id.
     wheel: TimingWheel<(Arc<str>, Arc<str>)>,
     /// When the actor wakes next for the wheel, and the handle to move that wake-up.
@@ -258,6 +298,7 @@ impl Processor {
             log_made,
             holds_max,
             items_max,
+            order_hook,
         } = shared;
         let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
         let resident = initial.len();
@@ -300,6 +341,8 @@ impl Processor {
             flush_waiters: Vec::new(),
             holds: HashMap::new(),
             holds_max,
+            tentative: HashMap::new(),
+            order_hook,
             wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
             wake: None,
             ended: HashMap::new(),
@@ -313,7 +356,7 @@ impl Processor {
         // Re-armed from the journal; those already past their expiry go at the first
         // tick, which `started` runs.
         for h in holds {
-            processor.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at, h.buyer);
+            processor.arm_hold(h, true);
         }
         processor.evict();
         processor

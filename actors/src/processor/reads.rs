@@ -374,7 +374,7 @@ impl Processor {
                 }
             }
             for h in holds {
-                self.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at, h.buyer);
+                self.arm_hold(h, true);
             }
         }
         for (((shop, item), epoch), state) in reloaded {
@@ -432,7 +432,7 @@ impl Processor {
             if self.holds.contains_key(&key) || self.ended.contains_key(&key) {
                 continue;
             }
-            self.arm_hold(h.shop, h.hold_id, h.item, h.qty, h.expires_at, h.buyer);
+            self.arm_hold(h, true);
         }
     }
 }

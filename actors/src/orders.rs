@@ -1,0 +1,660 @@
+//! Orders: several lines reserved all or none, and ended together
+//! (`docs/decisions/orders.md`).
+//!
+//! An order is driven by its coordinator, [`Engine::place_order`], through the same
+//! requests as everything else, so it works wherever requests do (one node or several
+//! sharing Kafka and MongoDB):
+//! 1. Its record is journaled first: an [`Op::Order`] entry on one of the shop's order
+//!    items ([`order_item`]), a pending record of the order's lines until it ends. Its
+//!    key is the `order_id`, so orders share the key space of holds and transactions.
+//! 2. Each line is then held, one after the other in item order, as a hold with the
+//!    nrtxn-own key [`line_key`]. A line is *tentative* until its order is held: a line
+//!    of another order that finds too little stock, but enough with the tentative lines
+//!    counted back, is answered [`Status::Tentative`] and asks again, rather than being
+//!    refused. Lines are taken in one order, so an order waits only for orders ahead of
+//!    it on an item, which never wait for it: no deadlock.
+//! 3. Every line held: they are made firm ([`Op::Firm`]) and the order is answered
+//!    `held`. A line refused for real: the record ends (`release`, with the failing
+//!    line), every line held so far is released, and only then is the order answered.
+//!
+//! An order's confirm, cancel and expiry end the record first, then each of its lines
+//! with the same ending ([`Engine::end_order`]). A processor reports an order's record
+//! past its expiry, a line past its order's expiry plus
+//! [`crate::processor::LINE_GRACE_MS`], and every
+//! record or line read back from the journal at a start or a takeover
+//! ([`OrderNudge`]): the order expires, a record whose lines are not all held is
+//! released, and an ended order's lines follow its ending. Each step has its own key, so
+//! each is safe to repeat.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::engine::{Engine, EngineError};
+use crate::processor::{Nudge, OrderNudge};
+use crate::reply::Reply;
+use crate::types::{
+    hold_end_key, line_key, now_ms, order_item, HoldStatus, HoldView, Millis, Op, Outcome, Request,
+    Status,
+};
+use crate::work_manager::PollResult;
+
+/// Most lines one order may have.
+pub const ORDER_LINES_MAX: usize = 100;
+/// Longest wait between two asks of a line told to wait for other orders.
+const LINE_WAIT_MAX: Duration = Duration::from_millis(20);
+/// Prefix of the reason of a record ended because a line was refused.
+const FAILED_PREFIX: &str = "failed_line ";
+
+/// One line of an order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OrderLine {
+    pub item: Arc<str>,
+    pub qty: i64,
+}
+
+/// An order as its caller asks for it.
+#[derive(Debug, Clone)]
+pub struct NewOrder {
+    pub order_id: Arc<str>,
+    pub lines: Vec<OrderLine>,
+    pub ttl_ms: i64,
+    pub buyer: Option<Arc<str>>,
+}
+
+/// A line as the API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LineView {
+    pub item: Arc<str>,
+    pub qty: i64,
+    /// The line's item's seq of its latest step (held, then ended); `None` while it is
+    /// not held.
+    pub seq: Option<u64>,
+    /// `held`, `confirmed`, `released`, `expired`, or `not_held`.
+    pub status: &'static str,
+}
+
+/// An order as the API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OrderView {
+    pub order_id: Arc<str>,
+    /// `held`, `reserving`, `confirmed`, `cancelled`, `expired`, `released` (by nrtxn,
+    /// with a reason), or the first failing line's status (`insufficient_stock`,
+    /// `unknown_item`, `buyer_limit`, ...).
+    pub status: String,
+    pub lines: Vec<LineView>,
+    pub expires_at: Option<Millis>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_line: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What placing an order led to.
+#[derive(Debug)]
+pub enum Placed {
+    /// The order's answer (held, or refused with its failing line).
+    Answer(OrderView),
+    /// `order_id` was first used by something else: what differs, and its outcome.
+    Reused(String, Arc<Outcome>),
+}
+
+/// What ending an order (confirm, cancel) found.
+#[derive(Debug)]
+pub enum Ended {
+    /// No such order.
+    Unknown,
+    /// The order as it stands after the request: ended by it, or by an earlier ending
+    /// (`op` says which ending it has).
+    Order { view: OrderView, op: Op },
+}
+
+/// The orders being settled after a nudge, so that many lines of one order nudging at
+/// once settle it once.
+#[derive(Default)]
+pub(crate) struct Settling(Mutex<HashSet<(Arc<str>, Arc<str>)>>);
+
+impl Settling {
+    fn take(&self, key: &(Arc<str>, Arc<str>)) -> bool {
+        self.0
+            .lock()
+            .map(|mut s| s.insert(key.clone()))
+            .unwrap_or(false)
+    }
+
+    fn done(&self, key: &(Arc<str>, Arc<str>)) {
+        if let Ok(mut s) = self.0.lock() {
+            s.remove(key);
+        }
+    }
+}
+
+/// The record's `reason`: the order's lines, as JSON.
+fn lines_json(lines: &[OrderLine]) -> String {
+    serde_json::to_string(lines).unwrap_or_default()
+}
+
+fn lines_of(record: &Outcome) -> Vec<OrderLine> {
+    record
+        .reason
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or_default()
+}
+
+impl Engine {
+    /// Submits one request that waits for its outcome; `Timeout` if none comes in time.
+    async fn decide_one(&self, shop: &Arc<str>, req: Request) -> Result<Arc<Outcome>, EngineError> {
+        let answers = self.submit(shop, vec![(req, true)]).await?;
+        match answers.replies.into_iter().next() {
+            Some(Reply::Repeat(o) | Reply::Decided(o)) => Ok(o),
+            _ => Err(EngineError::Timeout),
+        }
+    }
+
+    /// Reserves every line of `order` or none: see the module's documentation.
+    pub async fn place_order(
+        &self,
+        shop: &Arc<str>,
+        order: NewOrder,
+    ) -> Result<Placed, EngineError> {
+        let NewOrder {
+            order_id,
+            lines,
+            ttl_ms,
+            buyer,
+        } = order;
+        let started = now_ms();
+        let record_req = Request {
+            ttl_ms,
+            buyer: buyer.clone(),
+            reason: Some(lines_json(&lines).into()),
+            ..Request::new(
+                shop.clone(),
+                order_item(shop, &order_id),
+                order_id.clone(),
+                Op::Order,
+                lines.len() as i64,
+                started,
+            )
+        };
+        let record = self.decide_one(shop, record_req.clone()).await?;
+        if let Some(diff) = record_req.reuse_conflict(&record) {
+            return Ok(Placed::Reused(diff, record));
+        }
+        let expires_at = record.expires_at;
+        if record.status != Status::Ok {
+            return Ok(Placed::Answer(OrderView {
+                order_id,
+                status: record.status.as_str().to_string(),
+                lines: not_held(&lines),
+                expires_at,
+                failed_line: None,
+                reason: record.reason.clone(),
+            }));
+        }
+        let repeat = record.submitted_at != started;
+        if repeat {
+            // Asked again: an order that ended, or whose lines are all held, is answered
+            // as it stands; one still being reserved (its first call died) goes on.
+            if let Some(view) = self.order(shop, &order_id).await? {
+                if view.status != "reserving" {
+                    return Ok(Placed::Answer(view));
+                }
+            }
+        }
+        let expires_at = expires_at.unwrap_or(started.saturating_add(ttl_ms));
+        let mut order_of: Vec<usize> = (0..lines.len()).collect();
+        order_of.sort_by(|a, b| lines[*a].item.cmp(&lines[*b].item));
+        let give_up = Instant::now() + self.reply_timeout();
+        let mut seqs: Vec<Option<u64>> = vec![None; lines.len()];
+        let mut held: Vec<(usize, HoldView)> = Vec::with_capacity(lines.len());
+        for i in order_of {
+            let line = &lines[i];
+            let mut wait = Duration::from_millis(1);
+            let refused = loop {
+                let now = now_ms();
+                let req = Request {
+                    ttl_ms: (expires_at - now).max(1),
+                    buyer: buyer.clone(),
+                    ..Request::new(
+                        shop.clone(),
+                        line.item.clone(),
+                        line_key(&order_id, i),
+                        Op::Hold,
+                        line.qty,
+                        now,
+                    )
+                };
+                let o = match self.decide_one(shop, req).await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        // Nothing to answer the caller with: the order is released so
+                        // that no line stays held. A line whose hold was still on its
+                        // way is released by its own timer, through the order.
+                        let why = format!("reserving line {i} failed: {e}");
+                        let _ = self
+                            .end_order_lines(shop, &order_id, Op::Release, Some(why), Some(&held))
+                            .await;
+                        return Err(e);
+                    }
+                };
+                match o.status {
+                    Status::Ok => {
+                        seqs[i] = o.seq;
+                        held.push((i, line_hold(shop, &order_id, i, line, expires_at)));
+                        break None;
+                    }
+                    Status::Tentative if Instant::now() < give_up => {
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(LINE_WAIT_MAX);
+                    }
+                    Status::Tentative => {
+                        break Some((
+                            Status::InsufficientStock,
+                            format!(
+                                "{} (still so after waiting {} ms for them)",
+                                o.reason.as_deref().unwrap_or("too little stock"),
+                                self.reply_timeout().as_millis()
+                            ),
+                        ))
+                    }
+                    status => break Some((status, o.reason.clone().unwrap_or_default())),
+                }
+            };
+            if let Some((status, reason)) = refused {
+                let why = format!("{FAILED_PREFIX}{i}: {}: {reason}", status.as_str());
+                self.end_order_lines(shop, &order_id, Op::Release, Some(why), Some(&held))
+                    .await?;
+                return Ok(Placed::Answer(OrderView {
+                    order_id,
+                    status: status.as_str().to_string(),
+                    lines: not_held(&lines),
+                    expires_at: Some(expires_at),
+                    failed_line: Some(i),
+                    reason: Some(reason),
+                }));
+            }
+        }
+        // Held: the lines are no longer tentative on their items.
+        let firm = held
+            .iter()
+            .map(|(_, h)| Request {
+                hold_id: Some(h.hold_id.clone()),
+                ..Request::new(
+                    shop.clone(),
+                    h.item.clone(),
+                    format!("~firm:{}", h.hold_id).into(),
+                    Op::Firm,
+                    h.qty,
+                    now_ms(),
+                )
+            })
+            .collect();
+        self.send_internal(firm);
+        if repeat || now_ms() >= expires_at {
+            // The record may have ended meanwhile (expired, or released by a check at a
+            // restart): the order is answered as it stands.
+            if let Some(view) = self.order(shop, &order_id).await? {
+                if view.status != "reserving" {
+                    return Ok(Placed::Answer(view));
+                }
+            }
+        }
+        Ok(Placed::Answer(OrderView {
+            order_id,
+            status: HoldStatus::Held.as_str().to_string(),
+            lines: lines
+                .iter()
+                .zip(seqs)
+                .map(|(l, seq)| LineView {
+                    item: l.item.clone(),
+                    qty: l.qty,
+                    seq,
+                    status: HoldStatus::Held.as_str(),
+                })
+                .collect(),
+            expires_at: Some(expires_at),
+            failed_line: None,
+            reason: None,
+        }))
+    }
+
+    /// Confirms (`Op::Confirm`) or cancels (`Op::Release`) an order: its record first,
+    /// then every line with the ending the record has.
+    pub async fn end_order(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        op: Op,
+    ) -> Result<Ended, EngineError> {
+        let Some(record) = self.order_record(shop, order_id).await? else {
+            return Ok(Ended::Unknown);
+        };
+        let o = self.end_order_lines(shop, order_id, op, None, None).await?;
+        if o.status == Status::UnknownHold {
+            return Ok(Ended::Unknown);
+        }
+        let view = self.view_of(shop, order_id, &record).await?;
+        Ok(Ended::Order { view, op: o.op })
+    }
+
+    /// Ends the record of `order_id` with `op` (or finds the ending it already has), then
+    /// each of its lines still held with that ending. `lines`: the lines known to be
+    /// held (the coordinator's own), else they are read.
+    async fn end_order_lines(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        op: Op,
+        reason: Option<String>,
+        lines: Option<&[(usize, HoldView)]>,
+    ) -> Result<Arc<Outcome>, EngineError> {
+        let req = Request {
+            hold_id: Some(order_id.clone()),
+            reason: reason.map(Into::into),
+            ..Request::new(
+                shop.clone(),
+                order_item(shop, order_id),
+                hold_end_key(order_id),
+                op,
+                0,
+                now_ms(),
+            )
+        };
+        let o = self.decide_one(shop, req).await?;
+        if o.status != Status::Ok || !o.op.ends_hold() {
+            return Ok(o);
+        }
+        let pending: Vec<HoldView> = match lines {
+            Some(known) => known.iter().map(|(_, h)| h.clone()).collect(),
+            None => self
+                .line_holds(shop, order_id, o.qty.max(0) as usize)
+                .await?
+                .into_iter()
+                .flatten()
+                .filter(|h| h.status == HoldStatus::Held)
+                .collect(),
+        };
+        if pending.is_empty() {
+            return Ok(o);
+        }
+        let now = now_ms();
+        let reqs = pending
+            .into_iter()
+            .map(|h| {
+                let req = Request {
+                    hold_id: Some(h.hold_id.clone()),
+                    buyer: h.buyer.clone(),
+                    ..Request::new(
+                        shop.clone(),
+                        h.item,
+                        hold_end_key(&h.hold_id),
+                        o.op,
+                        h.qty,
+                        now,
+                    )
+                };
+                (req, true)
+            })
+            .collect();
+        let answers = self.submit(shop, reqs).await?;
+        if answers
+            .replies
+            .iter()
+            .any(|r| !matches!(r, Reply::Repeat(_) | Reply::Decided(_)))
+        {
+            // Left to the lines' own timers, which ask the order again.
+            return Err(EngineError::Timeout);
+        }
+        Ok(o)
+    }
+
+    /// The holds of the first `n` lines of `order_id`, in line order.
+    async fn line_holds(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        n: usize,
+    ) -> Result<Vec<Option<HoldView>>, EngineError> {
+        let keys: Vec<Arc<str>> = (0..n).map(|i| line_key(order_id, i)).collect();
+        self.holds_of(shop, keys).await
+    }
+
+    /// The record of `order_id` (its `order` outcome), `None` if the key made no order.
+    async fn order_record(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+    ) -> Result<Option<Arc<Outcome>>, EngineError> {
+        Ok(match self.poll(shop, order_id.clone()).await? {
+            PollResult::Decided(o) if o.op == Op::Order && o.status == Status::Ok => Some(o),
+            _ => None,
+        })
+    }
+
+    /// Order `order_id` as it stands, `None` if there is none.
+    pub async fn order(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+    ) -> Result<Option<OrderView>, EngineError> {
+        let Some(record) = self.order_record(shop, order_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.view_of(shop, order_id, &record).await?))
+    }
+
+    async fn view_of(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        record: &Outcome,
+    ) -> Result<OrderView, EngineError> {
+        let lines = lines_of(record);
+        let mut keys: Vec<Arc<str>> = vec![order_id.clone()];
+        keys.extend((0..lines.len()).map(|i| line_key(order_id, i)));
+        let mut holds = self.holds_of(shop, keys).await?.into_iter();
+        let state = holds.next().flatten().map(|h| h.status);
+        let line_holds: Vec<Option<HoldView>> = holds.collect();
+        let all_held = line_holds
+            .iter()
+            .all(|h| h.as_ref().is_some_and(|h| h.status == HoldStatus::Held));
+        let mut view = OrderView {
+            order_id: order_id.clone(),
+            status: String::new(),
+            lines: lines
+                .iter()
+                .zip(&line_holds)
+                .map(|(l, h)| LineView {
+                    item: l.item.clone(),
+                    qty: l.qty,
+                    seq: h.as_ref().map(|h| h.seq),
+                    status: h.as_ref().map_or("not_held", |h| h.status.as_str()),
+                })
+                .collect(),
+            expires_at: record.expires_at,
+            failed_line: None,
+            reason: None,
+        };
+        view.status = match state {
+            Some(HoldStatus::Held) if all_held => "held".into(),
+            Some(HoldStatus::Held) | None => "reserving".into(),
+            Some(HoldStatus::Confirmed) => "confirmed".into(),
+            Some(HoldStatus::Expired) => "expired".into(),
+            Some(HoldStatus::Released) => {
+                let ending = match self.poll(shop, hold_end_key(order_id)).await? {
+                    PollResult::Decided(o) => o.reason.clone(),
+                    _ => None,
+                };
+                match ending.as_deref().and_then(parse_failure) {
+                    Some((line, status, reason)) => {
+                        view.failed_line = Some(line);
+                        view.reason = Some(reason);
+                        status
+                    }
+                    None if ending.is_some() => {
+                        view.reason = ending;
+                        "released".into()
+                    }
+                    None => "cancelled".into(),
+                }
+            }
+        };
+        Ok(view)
+    }
+
+    /// Acts on a processor's nudge, off its thread: one settling per order at a time.
+    pub(crate) fn on_nudge(self: &Arc<Self>, nudge: OrderNudge) {
+        let key = (nudge.shop.clone(), nudge.order_id.clone());
+        if !self.settling().take(&key) {
+            return;
+        }
+        let engine = self.clone();
+        actix::spawn(async move {
+            if let Err(e) = engine.settle(&nudge).await {
+                tracing::warn!(shop = %nudge.shop, order = %nudge.order_id, error = %e, "order not settled yet; its timers ask again");
+            }
+            engine.settling().done(&key);
+        });
+    }
+
+    async fn settle(&self, nudge: &OrderNudge) -> Result<(), EngineError> {
+        let (shop, order_id) = (&nudge.shop, &nudge.order_id);
+        if nudge.why == Nudge::Due {
+            self.end_order_lines(shop, order_id, Op::Expire, None, None)
+                .await?;
+            return Ok(());
+        }
+        if self.shares_journal() {
+            // Another node may be reserving this order right now: its coordinator gives
+            // up within the reply timeout, so only an order still unfinished after
+            // twice that is taken for one whose coordinator stopped.
+            tokio::time::sleep(self.reply_timeout() * 2).await;
+        }
+        let Some(record) = self
+            .holds_of(shop, vec![order_id.clone()])
+            .await?
+            .pop()
+            .flatten()
+        else {
+            return Ok(());
+        };
+        if record.status == HoldStatus::Held {
+            let lines = self
+                .line_holds(shop, order_id, record.qty.max(0) as usize)
+                .await?;
+            if lines
+                .iter()
+                .all(|h| h.as_ref().is_some_and(|h| h.status == HoldStatus::Held))
+            {
+                // Every line held: the order is held, and stays so until it ends.
+                return Ok(());
+            }
+            let why = "released at recovery: the order's reserving stopped (a restart or \
+                       a node's failure) before every line was held"
+                .to_string();
+            self.end_order_lines(shop, order_id, Op::Release, Some(why), None)
+                .await?;
+            return Ok(());
+        }
+        // Ended: asked again, the record answers with its ending, and the lines still
+        // held follow it.
+        self.end_order_lines(shop, order_id, Op::Expire, None, None)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The hold a line of `order_id` makes.
+fn line_hold(
+    shop: &Arc<str>,
+    order_id: &str,
+    index: usize,
+    line: &OrderLine,
+    expires_at: Millis,
+) -> HoldView {
+    HoldView {
+        hold_id: line_key(order_id, index),
+        status: HoldStatus::Held,
+        shop: shop.clone(),
+        item: line.item.clone(),
+        qty: line.qty,
+        expires_at,
+        seq: 0,
+        buyer: None,
+    }
+}
+
+fn not_held(lines: &[OrderLine]) -> Vec<LineView> {
+    lines
+        .iter()
+        .map(|l| LineView {
+            item: l.item.clone(),
+            qty: l.qty,
+            seq: None,
+            status: "not_held",
+        })
+        .collect()
+}
+
+/// `failed_line {i}: {status}: {reason}` back into its parts.
+fn parse_failure(reason: &str) -> Option<(usize, String, String)> {
+    let rest = reason.strip_prefix(FAILED_PREFIX)?;
+    let (line, rest) = rest.split_once(": ")?;
+    let (status, why) = rest.split_once(": ").unwrap_or((rest, ""));
+    Some((line.parse().ok()?, status.to_string(), why.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_reason_reads_back() {
+        let r = format!("{FAILED_PREFIX}3: insufficient_stock: requested 2, available 1");
+        assert_eq!(
+            parse_failure(&r),
+            Some((
+                3,
+                "insufficient_stock".to_string(),
+                "requested 2, available 1".to_string()
+            ))
+        );
+        assert_eq!(parse_failure("cancelled"), None);
+    }
+
+    #[test]
+    fn lines_round_trip_through_the_record() {
+        let lines = vec![
+            OrderLine {
+                item: "a".into(),
+                qty: 2,
+            },
+            OrderLine {
+                item: "b\"c".into(),
+                qty: 1,
+            },
+        ];
+        let record = Outcome {
+            shop: "s".into(),
+            request_key: "o".into(),
+            status: Status::Ok,
+            reason: Some(lines_json(&lines)),
+            item: "~orders/1".into(),
+            op: Op::Order,
+            qty: 2,
+            stock_before: None,
+            stock_after: None,
+            seq: None,
+            prev_seq: None,
+            submitted_at: 0,
+            completed_at: 0,
+            hold_id: None,
+            expires_at: None,
+            ttl_ms: None,
+            reserved_after: None,
+        };
+        assert_eq!(lines_of(&record), lines);
+    }
+}
