@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::nodes::*;
 use common::*;
 use serde_json::{json, Value};
 
@@ -37,8 +38,23 @@ async fn stock(c: &reqwest::Client, server: &Server, shop: &str, item: &str) -> 
 async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
+    orders_end_to_end(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_reserves_every_line_or_none_on_the_mongodb_journal() {
+    let Some(uri) = mongo_uri("orders") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--mongo-uri", &uri]);
+    orders_end_to_end(&server).await;
+    drop_database(&uri).await;
+}
+
+async fn orders_end_to_end(server: &Server) {
     let c = client();
-    load(&c, &server, "s", &[("a", 10), ("b", 3), ("c", 1)]).await;
+    load(&c, server, "s", &[("a", 10), ("b", 3), ("c", 1)]).await;
     let (status, limited) = call(
         &c,
         reqwest::Method::PUT,
@@ -51,7 +67,7 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     // Held: every line.
     let (status, held) = order(
         &c,
-        &server,
+        server,
         "s",
         json!({"order_id": "o-1", "lines": [{"item": "b", "qty": 2}, {"item": "a", "qty": 4}],
                "ttl_ms": 60_000, "buyer": "ann"}),
@@ -61,8 +77,8 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     assert_eq!(held["lines"][0]["item"], "b");
     assert!(held["lines"][0]["seq"].as_u64().is_some(), "{held}");
     assert!(held["expires_at"].as_i64().is_some(), "{held}");
-    assert_eq!(stock(&c, &server, "s", "a").await, (6, 4));
-    assert_eq!(stock(&c, &server, "s", "b").await, (1, 2));
+    assert_eq!(stock(&c, server, "s", "a").await, (6, 4));
+    assert_eq!(stock(&c, server, "s", "b").await, (1, 2));
 
     // Refused, for each reason, naming the first failing line; nothing stays reserved.
     for (id, lines, status, failed) in [
@@ -87,7 +103,7 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     ] {
         let (code, body) = order(
             &c,
-            &server,
+            server,
             "s",
             json!({"order_id": id, "lines": lines, "ttl_ms": 60_000, "buyer": "bob"}),
         )
@@ -105,7 +121,7 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
         // Answered again the same, from its record.
         let (_, again) = order(
             &c,
-            &server,
+            server,
             "s",
             json!({"order_id": id, "lines": lines, "ttl_ms": 60_000, "buyer": "bob"}),
         )
@@ -116,10 +132,10 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
             "{again}"
         );
     }
-    assert_eq!(stock(&c, &server, "s", "a").await, (6, 4));
-    assert_eq!(stock(&c, &server, "s", "b").await, (1, 2));
-    assert_eq!(stock(&c, &server, "s", "lim").await, (50, 0));
-    let (_, short) = get(&c, &orders_url(&server, "s", "/o-short")).await;
+    assert_eq!(stock(&c, server, "s", "a").await, (6, 4));
+    assert_eq!(stock(&c, server, "s", "b").await, (1, 2));
+    assert_eq!(stock(&c, server, "s", "lim").await, (50, 0));
+    let (_, short) = get(&c, &orders_url(server, "s", "/o-short")).await;
     assert_eq!(short["status"], "insufficient_stock", "{short}");
     assert_eq!(short["lines"][0]["status"], "released", "{short}");
 
@@ -144,7 +160,7 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     assert_eq!(code, 200, "{body}");
     let (code, body) = order(
         &c,
-        &server,
+        server,
         "s",
         json!({"order_id": "sale-9", "lines": [{"item": "a", "qty": 1}], "ttl_ms": 1000}),
     )
@@ -156,7 +172,7 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     );
     let (code, body) = order(
         &c,
-        &server,
+        server,
         "s",
         json!({"order_id": "o-1", "lines": [{"item": "a", "qty": 1}], "ttl_ms": 60_000}),
     )
@@ -176,43 +192,43 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     assert_eq!(code, 404);
 
     // Confirm sells every line; a second confirm is answered the same; a cancel is 409.
-    let (code, confirmed) = post(&c, &orders_url(&server, "s", "/o-1/confirm"), json!({})).await;
+    let (code, confirmed) = post(&c, &orders_url(server, "s", "/o-1/confirm"), json!({})).await;
     assert_eq!(
         (code, &confirmed["status"]),
         (200, &json!("confirmed")),
         "{confirmed}"
     );
     assert_eq!(confirmed["lines"][1]["status"], "confirmed", "{confirmed}");
-    let (code, _) = post(&c, &orders_url(&server, "s", "/o-1/confirm"), json!({})).await;
+    let (code, _) = post(&c, &orders_url(server, "s", "/o-1/confirm"), json!({})).await;
     assert_eq!(code, 200);
-    let (code, body) = post(&c, &orders_url(&server, "s", "/o-1/cancel"), json!({})).await;
+    let (code, body) = post(&c, &orders_url(server, "s", "/o-1/cancel"), json!({})).await;
     assert_eq!((code, &body["error"]), (409, &json!("conflict")), "{body}");
-    assert_eq!(stock(&c, &server, "s", "a").await, (5, 0));
-    assert_eq!(stock(&c, &server, "s", "b").await, (1, 0));
+    assert_eq!(stock(&c, server, "s", "a").await, (5, 0));
+    assert_eq!(stock(&c, server, "s", "b").await, (1, 0));
 
     // Cancel gives every line back.
     let (_, o2) = order(
         &c,
-        &server,
+        server,
         "s",
         json!({"order_id": "o-2", "lines": [{"item": "a", "qty": 5}, {"item": "c", "qty": 1}],
                "ttl_ms": 60_000}),
     )
     .await;
     assert_eq!(o2["status"], "held", "{o2}");
-    let (code, cancelled) = post(&c, &orders_url(&server, "s", "/o-2/cancel"), json!({})).await;
+    let (code, cancelled) = post(&c, &orders_url(server, "s", "/o-2/cancel"), json!({})).await;
     assert_eq!(
         (code, &cancelled["status"]),
         (200, &json!("cancelled")),
         "{cancelled}"
     );
-    assert_eq!(stock(&c, &server, "s", "a").await, (5, 0));
-    assert_eq!(stock(&c, &server, "s", "c").await, (1, 0));
+    assert_eq!(stock(&c, server, "s", "a").await, (5, 0));
+    assert_eq!(stock(&c, server, "s", "c").await, (1, 0));
 
     // Expiry gives every line back, and a confirm after it is 409.
     let (_, o3) = order(
         &c,
-        &server,
+        server,
         "s",
         json!({"order_id": "o-3", "lines": [{"item": "a", "qty": 2}, {"item": "c", "qty": 1}],
                "ttl_ms": 300}),
@@ -221,7 +237,7 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
     assert_eq!(o3["status"], "held", "{o3}");
     let mut expired = Value::Null;
     for _ in 0..100 {
-        expired = get(&c, &orders_url(&server, "s", "/o-3")).await.1;
+        expired = get(&c, &orders_url(server, "s", "/o-3")).await.1;
         if expired["status"] == "expired"
             && expired["lines"]
                 .as_array()
@@ -234,9 +250,9 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(expired["status"], "expired", "{expired}");
-    assert_eq!(stock(&c, &server, "s", "a").await, (5, 0));
-    assert_eq!(stock(&c, &server, "s", "c").await, (1, 0));
-    let (code, _) = post(&c, &orders_url(&server, "s", "/o-3/confirm"), json!({})).await;
+    assert_eq!(stock(&c, server, "s", "a").await, (5, 0));
+    assert_eq!(stock(&c, server, "s", "c").await, (1, 0));
+    let (code, _) = post(&c, &orders_url(server, "s", "/o-3/confirm"), json!({})).await;
     assert_eq!(code, 409);
 
     // Every line's hold and ending is an event of its item, naming the order.
@@ -262,7 +278,7 @@ async fn an_order_reserves_every_line_or_none_and_ends_them_together() {
         ],
         "{events}"
     );
-    let (code, _) = get(&c, &orders_url(&server, "s", "/nope")).await;
+    let (code, _) = get(&c, &orders_url(server, "s", "/nope")).await;
     assert_eq!(code, 404);
 }
 
@@ -327,7 +343,8 @@ async fn a_malformed_order_is_refused_naming_the_field() {
 /// stock 0 and reserved 100, and every caller is answered (no refusal while stock is
 /// only tentatively taken, no deadlock). Several pairs, so lines on different shards
 /// are covered.
-async fn contended_pairs(server: &Server, pairs: usize, orders: usize) {
+async fn contended_pairs(servers: &[&Server], pairs: usize, orders: usize) {
+    let server = servers[0];
     let c = client();
     let items: Vec<(String, i64)> = (0..pairs)
         .flat_map(|p| [(format!("x{p}"), 100), (format!("y{p}"), 100)])
@@ -337,7 +354,8 @@ async fn contended_pairs(server: &Server, pairs: usize, orders: usize) {
     let mut tasks = Vec::new();
     for p in 0..pairs {
         for n in 0..orders {
-            let (c, url) = (c.clone(), orders_url(server, "flash", ""));
+            let on = servers[n % servers.len()];
+            let (c, url) = (c.clone(), orders_url(on, "flash", ""));
             let (x, y) = (format!("x{p}"), format!("y{p}"));
             let lines = if n % 2 == 0 {
                 json!([{"item": x, "qty": 1}, {"item": y, "qty": 1}])
@@ -354,6 +372,20 @@ async fn contended_pairs(server: &Server, pairs: usize, orders: usize) {
     let mut held = vec![0; pairs];
     for t in tasks {
         let (p, (code, body)) = t.await.unwrap();
+        if code != 200 {
+            for s in servers {
+                let log = std::fs::read_to_string(s.dir.join("server.log")).unwrap_or_default();
+                eprintln!(
+                    "--- {}:\n{}",
+                    s.base,
+                    log.lines()
+                        .filter(|l| !l.contains("protected mode"))
+                        .take(40)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+        }
         assert_eq!(code, 200, "{body}");
         match body["status"].as_str() {
             Some("held") => held[p] += 1,
@@ -380,7 +412,7 @@ async fn concurrent_orders_in_opposite_line_orders_hold_exactly_the_stock() {
         })
         .count();
     assert!(apart > 0, "no pair of items on two shards");
-    contended_pairs(&server, pairs, 300).await;
+    contended_pairs(&[&server], pairs, 300).await;
 }
 
 /// A SIGKILL in the middle of many three-line orders, then a restart: every order is
@@ -388,8 +420,21 @@ async fn concurrent_orders_in_opposite_line_orders_hold_exactly_the_stock() {
 /// of the held orders' lines on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_in_the_middle_of_orders_leaves_no_line_held_unless_its_order_is() {
+    sigkill_mid_orders(&["--shards", "4"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_in_the_middle_of_orders_on_the_mongodb_journal() {
+    let Some(uri) = mongo_uri("orders_kill") else {
+        return;
+    };
+    sigkill_mid_orders(&["--shards", "4", "--mongo-uri", &uri]).await;
+    drop_database(&uri).await;
+}
+
+async fn sigkill_mid_orders(flags: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), &["--shards", "4"]);
+    let mut server = Server::start(dir.path(), flags);
     let c = client();
     let items: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
     let refs: Vec<(&str, i64)> = items.iter().map(|i| (i.as_str(), 1_000_000)).collect();
@@ -427,7 +472,7 @@ async fn sigkill_in_the_middle_of_orders_leaves_no_line_held_unless_its_order_is
     for t in tasks {
         let _ = t.await;
     }
-    let server = Server::start(&server.dir.clone(), &["--shards", "4"]);
+    let server = Server::start(&server.dir.clone(), flags);
     let ids = sent.lock().unwrap().clone();
     assert!(ids.len() > 50, "only {} orders sent", ids.len());
     // Recovery settles every order: none stays `reserving`.
@@ -511,4 +556,132 @@ async fn a_line_taken_only_tentatively_by_another_order_waits_instead_of_being_r
     assert_eq!(held, 100, "servable orders held");
     assert_eq!(stock(&c, &server, "s", "a").await, (0, 100));
     assert_eq!(stock(&c, &server, "s", "c-plenty").await, (900, 100));
+}
+
+/// Through Kafka with two nodes sharing MongoDB: the callers of 300 orders on a pair of
+/// items alternate between the nodes (the lines travel through the log to their items'
+/// owners). Then orders are ended through the node that did
+/// not place them, and a node is killed in the middle of orders and started again:
+/// recovery settles every order whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orders_through_kafka_with_two_nodes() {
+    let Some(mut two) = start_two("orders").await else {
+        return;
+    };
+    let c = client();
+    {
+        let [n0, n1] = &two.nodes;
+        let started = std::time::Instant::now();
+        contended_pairs(&[n0, n1], 1, 300).await;
+        eprintln!(
+            "300 orders on two nodes in {} ms",
+            started.elapsed().as_millis()
+        );
+        // Placed through node 0 (even numbers), ended through node 1.
+        let (code, body) = post(&c, &orders_url(n1, "flash", "/p0-0/confirm"), json!({})).await;
+        assert!(code == 200 || code == 409, "{body}");
+        if code == 200 {
+            assert_eq!(body["status"], "confirmed", "{body}");
+        }
+        let (code, body) = post(&c, &orders_url(n1, "flash", "/p0-2/cancel"), json!({})).await;
+        assert!(code == 200 || code == 409, "{body}");
+        let (_, p12) = get(&c, &orders_url(n0, "flash", "/p0-2")).await;
+        assert!(
+            p12["lines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|l| l["status"] != "held"),
+            "{p12}"
+        );
+    }
+    kill_mid_orders(&mut two).await;
+    drop_database(&two.mongo).await;
+}
+
+/// Orders to both nodes; node 1 is killed after a while and started again; then every
+/// order is held whole or ended whole.
+async fn kill_mid_orders(two: &mut Nodes) {
+    let c = client();
+    load(
+        &c,
+        &two.nodes[0],
+        "k",
+        &[("m0", 100_000), ("m1", 100_000), ("m2", 100_000)],
+    )
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let url = orders_url(&two.nodes[w % 2], "k", "");
+        let (c, stop, sent) = (c.clone(), stop.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let id = format!("k{w}-{n}");
+                sent.lock().unwrap().push(id.clone());
+                let lines: Vec<Value> = (0..3)
+                    .map(|j| json!({"item": format!("m{}", (n + j) % 3), "qty": 1}))
+                    .collect();
+                let body = json!({"order_id": id, "lines": lines, "ttl_ms": 600_000});
+                if c.post(&url).json(&body).send().await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                n += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    two.nodes[1].kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let f1 = node_flags("orders", 1).unwrap();
+    let f1: Vec<&str> = f1.iter().map(String::as_str).collect();
+    two.nodes[1] = Server::start(two.dirs[1].path(), &f1);
+    wait_ready(&c, &two.nodes[1]).await;
+    let ids = sent.lock().unwrap().clone();
+    // The restarted node checks what it reads back after twice the reply timeout.
+    let mut views: HashMap<String, Value> = HashMap::new();
+    for _ in 0..600 {
+        views.clear();
+        for id in &ids {
+            let (code, body) = get(&c, &orders_url(&two.nodes[0], "k", &format!("/{id}"))).await;
+            if code == 200 {
+                views.insert(id.clone(), body);
+            }
+        }
+        if views.values().all(|v| v["status"] != "reserving") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
+    for (id, v) in &views {
+        let status = v["status"].as_str().unwrap().to_string();
+        *counts.entry(status.clone()).or_default() += 1;
+        assert_ne!(status, "reserving", "{id}: {v}");
+        for line in v["lines"].as_array().unwrap() {
+            if status == "held" {
+                assert_eq!(line["status"], "held", "{id}: {v}");
+                *reserved
+                    .entry(line["item"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+            } else {
+                assert_ne!(line["status"], "held", "{id}: {v}");
+            }
+        }
+    }
+    eprintln!(
+        "orders after node 1's restart: {counts:?} of {} sent",
+        ids.len()
+    );
+    for item in ["m0", "m1", "m2"] {
+        let (_, r) = stock(&c, &two.nodes[0], "k", item).await;
+        assert_eq!(r, reserved.get(item).copied().unwrap_or(0), "{item}");
+    }
 }

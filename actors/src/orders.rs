@@ -226,7 +226,12 @@ impl Engine {
                         now,
                     )
                 };
-                let o = match self.decide_one(shop, req).await {
+                // The whole reserving is bounded by the reply timeout, so that a node
+                // checking orders it reads back knows when a coordinator has given up.
+                let decided = tokio::time::timeout_at(give_up.into(), self.decide_one(shop, req))
+                    .await
+                    .unwrap_or(Err(EngineError::Timeout));
+                let o = match decided {
                     Ok(o) => o,
                     Err(e) => {
                         // Nothing to answer the caller with: the order is released so
@@ -528,8 +533,8 @@ impl Engine {
         }
         if self.shares_journal() {
             // Another node may be reserving this order right now: its coordinator gives
-            // up within the reply timeout, so only an order still unfinished after
-            // twice that is taken for one whose coordinator stopped.
+            // up within the reply timeout of its start, so an order still unfinished
+            // twice that after the nudge is one whose coordinator stopped.
             tokio::time::sleep(self.reply_timeout() * 2).await;
         }
         let Some(record) = self

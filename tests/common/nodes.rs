@@ -21,6 +21,15 @@ pub fn node_flags(test: &str, node: u32) -> Option<Vec<String>> {
     Some(flags)
 }
 
+/// Sets flag `name`'s value in `flags` (it must be there).
+pub fn set_flag(flags: &mut [String], name: &str, value: &str) {
+    let at = flags
+        .iter()
+        .position(|f| f == name)
+        .unwrap_or_else(|| panic!("no {name} among {flags:?}"));
+    flags[at + 1] = value.to_string();
+}
+
 pub struct Nodes {
     /// Each node's folder (its data dir and log), kept for a restart.
     pub dirs: [tempfile::TempDir; 2],
@@ -35,7 +44,17 @@ pub async fn start_two(test: &str) -> Option<Nodes> {
 
 /// [`start_two`], node 1 with the environment `env1` (faults to inject).
 pub async fn start_two_env(test: &str, env1: &[(&str, &str)]) -> Option<Nodes> {
-    let flags: Vec<Vec<String>> = vec![node_flags(test, 0)?, node_flags(test, 1)?];
+    start_two_with(test, env1, |_| {}).await
+}
+
+/// [`start_two_env`], each node's flags changed by `edit` first.
+pub async fn start_two_with(
+    test: &str,
+    env1: &[(&str, &str)],
+    edit: impl Fn(&mut Vec<String>),
+) -> Option<Nodes> {
+    let mut flags: Vec<Vec<String>> = vec![node_flags(test, 0)?, node_flags(test, 1)?];
+    flags.iter_mut().for_each(&edit);
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let c = client();
     let start = |i: usize| {
@@ -59,4 +78,3 @@ pub async fn start_two_env(test: &str, env1: &[(&str, &str)]) -> Option<Nodes> {
         mongo: mongo_uri(test)?,
     })
 }
-

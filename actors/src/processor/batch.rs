@@ -53,6 +53,7 @@ impl Processor {
     /// [`Processor::decide_or_read`]).
     pub(super) fn run_batch(&mut self, works: Vec<Work>, ctx: &mut Context<Self>) {
         let batch = self.apply_batch(works);
+        self.arm_waiting_sweep(ctx);
         self.prefetched = Prefetched::default();
         self.evict();
         self.arm_wake(ctx);
@@ -174,6 +175,7 @@ impl Processor {
                             outcome: None,
                             pos: req.log_pos,
                         }),
+                        Decision::Wait => {}
                     }
                 }
                 Work::Load(LoadChunk { shop, items, reply }) => {
@@ -364,9 +366,11 @@ impl Processor {
     }
 
     /// An order's line that finds too little stock available, but enough with the
-    /// lines of other orders not yet held counted back: answered [`Status::Tentative`]
-    /// (not journaled), and its order asks again once those orders are decided.
-    fn line_waits(&self, req: &Request, now: Millis) -> Option<Decision> {
+    /// lines of other orders not yet held counted back: it waits here
+    /// ([`Decision::Wait`]) until one of those is decided, or (past
+    /// [`WAITING_LINES_MAX`]) is answered [`Status::Tentative`], not journaled, and its
+    /// order asks again.
+    fn line_waits(&mut self, req: &Request, now: Millis) -> Option<Decision> {
         let live = self.items.get(&req.shop)?.get(&req.item)?.live;
         if req.qty <= live.stock {
             return None;
@@ -378,6 +382,15 @@ impl Processor {
             .unwrap_or(0);
         if req.qty > live.stock + tentative {
             return None;
+        }
+        let fresh = now.saturating_sub(req.submitted_at) <= self.request_ttl_ms;
+        if fresh && self.waiting_count < WAITING_LINES_MAX {
+            self.waiting
+                .entry((req.shop.clone(), req.item.clone()))
+                .or_default()
+                .push(req.clone());
+            self.waiting_count += 1;
+            return Some(Decision::Wait);
         }
         let mut entry = Entry::of_request(req, now);
         entry.status = Status::Tentative;
@@ -402,13 +415,58 @@ impl Processor {
         }
         h.tentative = false;
         let (item, qty) = (h.item.clone(), h.qty);
-        let key = (req.shop.clone(), item);
+        self.tentative_done(&req.shop, &item, qty);
+    }
+
+    /// `qty` of the item's tentative lines are decided (firm, or ended): the lines
+    /// waiting on the item are decided again.
+    pub(super) fn tentative_done(&mut self, shop: &Arc<str>, item: &Arc<str>, qty: i64) {
+        let key = (shop.clone(), item.clone());
         if let Some(n) = self.tentative.get_mut(&key) {
             *n -= qty;
             if *n <= 0 {
                 self.tentative.remove(&key);
             }
         }
+        if let Some(lines) = self.waiting.remove(&key) {
+            self.waiting_count -= lines.len();
+            for req in lines {
+                self.mailbox.push(Work::Txn(req));
+            }
+        }
+    }
+
+    /// Puts back in the mailbox the waiting lines older than the request TTL, which are
+    /// then decided (`expired`, if nothing moved meanwhile), and sweeps again later
+    /// while lines wait.
+    pub(super) fn sweep_waiting(&mut self, ctx: &mut Context<Self>) {
+        self.waiting_sweep = false;
+        let now = now_ms();
+        let ttl = self.request_ttl_ms;
+        let mut back = Vec::new();
+        for lines in self.waiting.values_mut() {
+            let (old, keep): (Vec<Request>, Vec<Request>) = std::mem::take(lines)
+                .into_iter()
+                .partition(|r| now.saturating_sub(r.submitted_at) > ttl);
+            *lines = keep;
+            back.extend(old);
+        }
+        self.waiting.retain(|_, lines| !lines.is_empty());
+        self.waiting_count -= back.len();
+        for req in back {
+            self.mailbox.push(Work::Txn(req));
+        }
+        self.arm_waiting_sweep(ctx);
+        self.schedule(ctx);
+    }
+
+    pub(super) fn arm_waiting_sweep(&mut self, ctx: &mut Context<Self>) {
+        if self.waiting_sweep || self.waiting_count == 0 {
+            return;
+        }
+        self.waiting_sweep = true;
+        let after = Duration::from_millis(self.request_ttl_ms.max(1) as u64);
+        ctx.run_later(after, |p, ctx| p.sweep_waiting(ctx));
     }
 
     /// Journals an order's record on its order item (made on first use): a pending

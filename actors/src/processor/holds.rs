@@ -42,13 +42,7 @@ impl Processor {
         if !h.tentative {
             return;
         }
-        let key = (shop.clone(), h.item.clone());
-        if let Some(n) = self.tentative.get_mut(&key) {
-            *n -= h.qty;
-            if *n <= 0 {
-                self.tentative.remove(&key);
-            }
-        }
+        self.tentative_done(shop, &h.item, h.qty);
     }
 
     /// An order's record or line whose timer fired: its order decides, off this actor

@@ -65,6 +65,9 @@ pub const LINE_GRACE_MS: i64 = 30_000;
 const ORDER_NUDGE_RETRY_MS: i64 = 5_000;
 /// How long a nudge waits for the orders' hook while the node is starting.
 const ORDER_HOOK_WAIT_MS: i64 = 100;
+/// Order lines one shard keeps waiting at most; past it a line is answered
+/// [`Status::Tentative`] and its order asks again a moment later.
+pub const WAITING_LINES_MAX: usize = 100_000;
 
 /// Why an order is nudged ([`OrderHook`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +140,9 @@ enum Decision {
     Answer(Arc<Outcome>),
     /// Nothing to do: an expiry for a hold that is no longer pending here.
     Drop,
+    /// An order's line that waits for other orders' tentative lines on its item
+    /// ([`Processor::waiting`]): decided again when they are.
+    Wait,
 }
 
 /// An item's state twice: `live` is what the next request is judged against; `durable`
@@ -264,6 +270,13 @@ pub struct Processor {
     /// Per item, the quantity held by lines of orders not yet held: a line that finds
     /// too little stock but enough with these counted back waits ([`Status::Tentative`]).
     tentative: HashMap<(Arc<str>, Arc<str>), i64>,
+    /// Order lines waiting for the tentative lines of their item to be decided, by
+    /// item: put back in the mailbox when a tentative line of the item becomes firm or
+    /// ends, or when they have waited the request TTL. At most [`WAITING_LINES_MAX`].
+    waiting: HashMap<(Arc<str>, Arc<str>), Vec<Request>>,
+    waiting_count: usize,
+    /// Whether a sweep of lines waiting past the request TTL is armed.
+    waiting_sweep: bool,
     order_hook: Arc<OnceLock<OrderHook>>,
     /// The expiry of every pending hold, by shop and hold id.
     wheel: TimingWheel<(Arc<str>, Arc<str>)>,
@@ -342,6 +355,9 @@ impl Processor {
             holds: HashMap::new(),
             holds_max,
             tentative: HashMap::new(),
+            waiting: HashMap::new(),
+            waiting_count: 0,
+            waiting_sweep: false,
             order_hook,
             wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
             wake: None,
