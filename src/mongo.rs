@@ -205,6 +205,15 @@ async fn fold_ledgers(
 fn hold_updates<'a>(entries: impl Iterator<Item = &'a Entry>) -> Vec<Document> {
     let mut set: HashMap<(Arc<str>, Arc<str>), Document> = HashMap::new();
     for e in entries {
+        if let (nrtxn_actors::Status::Ok, nrtxn_actors::Op::Extend, Some(id), Some(seq)) =
+            (e.status, e.op, &e.hold_id, e.seq)
+        {
+            // A pending hold given a new expiry (a check-back's answer).
+            let d = set.entry((e.shop.clone(), id.clone())).or_default();
+            d.insert("expires_at", e.expires_at.unwrap_or(0));
+            d.insert("seq", seq as i64);
+            continue;
+        }
         let (nrtxn_actors::Status::Ok, Some(status), Some(id), Some(seq)) =
             (e.status, HoldStatus::after(e.op), &e.hold_id, e.seq)
         else {

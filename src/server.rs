@@ -206,6 +206,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             }
         },
     };
+    // Shops' check-backs before an expiry: their settings, and the calls to the shops.
+    match crate::checkback::HttpCheckBack::start(
+        &settings.data_dir,
+        settings.mongo_uri.as_deref(),
+        engine.metrics().clone(),
+    ) {
+        Ok(checks) => engine.attach_checkback(Arc::new(checks)),
+        Err(e) => {
+            engine.shutdown().await;
+            return Err(e);
+        }
+    }
     let state = web::Data::new(AppState {
         engine: engine.clone(),
     });

@@ -1591,6 +1591,9 @@ impl Writer {
             let mut hold_ended = tx.prepare_cached(
                 "UPDATE holds SET status = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
             )?;
+            let mut hold_extended = tx.prepare_cached(
+                "UPDATE holds SET expires_at = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
+            )?;
             let mut retire =
                 tx.prepare_cached("DELETE FROM requests WHERE shop = ?1 AND request_key = ?2")?;
             let mut ledgers = LedgerStatements::prepare(&tx)?;
@@ -1638,6 +1641,14 @@ impl Writer {
                                         &*e.shop,
                                         &**id,
                                         status.as_str(),
+                                        e.seq
+                                    ])?;
+                                }
+                                (Status::Ok, None, Some(id)) if e.op == Op::Extend => {
+                                    hold_extended.execute(params![
+                                        &*e.shop,
+                                        &**id,
+                                        e.expires_at,
                                         e.seq
                                     ])?;
                                 }

@@ -20,7 +20,7 @@ pub fn apply(
     request_ttl_ms: i64,
 ) -> Entry {
     debug_assert!(
-        !matches!(req.op, Op::Load | Op::Order | Op::Firm) && !req.op.ends_hold(),
+        !matches!(req.op, Op::Load | Op::Order | Op::Firm | Op::Extend) && !req.op.ends_hold(),
         "loads and hold endings have their own steps"
     );
     let mut entry = Entry::of_request(req, now);
@@ -101,7 +101,13 @@ pub fn apply(
                     ));
                 }
             },
-            Op::Load | Op::Confirm | Op::Release | Op::Expire | Op::Order | Op::Firm => {
+            Op::Load
+            | Op::Confirm
+            | Op::Release
+            | Op::Expire
+            | Op::Order
+            | Op::Firm
+            | Op::Extend => {
                 unreachable!("checked above")
             }
         }
@@ -194,6 +200,26 @@ pub fn apply_order(state: &mut ItemState, req: &Request, now: Millis) -> Entry {
     let mut entry = Entry::of_request(req, now);
     entry.hold_id = Some(req.key.clone());
     entry.expires_at = Some(now.saturating_add(req.ttl_ms));
+    fill_states(&mut entry, before, after);
+    assert_follows(before, &entry);
+    entry
+}
+
+/// Gives pending hold `req.hold_id` (on this item) a new expiry,
+/// `req.submitted_at + req.ttl_ms`: the item's next entry, no stock changes.
+pub fn apply_extend(state: &mut ItemState, req: &Request, qty: i64, now: Millis) -> Entry {
+    assert!(req.op == Op::Extend);
+    let before = *state;
+    let after = ItemState {
+        seq: before.seq + 1,
+        ..before
+    };
+    *state = after;
+    let mut entry = Entry {
+        qty,
+        ..Entry::of_request(req, now)
+    };
+    entry.expires_at = Some(req.submitted_at.saturating_add(req.ttl_ms));
     fill_states(&mut entry, before, after);
     assert_follows(before, &entry);
     entry

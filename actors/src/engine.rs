@@ -12,6 +12,7 @@ use actix::prelude::*;
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
+use crate::checkback::CheckBack;
 use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
@@ -241,6 +242,8 @@ pub struct Engine {
     evicting: tokio::sync::Mutex<()>,
     /// Orders being settled after a processor's nudge ([`crate::orders`]).
     settling: crate::orders::Settling,
+    /// The shops' check-backs, once attached ([`Engine::attach_checkback`]).
+    checkback: Arc<OnceLock<Arc<dyn CheckBack>>>,
 }
 
 /// Idle WorkManagers asked to passivate in one eviction, as a share of `shops_max`: a
@@ -289,6 +292,7 @@ impl Engine {
         let hooks: Arc<OnceLock<LogHooks>> = Arc::new(OnceLock::new());
         let log_made: Arc<OnceLock<()>> = Arc::new(OnceLock::new());
         let order_hook: Arc<OnceLock<OrderHook>> = Arc::new(OnceLock::new());
+        let checkback: Arc<OnceLock<Arc<dyn CheckBack>>> = Arc::new(OnceLock::new());
         let shards: Vec<Addr<Processor>> = initial
             .into_iter()
             .enumerate()
@@ -309,6 +313,7 @@ impl Engine {
                         holds_max: cfg.holds_max,
                         items_max: cfg.items_max.div_ceil(cfg.shards.max(1)),
                         order_hook: order_hook.clone(),
+                        checkback: checkback.clone(),
                     },
                 );
                 Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
@@ -352,6 +357,7 @@ impl Engine {
             node_tag: format!("{}", now_ms()),
             evicting: tokio::sync::Mutex::new(()),
             settling: Default::default(),
+            checkback,
         });
         // Orders' records and lines past their time reach the engine from here on.
         let weak = Arc::downgrade(&engine);
@@ -374,6 +380,17 @@ impl Engine {
                 .do_send(Resume(reqs));
         }
         Ok(engine)
+    }
+
+    /// Attaches the shops' check-backs (once; later calls are ignored): from then on a
+    /// due hold or order of a shop with one is asked about first.
+    pub fn attach_checkback(&self, checkback: Arc<dyn CheckBack>) {
+        let _ = self.checkback.set(checkback);
+    }
+
+    /// The shops' check-backs, if attached.
+    pub fn checkback(&self) -> Option<Arc<dyn CheckBack>> {
+        self.checkback.get().cloned()
     }
 
     /// How long a caller waits for an outcome before it is answered `pending`.

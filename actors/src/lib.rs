@@ -5,6 +5,7 @@
 //! Where is the rule that prevents overselling? [`apply`].
 
 pub mod apply;
+pub mod checkback;
 pub mod engine;
 pub mod ledger;
 pub mod mailbox;

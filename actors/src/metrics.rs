@@ -61,6 +61,11 @@ pub struct Metrics {
     /// because their partition's write lease had passed to another node (a stale
     /// writer, fenced).
     pub journal_fenced: IntCounter,
+    /// Check-backs asked of shops, by what came of them (`confirm`, `release`,
+    /// `extend`, `default`: no answer, so the shop's default applied).
+    pub checks: IntCounterVec,
+    /// Check-backs that found no answer after their attempts (listed as dead letters).
+    pub check_dead_letters: IntCounter,
     /// Events the outbox relay published to the events topic (a page sent again after a
     /// failure counts again).
     pub events_relayed: IntCounter,
@@ -135,6 +140,19 @@ impl Metrics {
             "Journal batches refused because their partition's lease passed to another node",
         )
         .expect("static metric definition");
+        let checks = IntCounterVec::new(
+            Opts::new(
+                "nrtxn_checks_total",
+                "Check-backs asked of shops before an expiry, by what came of them",
+            ),
+            &["result"],
+        )
+        .expect("static metric definition");
+        let check_dead_letters = IntCounter::new(
+            "nrtxn_check_dead_letters_total",
+            "Check-backs with no answer after every attempt: the shop's default applied",
+        )
+        .expect("static metric definition");
         let events_relayed = IntCounter::new(
             "nrtxn_events_relayed_total",
             "Events the outbox relay published to the events topic",
@@ -157,6 +175,8 @@ impl Metrics {
             Box::new(decisions.clone()),
             Box::new(repeats.clone()),
             Box::new(journal_fenced.clone()),
+            Box::new(checks.clone()),
+            Box::new(check_dead_letters.clone()),
             Box::new(events_relayed.clone()),
             Box::new(bound_used.clone()),
             Box::new(stage.clone()),
@@ -173,6 +193,8 @@ impl Metrics {
             decisions,
             repeats,
             journal_fenced,
+            checks,
+            check_dead_letters,
             events_relayed,
             bound_used,
             stage: Stages {

@@ -30,12 +30,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::checkback::{CheckAction, CheckCall, CheckKind};
 use crate::engine::{Engine, EngineError};
 use crate::processor::{Nudge, OrderNudge};
 use crate::reply::Reply;
 use crate::types::{
     hold_end_key, line_key, now_ms, order_item, HoldStatus, HoldView, Millis, Op, Outcome, Request,
-    Status,
+    Status, HOLD_TTL_MAX_MS,
 };
 use crate::work_manager::PollResult;
 
@@ -355,8 +356,24 @@ impl Engine {
         reason: Option<String>,
         lines: Option<&[(usize, HoldView)]>,
     ) -> Result<Arc<Outcome>, EngineError> {
+        self.end_order_lines_by(shop, order_id, op, reason, lines, false)
+            .await
+    }
+
+    /// [`Engine::end_order_lines`]; `by_check`: the shop's check-back decided it, so a
+    /// confirm stands past the order's expiry.
+    async fn end_order_lines_by(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        op: Op,
+        reason: Option<String>,
+        lines: Option<&[(usize, HoldView)]>,
+        by_check: bool,
+    ) -> Result<Arc<Outcome>, EngineError> {
         let req = Request {
             hold_id: Some(order_id.clone()),
+            by_check,
             reason: reason.map(Into::into),
             ..Request::new(
                 shop.clone(),
@@ -511,25 +528,25 @@ impl Engine {
 
     /// Acts on a processor's nudge, off its thread: one settling per order at a time.
     pub(crate) fn on_nudge(self: &Arc<Self>, nudge: OrderNudge) {
-        let key = (nudge.shop.clone(), nudge.order_id.clone());
+        let key = (nudge.shop.clone(), nudge.id.clone());
         if !self.settling().take(&key) {
             return;
         }
         let engine = self.clone();
         actix::spawn(async move {
             if let Err(e) = engine.settle(&nudge).await {
-                tracing::warn!(shop = %nudge.shop, order = %nudge.order_id, error = %e, "order not settled yet; its timers ask again");
+                tracing::warn!(shop = %nudge.shop, id = %nudge.id, error = %e, "order not settled yet; its timers ask again");
             }
             engine.settling().done(&key);
         });
     }
 
     async fn settle(&self, nudge: &OrderNudge) -> Result<(), EngineError> {
-        let (shop, order_id) = (&nudge.shop, &nudge.order_id);
-        if nudge.why == Nudge::Due {
-            self.end_order_lines(shop, order_id, Op::Expire, None, None)
-                .await?;
-            return Ok(());
+        let (shop, order_id) = (&nudge.shop, &nudge.id);
+        match nudge.why {
+            Nudge::HoldDue => return self.check_hold(shop, order_id).await,
+            Nudge::Due => return self.order_due(shop, order_id).await,
+            Nudge::Recovered => {}
         }
         if self.shares_journal() {
             // Another node may be reserving this order right now: its coordinator gives
@@ -568,6 +585,170 @@ impl Engine {
         self.end_order_lines(shop, order_id, Op::Expire, None, None)
             .await?;
         Ok(())
+    }
+
+    /// An order's record, or one of its lines, is past its time: the order expires, or
+    /// (a shop with a check-back) its shop decides; an ended order's lines follow its
+    /// ending.
+    async fn order_due(&self, shop: &Arc<str>, order_id: &Arc<str>) -> Result<(), EngineError> {
+        let checkback = self.checkback().filter(|c| c.enabled(shop));
+        let Some(checkback) = checkback else {
+            self.end_order_lines(shop, order_id, Op::Expire, None, None)
+                .await?;
+            return Ok(());
+        };
+        let Some(record) = self
+            .holds_of(shop, vec![order_id.clone()])
+            .await?
+            .pop()
+            .flatten()
+        else {
+            return Ok(());
+        };
+        if record.status != HoldStatus::Held {
+            self.end_order_lines(shop, order_id, Op::Expire, None, None)
+                .await?;
+            return Ok(());
+        }
+        if now_ms() < record.expires_at {
+            // Extended meanwhile: its timer is armed again.
+            return Ok(());
+        }
+        let Some(outcome) = self.order_record(shop, order_id).await? else {
+            return Ok(());
+        };
+        let call = CheckCall {
+            shop: shop.clone(),
+            kind: CheckKind::Order,
+            id: order_id.clone(),
+            lines: lines_of(&outcome),
+            expires_at: record.expires_at,
+        };
+        match checkback.ask(call).await {
+            CheckAction::Confirm => {
+                self.end_order_lines_by(shop, order_id, Op::Confirm, None, None, true)
+                    .await?;
+            }
+            CheckAction::Release => {
+                self.end_order_lines(shop, order_id, Op::Expire, None, None)
+                    .await?;
+            }
+            CheckAction::Extend { ttl_ms } => {
+                let now = now_ms();
+                let until = extended_until(now, ttl_ms, outcome.completed_at);
+                if until <= now {
+                    self.end_order_lines(shop, order_id, Op::Expire, None, None)
+                        .await?;
+                    return Ok(());
+                }
+                let mut holds = vec![record];
+                holds.extend(
+                    self.line_holds(shop, order_id, lines_of(&outcome).len())
+                        .await?
+                        .into_iter()
+                        .flatten()
+                        .filter(|h| h.status == HoldStatus::Held),
+                );
+                let reqs = holds
+                    .into_iter()
+                    .map(|h| (extension(shop, &h, now, until), true))
+                    .collect();
+                self.submit(shop, reqs).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A hold of a shop with a check-back is past its expiry: the shop decides whether
+    /// it is sold, expires, or waits longer.
+    async fn check_hold(&self, shop: &Arc<str>, hold_id: &Arc<str>) -> Result<(), EngineError> {
+        let Some(h) = self
+            .holds_of(shop, vec![hold_id.clone()])
+            .await?
+            .pop()
+            .flatten()
+        else {
+            return Ok(());
+        };
+        if h.status != HoldStatus::Held || now_ms() < h.expires_at {
+            return Ok(());
+        }
+        let made_at = match self.poll(shop, hold_id.clone()).await? {
+            PollResult::Decided(o) => o.completed_at,
+            _ => h.expires_at,
+        };
+        let action = match self.checkback().filter(|c| c.enabled(shop)) {
+            Some(c) => {
+                c.ask(CheckCall {
+                    shop: shop.clone(),
+                    kind: CheckKind::Hold,
+                    id: hold_id.clone(),
+                    lines: vec![OrderLine {
+                        item: h.item.clone(),
+                        qty: h.qty,
+                    }],
+                    expires_at: h.expires_at,
+                })
+                .await
+            }
+            // Switched off meanwhile: it expires as without one.
+            None => CheckAction::Release,
+        };
+        let now = now_ms();
+        let req = match action {
+            CheckAction::Extend { ttl_ms } if extended_until(now, ttl_ms, made_at) > now => {
+                extension(shop, &h, now, extended_until(now, ttl_ms, made_at))
+            }
+            CheckAction::Confirm => Request {
+                hold_id: Some(hold_id.clone()),
+                by_check: true,
+                ..Request::new(
+                    shop.clone(),
+                    h.item.clone(),
+                    hold_end_key(hold_id),
+                    Op::Confirm,
+                    h.qty,
+                    now,
+                )
+            },
+            CheckAction::Release | CheckAction::Extend { .. } => Request {
+                hold_id: Some(hold_id.clone()),
+                ..Request::new(
+                    shop.clone(),
+                    h.item.clone(),
+                    hold_end_key(hold_id),
+                    Op::Expire,
+                    h.qty,
+                    now,
+                )
+            },
+        };
+        self.decide_one(shop, req).await?;
+        Ok(())
+    }
+}
+
+/// When a hold made at `made_at` expires if extended by `ttl_ms` from `now`: within the
+/// 7-day life of a hold.
+fn extended_until(now: Millis, ttl_ms: i64, made_at: Millis) -> Millis {
+    now.saturating_add(ttl_ms.max(0))
+        .min(made_at.saturating_add(HOLD_TTL_MAX_MS))
+}
+
+/// The request extending pending hold `h` until `until` (its key names the new expiry, so
+/// the same extension asked twice is one decision).
+fn extension(shop: &Arc<str>, h: &HoldView, now: Millis, until: Millis) -> Request {
+    Request {
+        hold_id: Some(h.hold_id.clone()),
+        ttl_ms: until - now,
+        ..Request::new(
+            shop.clone(),
+            h.item.clone(),
+            format!("~ext:{}:{until}", h.hold_id).into(),
+            Op::Extend,
+            h.qty,
+            now,
+        )
     }
 }
 

@@ -104,11 +104,15 @@ pub enum Op {
     /// An order's line hold made firm: the order it belongs to is held, so the line no
     /// longer counts as tentative on its item. Never journaled.
     Firm,
+    /// A pending hold (or order record or line) given longer, as a shop's check-back
+    /// answered ([`crate::checkback`]): its new `expires_at` is `submitted_at + ttl_ms`.
+    /// Changes no stock.
+    Extend,
 }
 
 impl Op {
     /// Every op, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 11] = [
         Op::Decrement,
         Op::Increment,
         Op::Load,
@@ -119,6 +123,7 @@ impl Op {
         Op::Adjust,
         Op::Order,
         Op::Firm,
+        Op::Extend,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -133,6 +138,7 @@ impl Op {
             Op::Adjust => "adjust",
             Op::Order => "order",
             Op::Firm => "firm",
+            Op::Extend => "extend",
         }
     }
 
@@ -153,6 +159,7 @@ impl Op {
             "adjust" => Some(Op::Adjust),
             "order" => Some(Op::Order),
             "firm" => Some(Op::Firm),
+            "extend" => Some(Op::Extend),
             _ => None,
         }
     }
@@ -278,6 +285,11 @@ pub struct Request {
     /// Loads only: the item's new per-buyer limit (0 lifts it; `None` leaves it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_buyer_max: Option<i64>,
+    /// A hold's ending decided by its shop's check-back ([`crate::checkback`]): it
+    /// stands even though the hold is past its `expires_at` (a caller's confirm that
+    /// late is an expiry).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_check: bool,
     /// True when the request log holds this request durably (fire-and-forget), so its
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
@@ -317,6 +329,7 @@ impl Request {
             if_seq: None,
             reason: None,
             per_buyer_max: None,
+            by_check: false,
             logged: false,
             log_pos: None,
             origin: None,

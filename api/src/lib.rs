@@ -17,6 +17,7 @@ pub mod health;
 pub mod holds;
 pub mod items;
 pub mod orders;
+pub mod settings;
 pub mod txns;
 pub mod validate;
 
@@ -86,6 +87,18 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/v1/shops/{shop}/orders/{order_id}/cancel",
             web::post().to(orders::cancel_order),
+        )
+        .route(
+            "/v1/shops/{shop}/settings",
+            web::put().to(settings::put_settings),
+        )
+        .route(
+            "/v1/shops/{shop}/settings",
+            web::get().to(settings::get_settings),
+        )
+        .route(
+            "/v1/shops/{shop}/dead-letters",
+            web::get().to(settings::get_dead_letters),
         )
         .default_service(web::to(not_found));
 }

@@ -297,6 +297,7 @@ impl Processor {
                 return Decision::Drop;
             }
             Op::Order => return self.record_order(req, now, touched),
+            Op::Extend => return self.extend_hold(req, now, touched),
             _ => {}
         }
         let line = req.op == Op::Hold && req.key.starts_with(LINE_PREFIX);

@@ -81,7 +81,7 @@ impl Processor {
         if let (Some(why), Some(hook)) = (why, self.order_hook.get()) {
             hook(OrderNudge {
                 shop: key.0.clone(),
-                order_id,
+                id: order_id,
                 why,
             });
         }
@@ -108,6 +108,10 @@ impl Processor {
             };
             if is_order_item(&h.item) || order_of_line(&hold_id).is_some() {
                 self.nudge_order(&pending, now);
+                continue;
+            }
+            if self.checkback.get().is_some_and(|c| c.enabled(&shop)) {
+                self.nudge_check(&pending, now);
                 continue;
             }
             if shared && resubmit.is_none() && self.log_made.get().is_none() {
@@ -167,6 +171,27 @@ impl Processor {
         }
         self.schedule(ctx);
         self.arm_wake(ctx);
+    }
+
+    /// A due hold of a shop with a check-back: the engine asks the shop, off this actor.
+    /// Asked again every [`CHECK_RESEND_MS`] while the hold is still pending here (the
+    /// engine asks once at a time per hold).
+    fn nudge_check(&mut self, key: &(Arc<str>, Arc<str>), now: Millis) {
+        let next = now.saturating_add(CHECK_RESEND_MS);
+        let timer = self.wheel.insert(next.max(0) as u64, key.clone());
+        if let Some(h) = self.holds.get_mut(key) {
+            h.timer = timer;
+        }
+        match self.order_hook.get() {
+            Some(hook) => hook(OrderNudge {
+                shop: key.0.clone(),
+                id: key.1.clone(),
+                why: Nudge::HoldDue,
+            }),
+            None => {
+                tracing::debug!(hold = %key.1, "hold due before the engine attached; asked again later")
+            }
+        }
     }
 
     /// Sets the wake-up for the wheel's next expiry, if it is earlier than the one set.
@@ -231,7 +256,8 @@ impl Processor {
                 // The ending names the hold's buyer, so the entries alone say whose
                 // units of a limited item went back.
                 end.buyer = hold.buyer.clone();
-                if due {
+                // A check-back's decision stands past the expiry it was asked at.
+                if due && !req.by_check {
                     end.op = Op::Expire;
                 }
                 let entry = apply_hold_end(&mut slot.live, &end, hold.qty, now);
@@ -285,5 +311,52 @@ fn due_at(hold_id: &str, expires_at: Millis) -> Millis {
         expires_at.saturating_add(LINE_GRACE_MS)
     } else {
         expires_at
+    }
+}
+
+impl Processor {
+    /// Gives a pending hold (or order record or line) a new expiry, as its shop's
+    /// check-back answered. A hold no longer pending is answered `unknown_hold`, not
+    /// journaled: it ended meanwhile, and its ending stands.
+    pub(super) fn extend_hold(
+        &mut self,
+        req: &Request,
+        now: Millis,
+        touched: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Decision {
+        let Some(hold_id) = req.hold_id.clone() else {
+            return Decision::Drop;
+        };
+        let key = (req.shop.clone(), hold_id.clone());
+        let Some(h) = self.holds.get(&key) else {
+            let mut entry = Entry::of_request(req, now);
+            entry.status = Status::UnknownHold;
+            entry.reason = Some(format!("hold {hold_id} is no longer pending"));
+            return match entry.outcome() {
+                Some(o) => Decision::Answer(Arc::new(o)),
+                None => Decision::Drop,
+            };
+        };
+        let (item, qty) = (h.item.clone(), h.qty);
+        let Some(slot) = self.items.get_mut(&req.shop).and_then(|m| m.get_mut(&item)) else {
+            tracing::error!(hold = %hold_id, "pending hold of an unknown item");
+            return Decision::Drop;
+        };
+        let mut ext = req.clone();
+        ext.item = item.clone();
+        let entry = crate::apply::apply_extend(&mut slot.live, &ext, qty, now);
+        let expires_at = entry.expires_at.unwrap_or(now);
+        let timer = self
+            .wheel
+            .insert(due_at(&hold_id, expires_at).max(0) as u64, key.clone());
+        if let Some(h) = self.holds.get_mut(&key) {
+            self.wheel.cancel(h.timer);
+            h.timer = timer;
+            h.expires_at = expires_at;
+            h.check = false;
+            h.expiries_sent = 0;
+        }
+        touched.push((req.shop.clone(), item));
+        Decision::Apply(entry)
     }
 }

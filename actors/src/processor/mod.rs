@@ -25,6 +25,7 @@ use prometheus::IntGauge;
 use tokio::sync::oneshot;
 
 use crate::apply::{apply, apply_hold_end, apply_load, reject};
+use crate::checkback::CheckBack;
 use crate::ledger::BuyerLedger;
 use crate::mailbox::{LoadChunk, PriorityMailbox, Work};
 use crate::metrics::Metrics;
@@ -63,6 +64,9 @@ pub const LINE_GRACE_MS: i64 = 30_000;
 /// How often an order's record or line past its time nudges its order again while it
 /// is still pending here.
 const ORDER_NUDGE_RETRY_MS: i64 = 5_000;
+/// How often a due hold of a shop with a check-back is reported again while it is
+/// still pending (the check itself may take its shop's timeout times its attempts).
+const CHECK_RESEND_MS: i64 = 5_000;
 /// How long a nudge waits for the orders' hook while the node is starting.
 const ORDER_HOOK_WAIT_MS: i64 = 100;
 /// Order lines one shard keeps waiting at most; past it a line is answered
@@ -77,13 +81,17 @@ pub enum Nudge {
     /// Its record or a line was read back from the journal (a start, a takeover): an
     /// order whose lines are not all held is ended, and an ended one's lines follow.
     Recovered,
+    /// A hold of a shop with a check-back is past its expiry: the shop is asked first
+    /// ([`crate::checkback`]). `id` is the hold's.
+    HoldDue,
 }
 
 /// A processor asks the engine to act on an order ([`crate::orders`]).
 #[derive(Debug, Clone)]
 pub struct OrderNudge {
     pub shop: Arc<str>,
-    pub order_id: Arc<str>,
+    /// The order's id ([`Nudge::HoldDue`]: the hold's).
+    pub id: Arc<str>,
     pub why: Nudge,
 }
 
@@ -110,6 +118,9 @@ pub struct ShardShared {
     pub items_max: usize,
     /// Where orders' records and lines past their time are reported.
     pub order_hook: Arc<OnceLock<OrderHook>>,
+    /// The shops' check-backs: a due hold of a shop with one is reported rather than
+    /// expired here.
+    pub checkback: Arc<OnceLock<Arc<dyn CheckBack>>>,
 }
 
 /// A hold the processor keeps until it is confirmed, cancelled or expires.
@@ -278,6 +289,7 @@ pub struct Processor {
     /// Whether a sweep of lines waiting past the request TTL is armed.
     waiting_sweep: bool,
     order_hook: Arc<OnceLock<OrderHook>>,
+    checkback: Arc<OnceLock<Arc<dyn CheckBack>>>,
     /// The expiry of every pending hold, by shop and hold id.
     wheel: TimingWheel<(Arc<str>, Arc<str>)>,
     /// When the actor wakes next for the wheel, and the handle to move that wake-up.
@@ -312,6 +324,7 @@ impl Processor {
             holds_max,
             items_max,
             order_hook,
+            checkback,
         } = shared;
         let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
         let resident = initial.len();
@@ -359,6 +372,7 @@ impl Processor {
             waiting_count: 0,
             waiting_sweep: false,
             order_hook,
+            checkback,
             wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
             wake: None,
             ended: HashMap::new(),

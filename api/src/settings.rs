@@ -1,0 +1,137 @@
+//! `PUT /v1/shops/{shop}/settings`, `GET /v1/shops/{shop}/settings`,
+//! `GET /v1/shops/{shop}/dead-letters`: a shop's check-back before its holds and orders
+//! expire ([`nrtxn_actors::checkback`]). Operators only.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use nrtxn_actors::checkback::{CheckBack, CheckSettings};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::validate::{integer, json_object, path_segment};
+use crate::AppState;
+
+/// Largest body of a settings call.
+pub const SETTINGS_BODY_MAX: usize = 8 * 1024;
+/// Longest `check_url`, in bytes.
+pub const CHECK_URL_LEN_MAX: usize = 2_048;
+/// Defaults of a check-back's settings.
+pub const CHECK_TIMEOUT_MS_DEFAULT: i64 = 2_000;
+pub const CHECK_RETRIES_DEFAULT: i64 = 3;
+
+fn checkback(state: &AppState) -> Result<std::sync::Arc<dyn CheckBack>, ApiError> {
+    state
+        .engine
+        .checkback()
+        .ok_or_else(|| ApiError::Unavailable("check-backs are not available on this server".into()))
+}
+
+/// The settings in a body; `None` when `check_url` is `null` (the check-back is
+/// removed).
+fn settings_of(body: &Map<String, Value>) -> Result<Option<CheckSettings>, ApiError> {
+    let url = match body.get("check_url") {
+        Some(Value::Null) => return Ok(None),
+        Some(Value::String(u)) => u.clone(),
+        None => return Err(ApiError::invalid(
+            "check_url: required (an http:// or https:// URL, or null to remove the check-back)",
+        )),
+        Some(_) => return Err(ApiError::invalid("check_url: must be a string or null")),
+    };
+    if url.len() > CHECK_URL_LEN_MAX {
+        return Err(ApiError::invalid(format!(
+            "check_url: longer than {CHECK_URL_LEN_MAX} bytes"
+        )));
+    }
+    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+    let host_ok = url
+        .split_once("://")
+        .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'));
+    if !scheme_ok || !host_ok || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ApiError::invalid(format!(
+            "check_url: {url:?} is not an http:// or https:// URL"
+        )));
+    }
+    let timeout = match body.get("check_timeout_ms") {
+        None | Some(Value::Null) => CHECK_TIMEOUT_MS_DEFAULT,
+        Some(_) => integer(body, "check_timeout_ms", "", 100, 60_000)?,
+    };
+    let retries = match body.get("check_retries") {
+        None | Some(Value::Null) => CHECK_RETRIES_DEFAULT,
+        Some(_) => integer(body, "check_retries", "", 0, 10)?,
+    };
+    let default = match body.get("check_default") {
+        None | Some(Value::Null) => "release".to_string(),
+        Some(Value::String(d)) if d == "release" || d == "confirm" => d.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "check_default: must be \"release\" or \"confirm\"",
+            ))
+        }
+    };
+    Ok(Some(CheckSettings {
+        check_url: url,
+        check_timeout_ms: timeout as u64,
+        check_retries: retries as u32,
+        check_default: default,
+    }))
+}
+
+fn body_of(shop: &str, settings: Option<&CheckSettings>) -> Value {
+    match settings {
+        Some(s) => json!({
+            "shop": shop,
+            "check_url": s.check_url,
+            "check_timeout_ms": s.check_timeout_ms,
+            "check_retries": s.check_retries,
+            "check_default": s.check_default,
+        }),
+        None => json!({ "shop": shop, "check_url": null }),
+    }
+}
+
+pub async fn put_settings(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    http: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let body = json_object(&http, payload, SETTINGS_BODY_MAX).await?;
+    let settings = settings_of(&body)?;
+    let rotate = match body.get("rotate_secret") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid("rotate_secret: must be true or false")),
+    };
+    let checks = checkback(&state)?;
+    let secret = checks
+        .set_settings(&shop, settings.clone(), rotate)
+        .await
+        .map_err(ApiError::store)?;
+    let mut answer = body_of(&shop, settings.as_ref());
+    if let Some(secret) = secret {
+        // Shown this once: nrtxn signs every check-back call with it.
+        answer["check_secret"] = json!(secret);
+    }
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+pub async fn get_settings(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let settings = checkback(&state)?
+        .settings(&shop)
+        .await
+        .map_err(ApiError::store)?;
+    Ok(HttpResponse::Ok().json(body_of(&shop, settings.as_ref())))
+}
+
+pub async fn get_dead_letters(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let dead = checkback(&state)?.dead_letters(&shop);
+    Ok(HttpResponse::Ok().json(json!({ "shop": &*shop, "dead_letters": dead })))
+}
