@@ -597,6 +597,19 @@ mod tests {
             shop("acme", Role::Seller)
         );
         assert_eq!(
+            need_of(Method::POST, "/v1/shops/acme/orders/o/confirm"),
+            shop("acme", Role::Seller)
+        );
+        // A check-back's URL and its dead letters are an operator's.
+        assert_eq!(
+            need_of(Method::PUT, "/v1/shops/acme/settings"),
+            shop("acme", Role::Operator)
+        );
+        assert_eq!(
+            need_of(Method::GET, "/v1/shops/acme/dead-letters"),
+            shop("acme", Role::Operator)
+        );
+        assert_eq!(
             need_of(Method::GET, "/v1/shops/acme/items/sku"),
             shop("acme", Role::Seller)
         );
