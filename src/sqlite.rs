@@ -744,7 +744,7 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         },
         row.get(13)?,
     )?;
-    let order_id = nrtxn_actors::order_id_of(&item, hold_id.as_deref());
+    let order_id = nrtxn_actors::order_id_of(&item, hold_id.as_deref(), request_key.as_deref());
     Ok(Event {
         shop: shop.into(),
         item: item.into(),

@@ -563,19 +563,30 @@ impl Entry {
             at: self.completed_at,
             hold_id: self.hold_id.clone(),
             reason: self.reason.clone().filter(|_| self.op == Op::Adjust),
-            order_id: order_id_of(&self.item, self.hold_id.as_deref()),
+            order_id: order_id_of(
+                &self.item,
+                self.hold_id.as_deref(),
+                self.request_key.as_deref(),
+            ),
         })
     }
 }
 
-/// The order an entry of `item` about hold `hold_id` belongs to: an order's line, or
-/// its record on an order item.
-pub fn order_id_of(item: &str, hold_id: Option<&str>) -> Option<Arc<str>> {
-    let hold_id = hold_id?;
-    if is_order_item(item) {
-        return Some(hold_id.into());
+/// The order an entry of `item` about hold `hold_id`, under `request_key`, belongs to:
+/// an order's line (held, refused or ended), or its record on an order item.
+pub fn order_id_of(
+    item: &str,
+    hold_id: Option<&str>,
+    request_key: Option<&str>,
+) -> Option<Arc<str>> {
+    if let (true, Some(id)) = (is_order_item(item), hold_id) {
+        return Some(id.into());
     }
-    order_of_line(hold_id).map(|(order, _)| order.into())
+    // A line's hold names it; a line refused has no hold, but its key is the line's.
+    hold_id
+        .and_then(order_of_line)
+        .or_else(|| request_key.and_then(order_of_line))
+        .map(|(order, _)| order.into())
 }
 
 /// One change of an item, as its sequenced event stream shows it: every journal entry of
