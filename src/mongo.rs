@@ -37,11 +37,13 @@ use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{ClientSession, Collection, Database, IndexModel};
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
+use nrtxn_actors::ports::{
+    ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
+};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Leases, Metrics, Outcome, Recovered,
-    RelayPage, StoreError,
+    RelayPage, StoreError, INTERNAL_ITEMS_END, INTERNAL_ITEM_PREFIX,
 };
 use tokio::sync::mpsc;
 
@@ -1149,6 +1151,61 @@ impl ItemReads for MongoJournal {
                 });
             }
             Ok(out)
+        })
+    }
+
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError> {
+        let coll = journal(&self.db);
+        let shop = shop.to_string();
+        let mut prev = after.unwrap_or("").to_string();
+        self.wait(async move {
+            let mut page = ItemPage::default();
+            loop {
+                // A loose scan of the unique index on shop, item and seq: the next item's
+                // first sequenced entry (one seek), then its last (its state). Every
+                // item has entries here: this journal is never pruned.
+                let found = coll
+                    .find_one(doc! {
+                        "shop": &shop,
+                        "item": { "$gt": &prev },
+                        "seq": { "$type": "number" },
+                    })
+                    .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
+                    .projection(doc! { "_id": 0, "item": 1 })
+                    .await
+                    .map_err(storage)?;
+                let Some(next) = found.and_then(|d| d.get_str("item").ok().map(String::from))
+                else {
+                    break;
+                };
+                if next.starts_with(INTERNAL_ITEM_PREFIX) {
+                    prev = INTERNAL_ITEMS_END.to_string();
+                    continue;
+                }
+                if page.items.len() == limit {
+                    page.more = true;
+                    break;
+                }
+                let last = coll
+                    .find_one(doc! { "shop": &shop, "item": &next, "seq": { "$type": "number" } })
+                    .sort(doc! { "shop": 1, "item": 1, "seq": -1 })
+                    .await
+                    .map_err(storage)?;
+                if let Some(state) = last
+                    .map(from_doc)
+                    .transpose()?
+                    .and_then(|e| e.state_after())
+                {
+                    page.items.push((next.as_str().into(), state));
+                }
+                prev = next;
+            }
+            Ok(page)
         })
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use nrtxn::embedded_log::EmbeddedLog;
 use nrtxn::sqlite::SqliteStore;
-use nrtxn_actors::ports::{AppendDone, Recovered, RelayPage};
+use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
 use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::{
     now_ms, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome, Reply, Request,
@@ -47,6 +47,15 @@ impl ItemReads for FullEveryThird {
         items: &[(Arc<str>, Arc<str>)],
     ) -> Result<Vec<Option<ItemState>>, StoreError> {
         self.inner.item_states(items)
+    }
+
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError> {
+        self.inner.item_page(shop, after, limit)
     }
 
     fn holds(&self, shop: &str, ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {

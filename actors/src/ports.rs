@@ -147,6 +147,17 @@ pub trait ItemReads: Send + Sync + 'static {
         items: &[(Arc<str>, Arc<str>)],
     ) -> Result<Vec<Option<BuyerLedger>>, StoreError>;
 
+    /// A page of the shop's items as durable, in name order (bytewise): at most `limit`
+    /// items named after `after` (from the first when `None`), without the internal ones
+    /// ([`crate::INTERNAL_ITEM_PREFIX`]), each with its state; `more` tells whether items
+    /// come after the page.
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError>;
+
     /// The item's durable events with `seq > after`, in seq order, at most `limit`.
     fn events(
         &self,
@@ -211,6 +222,15 @@ pub trait Lifecycle: Send + Sync + 'static {
 
     /// Waits for the writes in flight, writes a final snapshot, and closes.
     fn close(&self);
+}
+
+/// A page of a shop's items ([`ItemReads::item_page`]).
+#[derive(Debug, Default)]
+pub struct ItemPage {
+    /// `(item, state)`, in name order.
+    pub items: Vec<(Arc<str>, ItemState)>,
+    /// Whether the shop has items after the last one of the page.
+    pub more: bool,
 }
 
 /// A page of committed events for the outbox relay (see [`Outbox::relay_read`]).

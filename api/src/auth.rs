@@ -89,6 +89,7 @@ pub const SHOP_ROUTES: &[(&str, &str, Role)] = &[
     ("POST", "holds/{hold_id}/confirm", Role::Seller),
     ("POST", "holds/{hold_id}/cancel", Role::Seller),
     ("GET", "items/{item}", Role::Seller),
+    ("GET", "items", Role::Seller),
     ("PUT", "items", Role::Operator),
     ("GET", "items/{item}/events", Role::Operator),
 ];

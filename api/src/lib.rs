@@ -32,6 +32,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(health::readyz))
         .route("/metrics", web::get().to(health::metrics))
         .route("/v1/shops/{shop}/items", web::put().to(items::put_items))
+        .route("/v1/shops/{shop}/items", web::get().to(items::list_items))
         .route(
             "/v1/shops/{shop}/items/adjust",
             web::post().to(txns::post_adjust),
