@@ -2,6 +2,7 @@
 //! in-process request log), the wiring of `serve`, and the event follower of `follow`.
 
 pub mod backup;
+pub mod client;
 pub mod config;
 pub mod embedded_log;
 pub mod faults;
