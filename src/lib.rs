@@ -14,3 +14,4 @@ pub mod mongo;
 pub mod server;
 pub mod space;
 pub mod sqlite;
+pub mod stream;

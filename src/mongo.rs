@@ -1332,7 +1332,11 @@ impl Outbox for MongoJournal {
             let page = |filter: Document, limit: Option<i64>| {
                 let coll = coll.clone();
                 async move {
-                    let mut find = coll.find(filter).sort(doc! { "batch": 1, "seq": 1 });
+                    // Ties broken by shop and item: the same page read twice comes in the same
+                    // order (a push stream's cursor counts events into a batch).
+                    let mut find = coll
+                        .find(filter)
+                        .sort(doc! { "batch": 1, "seq": 1, "shop": 1, "item": 1 });
                     if let Some(n) = limit {
                         find = find.limit(n);
                     }
@@ -1378,6 +1382,10 @@ impl Outbox for MongoJournal {
             page.next = page.next.max(upto as u64);
         }
         Ok(page)
+    }
+
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        Ok(self.written_batch.load(Ordering::Acquire).max(0) as u64)
     }
 
     fn relay_cursor(&self) -> Result<u64, StoreError> {

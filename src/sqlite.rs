@@ -1368,6 +1368,15 @@ impl Outbox for SqliteStore {
         })
     }
 
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        self.read(|conn| {
+            conn.query_row("SELECT COALESCE(MAX(id), 0) FROM journal", [], |row| {
+                row.get::<_, i64>(0)
+            })
+        })
+        .map(|v| v.max(0) as u64)
+    }
+
     fn relay_cursor(&self) -> Result<u64, StoreError> {
         self.read(|conn| {
             conn.query_row(

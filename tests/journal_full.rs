@@ -87,6 +87,9 @@ impl Outbox for FullEveryThird {
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
         self.inner.relay_read(cursor, limit)
     }
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        self.inner.relay_end()
+    }
 
     fn relay_cursor(&self) -> Result<u64, StoreError> {
         self.inner.relay_cursor()

@@ -92,6 +92,7 @@ pub const SHOP_ROUTES: &[(&str, &str, Role)] = &[
     ("GET", "items", Role::Seller),
     ("PUT", "items", Role::Operator),
     ("GET", "items/{item}/events", Role::Operator),
+    ("GET", "events/stream", Role::Operator),
 ];
 
 /// Routes anyone may call, whatever the keys: a load balancer's and an orchestrator's

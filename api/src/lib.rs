@@ -16,6 +16,7 @@ pub mod events;
 pub mod health;
 pub mod holds;
 pub mod items;
+pub mod stream;
 pub mod txns;
 pub mod validate;
 
@@ -24,6 +25,8 @@ pub use error::ApiError;
 /// What every handler shares.
 pub struct AppState {
     pub engine: Arc<Engine>,
+    /// Where `GET .../events/stream` reads the shops' events (`None`: no stream here).
+    pub feed: Option<Arc<dyn nrtxn_actors::EventFeed>>,
 }
 
 /// Registers every route.
@@ -57,6 +60,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/v1/shops/{shop}/items/{item}/events",
             web::get().to(events::get_events),
+        )
+        .route(
+            "/v1/shops/{shop}/events/stream",
+            web::get().to(stream::get_stream),
         )
         .route("/v1/shops/{shop}/holds", web::post().to(holds::post_hold))
         .route(

@@ -614,6 +614,11 @@ impl Outbox for LogJournal {
         self.views.relay_read(cursor, limit)
     }
 
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        self.progress.wait_views()?;
+        self.views.relay_end()
+    }
+
     fn relay_cursor(&self) -> Result<u64, StoreError> {
         self.views.relay_cursor()
     }
