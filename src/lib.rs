@@ -3,6 +3,7 @@
 
 pub mod backup;
 pub mod checkback;
+pub mod client;
 pub mod config;
 pub mod embedded_log;
 pub mod faults;
@@ -14,3 +15,4 @@ pub mod mongo;
 pub mod server;
 pub mod space;
 pub mod sqlite;
+pub mod stream;

@@ -42,6 +42,23 @@ enum MainCommand {
     /// as they come: a shop's (or one item's) from the events topic with
     /// `--kafka-brokers`, else one item's by polling the server's events route.
     Follow(FollowArgs),
+    /// A shop's items on a running server: load a CSV file, list, read one.
+    Items {
+        #[command(flatten)]
+        conn: nrtxn::client::Conn,
+        #[command(subcommand)]
+        command: nrtxn::client::ItemsCommand,
+    },
+    /// Transactions on a running server: submit one, read one's outcome by its key.
+    Txn {
+        #[command(flatten)]
+        conn: nrtxn::client::Conn,
+        #[command(subcommand)]
+        command: nrtxn::client::TxnCommand,
+    },
+    /// An item's live stock in the terminal, from the shop's event stream (needs an
+    /// operator key of the shop, or admin, when keys are on).
+    Watch(nrtxn::client::WatchArgs),
     /// Manage access keys, in the store `serve` reads with the same --data-dir or
     /// --mongo-uri (works while servers run; they pick changes up within 5 s).
     Keys(KeysArgs),
@@ -235,6 +252,9 @@ fn main() -> ExitCode {
             .build()
             .context("cannot start the runtime")
             .and_then(|rt| rt.block_on(follow(args))),
+        MainCommand::Items { conn, command } => nrtxn::client::items(&conn, command),
+        MainCommand::Txn { conn, command } => nrtxn::client::txn(&conn, command),
+        MainCommand::Watch(args) => nrtxn::client::watch(args),
         MainCommand::Keys(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

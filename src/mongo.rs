@@ -37,11 +37,13 @@ use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{ClientSession, Collection, Database, IndexModel};
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
+use nrtxn_actors::ports::{
+    ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
+};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Leases, Metrics, Outcome, Recovered,
-    RelayPage, StoreError,
+    RelayPage, StoreError, INTERNAL_ITEMS_END, INTERNAL_ITEM_PREFIX,
 };
 use tokio::sync::mpsc;
 
@@ -1161,6 +1163,61 @@ impl ItemReads for MongoJournal {
         })
     }
 
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError> {
+        let coll = journal(&self.db);
+        let shop = shop.to_string();
+        let mut prev = after.unwrap_or("").to_string();
+        self.wait(async move {
+            let mut page = ItemPage::default();
+            loop {
+                // A loose scan of the unique index on shop, item and seq: the next item's
+                // first sequenced entry (one seek), then its last (its state). Every
+                // item has entries here: this journal is never pruned.
+                let found = coll
+                    .find_one(doc! {
+                        "shop": &shop,
+                        "item": { "$gt": &prev },
+                        "seq": { "$type": "number" },
+                    })
+                    .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
+                    .projection(doc! { "_id": 0, "item": 1 })
+                    .await
+                    .map_err(storage)?;
+                let Some(next) = found.and_then(|d| d.get_str("item").ok().map(String::from))
+                else {
+                    break;
+                };
+                if next.starts_with(INTERNAL_ITEM_PREFIX) {
+                    prev = INTERNAL_ITEMS_END.to_string();
+                    continue;
+                }
+                if page.items.len() == limit {
+                    page.more = true;
+                    break;
+                }
+                let last = coll
+                    .find_one(doc! { "shop": &shop, "item": &next, "seq": { "$type": "number" } })
+                    .sort(doc! { "shop": 1, "item": 1, "seq": -1 })
+                    .await
+                    .map_err(storage)?;
+                if let Some(state) = last
+                    .map(from_doc)
+                    .transpose()?
+                    .and_then(|e| e.state_after())
+                {
+                    page.items.push((next.as_str().into(), state));
+                }
+                prev = next;
+            }
+            Ok(page)
+        })
+    }
+
     fn ledgers(
         &self,
         items: &[(Arc<str>, Arc<str>)],
@@ -1284,7 +1341,11 @@ impl Outbox for MongoJournal {
             let page = |filter: Document, limit: Option<i64>| {
                 let coll = coll.clone();
                 async move {
-                    let mut find = coll.find(filter).sort(doc! { "batch": 1, "seq": 1 });
+                    // Ties broken by shop and item: the same page read twice comes in the same
+                    // order (a push stream's cursor counts events into a batch).
+                    let mut find = coll
+                        .find(filter)
+                        .sort(doc! { "batch": 1, "seq": 1, "shop": 1, "item": 1 });
                     if let Some(n) = limit {
                         find = find.limit(n);
                     }
@@ -1330,6 +1391,10 @@ impl Outbox for MongoJournal {
             page.next = page.next.max(upto as u64);
         }
         Ok(page)
+    }
+
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        Ok(self.written_batch.load(Ordering::Acquire).max(0) as u64)
     }
 
     fn relay_cursor(&self) -> Result<u64, StoreError> {

@@ -168,6 +168,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     space.set_free_min(settings.disk_free_min_bytes);
     let journal_is_store = settings.mongo_uri.is_none();
     let outbox = journal.clone();
+    let feed_journal: Arc<dyn nrtxn_actors::Outbox> = journal.clone();
     let kafka = settings.kafka.clone();
     let stages = metrics.stage.clone();
     let mut log_error = None;
@@ -218,8 +219,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             return Err(e);
         }
     }
+    // The push stream reads the events topic with several nodes (each node's relay
+    // writes its own events there), else this node's journal in commit order.
+    let feed: Arc<dyn nrtxn_actors::EventFeed> = match &settings.kafka {
+        Some(k) => Arc::new(nrtxn_kafka::TopicFeed {
+            security: k.security.clone(),
+            brokers: k.brokers.clone(),
+            topic: k.events_topic.clone(),
+        }),
+        None => Arc::new(crate::stream::JournalFeed {
+            journal: feed_journal,
+        }),
+    };
     let state = web::Data::new(AppState {
         engine: engine.clone(),
+        feed: Some(feed),
     });
     let _reloader = reloader.run(gate.clone());
     // `/metrics` without a key, on an address of its own (a scraper on a private

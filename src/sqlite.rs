@@ -29,11 +29,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
+use nrtxn_actors::ports::{
+    ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
+};
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Metrics, Op, Outcome,
-    Recovered, RelayPage, Request, Status, StoreError,
+    Recovered, RelayPage, Request, Status, StoreError, INTERNAL_ITEMS_END, INTERNAL_ITEM_PREFIX,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -1198,43 +1200,98 @@ impl Outcomes for SqliteStore {
     }
 }
 
+/// The state of one item as its last journal entry has it, or as its snapshot has it if
+/// the entries it covers were pruned and none came since (`None`: no such item).
+fn item_state(
+    conn: &Connection,
+    shop: &str,
+    item: &str,
+) -> Result<Option<ItemState>, rusqlite::Error> {
+    // The item's last entry, through the index on (shop, item, seq). Entries written
+    // before holds existed have no reserved_after: nothing was reserved.
+    let mut last = conn.prepare_cached(
+        "SELECT stock_after, COALESCE(reserved_after, 0), seq FROM journal
+         WHERE shop = ?1 AND item = ?2 AND seq IS NOT NULL
+         ORDER BY seq DESC LIMIT 1",
+    )?;
+    let mut snapshot = conn.prepare_cached(
+        "SELECT stock, reserved, seq, checksum FROM items WHERE shop = ?1 AND item = ?2",
+    )?;
+    let state = |row: &rusqlite::Row<'_>| {
+        Ok(ItemState {
+            stock: row.get(0)?,
+            reserved: row.get(1)?,
+            seq: row.get(2)?,
+        })
+    };
+    let key = params![shop, item];
+    let a = last.query_row(key, state).optional()?;
+    let b = snapshot
+        .query_row(key, |row| Ok((state(row)?, row.get(3)?)))
+        .optional()?
+        .map(|(st, sum)| checked_snapshot(shop, item, st, sum))
+        .transpose()?;
+    Ok(a.into_iter().chain(b).max_by_key(|s| s.seq))
+}
+
 impl ItemReads for SqliteStore {
     fn item_states(
         &self,
         items: &[(Arc<str>, Arc<str>)],
     ) -> Result<Vec<Option<ItemState>>, StoreError> {
         self.read(|conn| {
-            // The item's last entry, through the index on (shop, item, seq). Entries
-            // written before holds existed have no reserved_after: nothing was reserved.
-            let mut last = conn.prepare_cached(
-                "SELECT stock_after, COALESCE(reserved_after, 0), seq FROM journal
-                 WHERE shop = ?1 AND item = ?2 AND seq IS NOT NULL
-                 ORDER BY seq DESC LIMIT 1",
-            )?;
-            // Or its snapshot, if the entries it covers were pruned and none came since.
-            let mut snapshot = conn.prepare_cached(
-                "SELECT stock, reserved, seq, checksum FROM items WHERE shop = ?1 AND item = ?2",
-            )?;
-            let state = |row: &rusqlite::Row<'_>| {
-                Ok(ItemState {
-                    stock: row.get(0)?,
-                    reserved: row.get(1)?,
-                    seq: row.get(2)?,
-                })
-            };
             items
                 .iter()
-                .map(|(shop, item)| {
-                    let key = params![&**shop, &**item];
-                    let a = last.query_row(key, state).optional()?;
-                    let b = snapshot
-                        .query_row(key, |row| Ok((state(row)?, row.get(3)?)))
-                        .optional()?
-                        .map(|(st, sum)| checked_snapshot(shop, item, st, sum))
-                        .transpose()?;
-                    Ok(a.into_iter().chain(b).max_by_key(|s| s.seq))
-                })
+                .map(|(shop, item)| item_state(conn, shop, item))
                 .collect()
+        })
+    }
+
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError> {
+        self.read(|conn| {
+            // The next name after `prev`, from the entries (through the index on (shop,
+            // item, seq): one seek) or from the snapshots of items whose entries were
+            // pruned: a loose index scan, so a page costs its own items, not the shop's.
+            let mut in_journal = conn.prepare_cached(
+                "SELECT item FROM journal WHERE shop = ?1 AND item > ?2 ORDER BY item LIMIT 1",
+            )?;
+            let mut in_snapshots = conn.prepare_cached(
+                "SELECT item FROM items WHERE shop = ?1 AND item > ?2 ORDER BY item LIMIT 1",
+            )?;
+            let mut page = ItemPage::default();
+            let mut prev = after.unwrap_or("").to_string();
+            loop {
+                let a: Option<String> = in_journal
+                    .query_row(params![shop, prev], |r| r.get(0))
+                    .optional()?;
+                let b: Option<String> = in_snapshots
+                    .query_row(params![shop, prev], |r| r.get(0))
+                    .optional()?;
+                let next = match (a, b) {
+                    (Some(a), Some(b)) => a.min(b),
+                    (Some(n), None) | (None, Some(n)) => n,
+                    (None, None) => break,
+                };
+                if next.starts_with(INTERNAL_ITEM_PREFIX) {
+                    prev = INTERNAL_ITEMS_END.to_string();
+                    continue;
+                }
+                // An item only ever asked for while unknown has entries but no state.
+                if let Some(state) = item_state(conn, shop, &next)? {
+                    if page.items.len() == limit {
+                        page.more = true;
+                        break;
+                    }
+                    page.items.push((next.as_str().into(), state));
+                }
+                prev = next;
+            }
+            Ok(page)
         })
     }
 
@@ -1312,6 +1369,15 @@ impl Outbox for SqliteStore {
             }
             Ok(page)
         })
+    }
+
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        self.read(|conn| {
+            conn.query_row("SELECT COALESCE(MAX(id), 0) FROM journal", [], |row| {
+                row.get::<_, i64>(0)
+            })
+        })
+        .map(|v| v.max(0) as u64)
     }
 
     fn relay_cursor(&self) -> Result<u64, StoreError> {

@@ -244,6 +244,13 @@ async fn each_role_reaches_exactly_its_routes_and_other_shops_keys_get_403() {
             [true, true, true],
         ),
         (
+            "item list",
+            Method::GET,
+            url("/v1/shops/acme/items?limit=5"),
+            None,
+            [true, true, true],
+        ),
+        (
             "poll",
             Method::GET,
             url("/v1/shops/acme/txns/nope"),
@@ -317,6 +324,7 @@ async fn each_role_reaches_exactly_its_routes_and_other_shops_keys_get_403() {
     // in its own shop.
     for (method, route) in [
         (Method::GET, url("/v1/shops/acme/items/sku-1")),
+        (Method::GET, url("/v1/shops/acme/items")),
         (Method::PUT, url("/v1/shops/acme/items")),
     ] {
         let (status, _, body) = send(&c, method, &route, Some(&other_operator), None).await;

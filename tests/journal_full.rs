@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use nrtxn::embedded_log::EmbeddedLog;
 use nrtxn::sqlite::SqliteStore;
-use nrtxn_actors::ports::{AppendDone, Recovered, RelayPage};
+use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
 use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::{
     now_ms, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome, Reply, Request,
@@ -49,6 +49,15 @@ impl ItemReads for FullEveryThird {
         self.inner.item_states(items)
     }
 
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError> {
+        self.inner.item_page(shop, after, limit)
+    }
+
     fn holds(&self, shop: &str, ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         self.inner.holds(shop, ids)
     }
@@ -77,6 +86,9 @@ impl Sharing for FullEveryThird {}
 impl Outbox for FullEveryThird {
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
         self.inner.relay_read(cursor, limit)
+    }
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        self.inner.relay_end()
     }
 
     fn relay_cursor(&self) -> Result<u64, StoreError> {

@@ -845,6 +845,40 @@ impl Engine {
         .await
     }
 
+    /// A page of the shop's items as durable, in name order, after `after`: at most
+    /// `limit` ([`crate::ITEMS_LIMIT_MAX`]) items, and the name to ask after for the next
+    /// page (`None` at the end). Internal pseudo-items are left out.
+    pub async fn items(
+        &self,
+        shop: &Arc<str>,
+        after: Option<Arc<str>>,
+        limit: usize,
+    ) -> Result<(Vec<ItemView>, Option<Arc<str>>), EngineError> {
+        let (journal, s) = (self.deps.journal.clone(), shop.clone());
+        let page = self
+            .read_for_caller("a shop's items", move || {
+                journal.item_page(&s, after.as_deref(), limit)
+            })
+            .await?;
+        let next = if page.more {
+            page.items.last().map(|(item, _)| item.clone())
+        } else {
+            None
+        };
+        let views = page
+            .items
+            .into_iter()
+            .map(|(item, st)| ItemView {
+                shop: shop.clone(),
+                item,
+                stock: st.stock,
+                reserved: st.reserved,
+                seq: st.seq,
+            })
+            .collect();
+        Ok((views, next))
+    }
+
     /// The durable state of an item, `None` if unknown.
     pub async fn item(
         &self,

@@ -22,9 +22,9 @@ pub mod work_manager;
 pub use engine::{Dispatcher, Engine, EngineConfig, EngineError};
 pub use metrics::Metrics;
 pub use ports::{
-    AppendDone, Durable, ItemReads, Journal, JournalWrite, JournaledHook, Leases, Lifecycle,
-    LogHooks, Outbox, Outcomes, Recovered, RelayPage, RemoteReplies, RequestLog, Sharing,
-    StoreError,
+    AppendDone, Durable, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal,
+    JournalWrite, JournaledHook, Leases, Lifecycle, LogHooks, Outbox, Outcomes, Recovered,
+    RelayPage, RemoteReplies, RequestLog, Sharing, StoreError,
 };
 pub use reply::{Answers, Reply};
 pub use types::*;

@@ -147,6 +147,17 @@ pub trait ItemReads: Send + Sync + 'static {
         items: &[(Arc<str>, Arc<str>)],
     ) -> Result<Vec<Option<BuyerLedger>>, StoreError>;
 
+    /// A page of the shop's items as durable, in name order (bytewise): at most `limit`
+    /// items named after `after` (from the first when `None`), without the internal ones
+    /// ([`crate::INTERNAL_ITEM_PREFIX`]), each with its state; `more` tells whether items
+    /// come after the page.
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError>;
+
     /// The item's durable events with `seq > after`, in seq order, at most `limit`.
     fn events(
         &self,
@@ -196,12 +207,45 @@ pub trait Outbox: Send + Sync + 'static {
     /// passes them.
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError>;
 
+    /// The cursor after everything committed now: a reader that starts here sees only
+    /// what is committed from now on.
+    fn relay_end(&self) -> Result<u64, StoreError>;
+
     /// Where the relay stopped: every event up to this cursor was published.
     fn relay_cursor(&self) -> Result<u64, StoreError>;
 
     /// Records durably (in the journal's own store) that every event up to `cursor` was
     /// published; returns once it is written.
     fn relay_save(&self, cursor: u64) -> Result<(), StoreError>;
+}
+
+/// A shop's events as they are committed, for a push stream (`GET .../events/stream`):
+/// the journal's commit order on a node that writes its journal alone, the events topic's
+/// partitions with several nodes. A position in it is a cursor, opaque to the caller.
+pub trait EventFeed: Send + Sync + 'static {
+    /// A reader of `shop`'s events after `after` (from now when `None`), and the cursor
+    /// of where it starts. `Err(FeedError::BadCursor)` when `after` is not a cursor of
+    /// this feed.
+    fn open(
+        &self,
+        shop: Arc<str>,
+        after: Option<&str>,
+    ) -> Result<(Box<dyn FeedReader>, String), FeedError>;
+}
+
+/// One reader of a feed, used from one thread (its calls block).
+pub trait FeedReader: Send + 'static {
+    /// The shop's next events, each with the cursor just after it, in order (each item's
+    /// in seq order), waiting up to about `wait` when there are none.
+    fn next(&mut self, wait: std::time::Duration) -> Result<Vec<(String, Event)>, StoreError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    #[error("not a cursor of this stream: {0}")]
+    BadCursor(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// Start and stop.
@@ -211,6 +255,15 @@ pub trait Lifecycle: Send + Sync + 'static {
 
     /// Waits for the writes in flight, writes a final snapshot, and closes.
     fn close(&self);
+}
+
+/// A page of a shop's items ([`ItemReads::item_page`]).
+#[derive(Debug, Default)]
+pub struct ItemPage {
+    /// `(item, state)`, in name order.
+    pub items: Vec<(Arc<str>, ItemState)>,
+    /// Whether the shop has items after the last one of the page.
+    pub more: bool,
 }
 
 /// A page of committed events for the outbox relay (see [`Outbox::relay_read`]).

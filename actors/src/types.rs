@@ -25,6 +25,16 @@ pub const BATCH_TXNS_MAX: usize = 1_000;
 pub const HOLD_TTL_MAX_MS: i64 = 7 * 24 * 3600 * 1000;
 /// Most events one read of an item's event stream returns.
 pub const EVENTS_LIMIT_MAX: usize = 1_000;
+/// Most items one page of a shop's item list returns.
+pub const ITEMS_LIMIT_MAX: usize = 1_000;
+/// Items whose name starts with this are nrtxn's own records kept as pseudo-items (an
+/// order's record, say), not a shop's stock: the item list leaves them out.
+pub const INTERNAL_ITEM_PREFIX: char = '~';
+/// The greatest name below every name after the internal ones: names are UTF-8 without
+/// control characters, so every `~` name sorts below U+007F (a control character, never
+/// a name) and every name after them (first byte 0x80 or more) above it. A list that
+/// meets an internal name goes on after this bound.
+pub const INTERNAL_ITEMS_END: &str = "\u{7f}";
 /// Prefix of the request key under which a hold's one ending (confirm, cancel or
 /// expiry) is journaled: a hold ends once, so the at-most-once rule on keys is what
 /// makes a second confirm answer the first, and a confirm after an expiry answer the

@@ -93,8 +93,10 @@ pub const SHOP_ROUTES: &[(&str, &str, Role)] = &[
     ("POST", "orders/{order_id}/confirm", Role::Seller),
     ("POST", "orders/{order_id}/cancel", Role::Seller),
     ("GET", "items/{item}", Role::Seller),
+    ("GET", "items", Role::Seller),
     ("PUT", "items", Role::Operator),
     ("GET", "items/{item}/events", Role::Operator),
+    ("GET", "events/stream", Role::Operator),
 ];
 
 /// Routes anyone may call, whatever the keys: a load balancer's and an orchestrator's

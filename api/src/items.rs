@@ -1,11 +1,14 @@
-//! `PUT /v1/shops/{shop}/items` (operators load stock) and `GET .../items/{item}`.
+//! `PUT /v1/shops/{shop}/items` (operators load stock), `GET .../items` (a page of the
+//! shop's items) and `GET .../items/{item}`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::engine::{load_view, LoadEntry};
-use nrtxn_actors::{EngineError, ItemView, Status, LOAD_ITEMS_MAX, QTY_MAX, STOCK_MAX};
+use nrtxn_actors::{
+    EngineError, ItemView, Status, ITEMS_LIMIT_MAX, LOAD_ITEMS_MAX, QTY_MAX, STOCK_MAX,
+};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -124,6 +127,41 @@ pub async fn get_load(
     } else {
         HttpResponse::Ok().json(body)
     })
+}
+
+/// Items per page when `limit` is not given.
+const ITEMS_LIMIT_DEFAULT: i64 = 100;
+
+/// `GET /v1/shops/{shop}/items?after=ITEM&limit=N`: the shop's items as durable, in name
+/// order (bytewise), `limit` (1 to [`ITEMS_LIMIT_MAX`], default 100) after `after`, and
+/// `next`, the `after` of the next page (`null` on the last). Internal pseudo-items
+/// (names starting with `~`) are not listed.
+pub async fn list_items(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<Vec<(String, String)>>,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let (mut after, mut limit) = (None, ITEMS_LIMIT_DEFAULT);
+    for (k, v) in query.into_inner() {
+        match k.as_str() {
+            "after" => after = Some(path_segment(&v, "after")?),
+            "limit" => {
+                let n = v.parse::<i64>().map_err(|_| {
+                    ApiError::invalid(format!("limit: must be an integer, got {v:?}"))
+                })?;
+                let params = serde_json::Map::from_iter([("limit".to_string(), Value::from(n))]);
+                limit = integer(&params, "limit", "", 1, ITEMS_LIMIT_MAX as i64)?;
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "{other}: unknown parameter (after, limit)"
+                )))
+            }
+        }
+    }
+    let (items, next) = state.engine.items(&shop, after, limit as usize).await?;
+    Ok(HttpResponse::Ok().json(json!({ "items": items, "next": next })))
 }
 
 pub async fn get_item(

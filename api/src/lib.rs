@@ -18,6 +18,7 @@ pub mod holds;
 pub mod items;
 pub mod orders;
 pub mod settings;
+pub mod stream;
 pub mod txns;
 pub mod validate;
 
@@ -26,6 +27,8 @@ pub use error::ApiError;
 /// What every handler shares.
 pub struct AppState {
     pub engine: Arc<Engine>,
+    /// Where `GET .../events/stream` reads the shops' events (`None`: no stream here).
+    pub feed: Option<Arc<dyn nrtxn_actors::EventFeed>>,
 }
 
 /// Registers every route.
@@ -34,6 +37,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(health::readyz))
         .route("/metrics", web::get().to(health::metrics))
         .route("/v1/shops/{shop}/items", web::put().to(items::put_items))
+        .route("/v1/shops/{shop}/items", web::get().to(items::list_items))
         .route(
             "/v1/shops/{shop}/items/adjust",
             web::post().to(txns::post_adjust),
@@ -58,6 +62,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/v1/shops/{shop}/items/{item}/events",
             web::get().to(events::get_events),
+        )
+        .route(
+            "/v1/shops/{shop}/events/stream",
+            web::get().to(stream::get_stream),
         )
         .route("/v1/shops/{shop}/holds", web::post().to(holds::post_hold))
         .route(

@@ -48,7 +48,7 @@ use tokio::sync::oneshot;
 
 mod relay;
 mod security;
-pub use relay::{EventsRelay, EventsTopic, RELAY_IDLE_POLL, RELAY_PAGE_MAX};
+pub use relay::{EventsRelay, EventsTopic, TopicFeed, RELAY_IDLE_POLL, RELAY_PAGE_MAX};
 pub use security::{KafkaSecurity, Secret, SASL_MECHANISMS, SECURITY_PROTOCOLS};
 
 /// Messages the producer may hold unacknowledged; above the engine's in-flight bound, so

@@ -319,3 +319,154 @@ impl EventsTopic {
         self.rx.try_recv().ok()
     }
 }
+
+/// The push stream's feed with several nodes: the events topic, which every node's relay
+/// writes (see `docs/decisions/event-stream.md`). A cursor is `k` and the next offset of
+/// every partition, in partition order, joined by `-` (`k12-0-7-3`): an item's events
+/// are in one partition in seq order, so a reader that starts at these offsets misses
+/// none of the events after the cursor's event and repeats none before it.
+pub struct TopicFeed {
+    pub security: KafkaSecurity,
+    pub brokers: String,
+    pub topic: String,
+}
+
+/// Items whose last seq a topic reader remembers, to drop a page the relay published
+/// twice (after a crash or a failed send): about 200 bytes each, so 20 MB per stream at
+/// most; past it the memory is cleared, and a duplicate of an item not seen since may
+/// pass (its `seq` tells it from a new event).
+const TOPIC_ITEMS_SEEN_MAX: usize = 100_000;
+
+impl nrtxn_actors::EventFeed for TopicFeed {
+    fn open(
+        &self,
+        shop: Arc<str>,
+        after: Option<&str>,
+    ) -> Result<(Box<dyn nrtxn_actors::FeedReader>, String), nrtxn_actors::FeedError> {
+        use nrtxn_actors::FeedError;
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::{Offset, TopicPartitionList};
+
+        let from: Option<Vec<i64>> = match after {
+            None => None,
+            Some(c) => Some(
+                c.strip_prefix('k')
+                    .map(|rest| rest.split('-').map(|o| o.parse::<i64>()).collect())
+                    .and_then(Result::ok)
+                    .filter(|v: &Vec<i64>| !v.is_empty() && v.iter().all(|o| *o >= 0))
+                    .ok_or_else(|| FeedError::BadCursor(c.to_string()))?,
+            ),
+        };
+        let consumer: BaseConsumer = self
+            .security
+            .client_config(&self.brokers)
+            .set("group.id", "nrtxn-stream")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .map_err(kafka_err)?;
+        let metadata = consumer
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
+            .map_err(kafka_err)?;
+        let mut partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == self.topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        partitions.sort_unstable();
+        if partitions.is_empty() {
+            return Err(kafka_err(format!("events topic {} has no partitions", self.topic)).into());
+        }
+        // Each partition's next offset: the cursor's, or the end now (a partition the
+        // cursor does not know, added since, from its beginning).
+        let mut next = Vec::with_capacity(partitions.len());
+        for &p in &partitions {
+            let at = match &from {
+                Some(v) => v.get(p as usize).copied().unwrap_or(0),
+                None => {
+                    consumer
+                        .fetch_watermarks(&self.topic, p, Duration::from_secs(10))
+                        .map_err(kafka_err)?
+                        .1
+                }
+            };
+            next.push(at);
+        }
+        let mut assignment = TopicPartitionList::new();
+        for (&p, &at) in partitions.iter().zip(&next) {
+            assignment
+                .add_partition_offset(&self.topic, p, Offset::Offset(at))
+                .map_err(kafka_err)?;
+        }
+        consumer.assign(&assignment).map_err(kafka_err)?;
+        let reader = TopicReader {
+            consumer,
+            shop,
+            next,
+            seen: std::collections::HashMap::new(),
+        };
+        let start = reader.cursor();
+        Ok((Box::new(reader), start))
+    }
+}
+
+struct TopicReader {
+    consumer: rdkafka::consumer::BaseConsumer,
+    shop: Arc<str>,
+    /// Next offset of each partition, by partition id.
+    next: Vec<i64>,
+    /// Last seq passed on, by item.
+    seen: std::collections::HashMap<Arc<str>, u64>,
+}
+
+impl TopicReader {
+    fn cursor(&self) -> String {
+        let mut c = String::from("k");
+        for (i, o) in self.next.iter().enumerate() {
+            if i > 0 {
+                c.push('-');
+            }
+            c.push_str(&o.to_string());
+        }
+        c
+    }
+}
+
+impl nrtxn_actors::FeedReader for TopicReader {
+    fn next(&mut self, wait: Duration) -> Result<Vec<(String, Event)>, StoreError> {
+        use rdkafka::message::Message;
+
+        let mut out = Vec::new();
+        let mut poll_for = wait;
+        // Whatever is ready, up to a page, then hand it on.
+        while out.len() < RELAY_PAGE_MAX {
+            let Some(msg) = self.consumer.poll(poll_for) else {
+                break;
+            };
+            poll_for = Duration::ZERO;
+            let msg = msg.map_err(kafka_err)?;
+            let p = msg.partition() as usize;
+            if p >= self.next.len() {
+                self.next.resize(p + 1, 0);
+            }
+            self.next[p] = msg.offset() + 1;
+            let Ok(event) = serde_json::from_slice::<Event>(msg.payload().unwrap_or(&[])) else {
+                continue;
+            };
+            if event.shop != self.shop {
+                continue;
+            }
+            if self.seen.get(&event.item).is_some_and(|s| *s >= event.seq) {
+                continue; // published twice by the relay (at least once)
+            }
+            if self.seen.len() >= TOPIC_ITEMS_SEEN_MAX {
+                self.seen.clear();
+            }
+            self.seen.insert(event.item.clone(), event.seq);
+            out.push((self.cursor(), event));
+        }
+        Ok(out)
+    }
+}

@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nrtxn_actors::ports::{AppendDone, Recovered, RelayPage};
+use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
 use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::{
     now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
@@ -570,6 +570,16 @@ impl ItemReads for LogJournal {
         self.views.item_states(items)
     }
 
+    fn item_page(
+        &self,
+        shop: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError> {
+        self.progress.wait_views()?;
+        self.views.item_page(shop, after, limit)
+    }
+
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         self.progress.wait_views()?;
         self.views.holds(shop, hold_ids)
@@ -602,6 +612,11 @@ impl Outbox for LogJournal {
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
         self.progress.wait_views()?;
         self.views.relay_read(cursor, limit)
+    }
+
+    fn relay_end(&self) -> Result<u64, StoreError> {
+        self.progress.wait_views()?;
+        self.views.relay_end()
     }
 
     fn relay_cursor(&self) -> Result<u64, StoreError> {
