@@ -482,3 +482,109 @@ async fn per_buyer_limits(flags: &[&str], rebuild_views: bool) {
         "{bad}"
     );
 }
+
+/// Through Kafka with two nodes sharing MongoDB, every stock operation of issue 15 works
+/// whichever node is called: a conditional load through node 1 of an item read through
+/// node 0, an adjustment and its reason, a per-buyer limit counted across the sales of
+/// both nodes, and a check-back set through node 0 deciding a hold made through node 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stock_operations_through_kafka_with_two_nodes() {
+    let Some(two) = common::nodes::start_two("stockops").await else {
+        return;
+    };
+    let [n0, n1] = &two.nodes;
+    let c = client();
+    let (status, loaded) = put_items(
+        &c,
+        n0,
+        json!({"items": [{"item": "hot", "stock": 10},
+                         {"item": "limited", "stock": 100, "per_buyer_max": 3}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{loaded}");
+    // Conditional load: read at seq 1, a sale moves it, the load through node 1 is refused.
+    let (_, sold) = post(
+        &c,
+        &n0.url("/v1/shops/shop/txns"),
+        json!({"seller": "s", "item": "hot", "qty": 1, "request_id": "sale-1"}),
+    )
+    .await;
+    assert_eq!(sold["status"], "ok", "{sold}");
+    let (_, cond) = put_items(
+        &c,
+        n1,
+        json!({"items": [{"item": "hot", "stock": 50, "if_seq": 1}]}),
+    )
+    .await;
+    assert_eq!(
+        (&cond["items"][0]["status"], &cond["items"][0]["stock"]),
+        (&json!("seq_moved"), &json!(9)),
+        "{cond}"
+    );
+    // Adjustment through node 1, with its reason in the events.
+    let (status, adj) = adjust(
+        &c,
+        n1,
+        json!([{"item": "hot", "delta": -2, "reason": "damage", "request_id": "adj-k1"}]),
+    )
+    .await;
+    assert_eq!(
+        (status, &adj["results"][0]["stock_after"]),
+        (200, &json!(7)),
+        "{adj}"
+    );
+    let (_, events) = get(&c, &n0.url("/v1/shops/shop/items/hot/events?after=2")).await;
+    assert_eq!(events["events"][0]["reason"], "damage", "{events}");
+    // A buyer's limit counts the sales made through both nodes.
+    let mut statuses = Vec::new();
+    for (i, node) in [n0, n1, n0, n1].into_iter().enumerate() {
+        let s = sale(&c, node, &format!("lim-{i}"), Some("ann"), 1, "decrement").await;
+        statuses.push(s["status"].as_str().unwrap().to_string());
+    }
+    assert_eq!(statuses, ["ok", "ok", "ok", "buyer_limit"]);
+    // A check-back set through node 0 decides a hold made through node 1.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/paid", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let body = r#"{"action":"confirm"}"#;
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let (status, set) = call(
+        &c,
+        reqwest::Method::PUT,
+        &n0.url("/v1/shops/shop/settings"),
+        Some(json!({"check_url": url}).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{set}");
+    // Node 1 reads the settings again within 2 s.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    let (status, held) = post(
+        &c,
+        &n1.url("/v1/shops/shop/holds"),
+        json!({"item": "hot", "qty": 1, "ttl_ms": 200, "request_id": "pay-1"}),
+    )
+    .await;
+    assert_eq!((status, &held["status"]), (200, &json!("held")), "{held}");
+    let mut hold = Value::Null;
+    for _ in 0..200 {
+        hold = get(&c, &n0.url("/v1/shops/shop/holds/pay-1")).await.1;
+        if hold["status"] != "held" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(hold["status"], "confirmed", "{hold}");
+    assert_eq!(item(&c, n0, "hot").await["stock"], 6);
+    drop_database(&two.mongo).await;
+}
