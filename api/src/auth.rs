@@ -101,7 +101,7 @@ pub const SHOP_ROUTES: &[(&str, &str, Role)] = &[
 
 /// Routes anyone may call, whatever the keys: a load balancer's and an orchestrator's
 /// probes carry no key.
-pub const OPEN_PATHS: &[&str] = &["/healthz", "/readyz"];
+pub const OPEN_PATHS: &[&str] = &["/healthz", "/readyz", "/openapi.json", "/docs"];
 
 /// The prefix of every route of a shop; `{shop}` is decoded by the same deserializer the
 /// routes' `web::Path` uses, so a key is checked against the shop the handler will see.

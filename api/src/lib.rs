@@ -16,6 +16,7 @@ pub mod events;
 pub mod health;
 pub mod holds;
 pub mod items;
+pub mod openapi;
 pub mod orders;
 pub mod settings;
 pub mod stream;
@@ -31,84 +32,51 @@ pub struct AppState {
     pub feed: Option<Arc<dyn nrtxn_actors::EventFeed>>,
 }
 
-/// Registers every route.
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz))
-        .route("/metrics", web::get().to(health::metrics))
-        .route("/v1/shops/{shop}/items", web::put().to(items::put_items))
-        .route("/v1/shops/{shop}/items", web::get().to(items::list_items))
-        .route(
-            "/v1/shops/{shop}/items/adjust",
-            web::post().to(txns::post_adjust),
-        )
-        .route(
-            "/v1/shops/{shop}/items/{item}",
-            web::get().to(items::get_item),
-        )
-        .route(
-            "/v1/shops/{shop}/loads/{request_id}",
-            web::get().to(items::get_load),
-        )
-        .route("/v1/shops/{shop}/txns", web::post().to(txns::post_txn))
-        .route(
-            "/v1/shops/{shop}/txns/batch",
-            web::post().to(txns::post_batch),
-        )
-        .route(
-            "/v1/shops/{shop}/txns/{request_key}",
-            web::get().to(txns::get_txn),
-        )
-        .route(
-            "/v1/shops/{shop}/items/{item}/events",
-            web::get().to(events::get_events),
-        )
-        .route(
-            "/v1/shops/{shop}/events/stream",
-            web::get().to(stream::get_stream),
-        )
-        .route("/v1/shops/{shop}/holds", web::post().to(holds::post_hold))
-        .route(
-            "/v1/shops/{shop}/holds/{hold_id}",
-            web::get().to(holds::get_hold),
-        )
-        .route(
-            "/v1/shops/{shop}/holds/{hold_id}/confirm",
-            web::post().to(holds::confirm_hold),
-        )
-        .route(
-            "/v1/shops/{shop}/holds/{hold_id}/cancel",
-            web::post().to(holds::cancel_hold),
-        )
-        .route(
-            "/v1/shops/{shop}/orders",
-            web::post().to(orders::post_order),
-        )
-        .route(
-            "/v1/shops/{shop}/orders/{order_id}",
-            web::get().to(orders::get_order),
-        )
-        .route(
-            "/v1/shops/{shop}/orders/{order_id}/confirm",
-            web::post().to(orders::confirm_order),
-        )
-        .route(
-            "/v1/shops/{shop}/orders/{order_id}/cancel",
-            web::post().to(orders::cancel_order),
-        )
-        .route(
-            "/v1/shops/{shop}/settings",
-            web::put().to(settings::put_settings),
-        )
-        .route(
-            "/v1/shops/{shop}/settings",
-            web::get().to(settings::get_settings),
-        )
-        .route(
-            "/v1/shops/{shop}/dead-letters",
-            web::get().to(settings::get_dead_letters),
-        )
-        .default_service(web::to(not_found));
+/// Declares every route once: [`ROUTES`] (what the OpenAPI document, [`openapi`], is
+/// generated from) and [`configure`] (what the server serves) come from the same lines,
+/// so the contract cannot leave a route out.
+macro_rules! routes {
+    ($( $method:ident $path:literal => $handler:path, $id:literal, $summary:literal; )*) => {
+        /// Every route: (method, path, operation id, summary), in the router's order.
+        pub const ROUTES: &[(&str, &str, &str, &str)] = &[
+            $( (stringify!($method), $path, $id, $summary), )*
+        ];
+
+        /// Registers every route.
+        pub fn configure(cfg: &mut web::ServiceConfig) {
+            $( cfg.route($path, web::$method().to($handler)); )*
+            cfg.route("/openapi.json", web::get().to(openapi::serve_json))
+                .route("/docs", web::get().to(openapi::serve_docs))
+                .default_service(web::to(not_found));
+        }
+    };
+}
+
+routes! {
+    get "/healthz" => health::healthz, "healthz", "Liveness: 200 while the process runs";
+    get "/readyz" => health::readyz, "readyz", "Readiness: 200 once the node can take requests";
+    get "/metrics" => health::metrics, "metrics", "Prometheus metrics (admin)";
+    put "/v1/shops/{shop}/items" => items::put_items, "loadItems", "Load items: set their stock (operators)";
+    get "/v1/shops/{shop}/items" => items::list_items, "listItems", "List a shop's items, page by page";
+    post "/v1/shops/{shop}/items/adjust" => txns::post_adjust, "adjustItems", "Relative stock adjustments with a reason (operators)";
+    get "/v1/shops/{shop}/items/{item}" => items::get_item, "getItem", "An item's durable state";
+    get "/v1/shops/{shop}/loads/{request_id}" => items::get_load, "getLoad", "The outcome of a load call by its request_id";
+    post "/v1/shops/{shop}/txns" => txns::post_txn, "submitTxn", "Submit a decrement or increment";
+    post "/v1/shops/{shop}/txns/batch" => txns::post_batch, "submitBatch", "Submit up to 1,000 transactions";
+    get "/v1/shops/{shop}/txns/{request_key}" => txns::get_txn, "getTxn", "Poll a request by its key";
+    get "/v1/shops/{shop}/items/{item}/events" => events::get_events, "getEvents", "An item's events in seq order (operators)";
+    get "/v1/shops/{shop}/events/stream" => stream::get_stream, "streamEvents", "The shop's events as server-sent events (operators)";
+    post "/v1/shops/{shop}/holds" => holds::post_hold, "placeHold", "Reserve stock until confirmed, cancelled or expired";
+    get "/v1/shops/{shop}/holds/{hold_id}" => holds::get_hold, "getHold", "A hold's state";
+    post "/v1/shops/{shop}/holds/{hold_id}/confirm" => holds::confirm_hold, "confirmHold", "Sell a held quantity";
+    post "/v1/shops/{shop}/holds/{hold_id}/cancel" => holds::cancel_hold, "cancelHold", "Release a held quantity";
+    post "/v1/shops/{shop}/orders" => orders::post_order, "placeOrder", "Reserve every line of an order, or none";
+    get "/v1/shops/{shop}/orders/{order_id}" => orders::get_order, "getOrder", "An order's state and lines";
+    post "/v1/shops/{shop}/orders/{order_id}/confirm" => orders::confirm_order, "confirmOrder", "Sell every line of an order";
+    post "/v1/shops/{shop}/orders/{order_id}/cancel" => orders::cancel_order, "cancelOrder", "Release every line of an order";
+    put "/v1/shops/{shop}/settings" => settings::put_settings, "putSettings", "Set the shop's check-back (operators)";
+    get "/v1/shops/{shop}/settings" => settings::get_settings, "getSettings", "The shop's check-back settings (operators)";
+    get "/v1/shops/{shop}/dead-letters" => settings::get_dead_letters, "getDeadLetters", "Check-backs that found no answer (operators)";
 }
 
 async fn not_found() -> HttpResponse {

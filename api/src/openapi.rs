@@ -1,0 +1,339 @@
+//! The OpenAPI 3 contract, `GET /openapi.json`, generated from the route table
+//! ([`crate::ROUTES`]): every route's path, method, parameters and role come from it; the
+//! bodies' schemas are written here, one per operation. `GET /docs` is a page of the
+//! operations, embedded in the binary (no CDN), rendered from the same document.
+
+use std::sync::OnceLock;
+
+use actix_web::HttpResponse;
+use serde_json::{json, Map, Value};
+
+use crate::auth::{Role, SHOP_ROUTES};
+use crate::ROUTES;
+
+/// The document, made once.
+pub fn document() -> &'static Value {
+    static DOC: OnceLock<Value> = OnceLock::new();
+    DOC.get_or_init(build)
+}
+
+pub async fn serve_json() -> HttpResponse {
+    HttpResponse::Ok().json(document())
+}
+
+pub async fn serve_docs() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(DOCS_PAGE)
+}
+
+/// The role a route needs, as the access-key gate reads [`SHOP_ROUTES`].
+fn role_of(method: &str, path: &str) -> &'static str {
+    match path {
+        "/healthz" | "/readyz" => return "open",
+        "/metrics" => return "admin",
+        _ => {}
+    }
+    let rest = path.strip_prefix("/v1/shops/{shop}/").unwrap_or(path);
+    let m = method.to_ascii_uppercase();
+    let role = SHOP_ROUTES.iter().find_map(|(rm, rp, role)| {
+        let same = *rm == m
+            && rp.split('/').count() == rest.split('/').count()
+            && rp
+                .split('/')
+                .zip(rest.split('/'))
+                .all(|(a, b)| a == b || (a.starts_with('{') && b.starts_with('{')));
+        same.then_some(*role)
+    });
+    match role.unwrap_or(Role::Operator) {
+        Role::Seller => "seller",
+        Role::Operator => "operator",
+        Role::Admin => "admin",
+    }
+}
+
+fn schema_ref(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+fn body(name: &str) -> Value {
+    json!({ "required": true, "content": { "application/json": { "schema": schema_ref(name) } } })
+}
+
+fn answer(description: &str, schema: Value) -> Value {
+    json!({ "description": description, "content": { "application/json": { "schema": schema } } })
+}
+
+/// An operation's request body (schema name) and its 200 answer's schema.
+fn bodies(id: &str) -> (Option<&'static str>, Value) {
+    let r = schema_ref;
+    match id {
+        "healthz" | "readyz" => (None, r("Health")),
+        "metrics" => (None, json!({ "type": "string" })),
+        "loadItems" => (Some("Load"), r("LoadAnswer")),
+        "listItems" => (None, r("ItemPage")),
+        "adjustItems" => (Some("Adjustments"), r("Results")),
+        "getItem" => (None, r("Item")),
+        "getLoad" => (None, r("LoadAnswer")),
+        "submitTxn" => (Some("Txn"), r("Outcome")),
+        "submitBatch" => (Some("Batch"), r("Results")),
+        "getTxn" => (None, r("Outcome")),
+        "getEvents" => (None, r("Events")),
+        "streamEvents" => (
+            None,
+            json!({ "type": "string", "description": "text/event-stream" }),
+        ),
+        "placeHold" => (Some("HoldRequest"), r("Hold")),
+        "getHold" | "confirmHold" | "cancelHold" => (None, r("Hold")),
+        "placeOrder" => (Some("OrderRequest"), r("Order")),
+        "getOrder" | "confirmOrder" | "cancelOrder" => (None, r("Order")),
+        "putSettings" => (Some("Settings"), r("SettingsAnswer")),
+        "getSettings" => (None, r("SettingsAnswer")),
+        "getDeadLetters" => (None, r("DeadLetters")),
+        _ => (None, json!({ "type": "object" })),
+    }
+}
+
+/// Query parameters of the operations that take some.
+fn query(id: &str) -> Vec<Value> {
+    let q = |name: &str, schema: Value, what: &str| json!({ "name": name, "in": "query", "required": false, "schema": schema, "description": what });
+    match id {
+        "listItems" => vec![
+            q(
+                "after",
+                json!({"type": "string"}),
+                "the item to list after (the last one of the page before)",
+            ),
+            q(
+                "limit",
+                json!({"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
+                "items per page",
+            ),
+        ],
+        "getEvents" => vec![
+            q(
+                "after",
+                json!({"type": "integer", "minimum": 0, "default": 0}),
+                "the seq to read after",
+            ),
+            q(
+                "limit",
+                json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+                "events per page",
+            ),
+        ],
+        "streamEvents" => vec![q(
+            "after",
+            json!({"type": "string"}),
+            "a cursor (an event's id) to resume after; Last-Event-ID does the same",
+        )],
+        _ => Vec::new(),
+    }
+}
+
+fn build() -> Value {
+    let mut paths = Map::new();
+    for (method, path, id, summary) in ROUTES {
+        let params: Vec<Value> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+            .map(|name| {
+                json!({ "name": name, "in": "path", "required": true,
+                        "schema": { "type": "string", "minLength": 1, "maxLength": 128 } })
+            })
+            .chain(query(id))
+            .collect();
+        let (request, ok) = bodies(id);
+        let role = role_of(method, path);
+        let mut op = json!({
+            "operationId": id,
+            "summary": summary,
+            "x-nrtxn-role": role,
+            "parameters": params,
+            "responses": {
+                "200": answer("the answer", ok),
+                "400": answer("malformed: `detail` names the field and why", schema_ref("Error")),
+                "404": answer("no such shop object", schema_ref("Error")),
+                "409": answer("a key first used otherwise, or an ending that conflicts", schema_ref("Error")),
+                "429": answer("a bounded queue is full; retry after Retry-After", schema_ref("Error")),
+                "503": answer("shutting down, the store unavailable, or the disk full", schema_ref("Error")),
+            },
+        });
+        if id == &"submitTxn" || id == &"submitBatch" {
+            op["responses"]["202"] = answer(
+                "fire-and-forget (respond=false): accepted, durable; poll the key",
+                schema_ref("Accepted"),
+            );
+            op["responses"]["504"] = answer(
+                "undecided at the reply timeout; poll the key",
+                schema_ref("Error"),
+            );
+        }
+        if let Some(req) = request {
+            op["requestBody"] = body(req);
+        }
+        if role == "open" {
+            op["security"] = json!([]);
+        }
+        paths
+            .entry(path.to_string())
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .expect("a path item is an object")
+            .insert(method.to_string(), op);
+    }
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "nrtxn",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Near-realtime inventory transactions: stock decrements and returns, holds, orders reserved all or none, never oversold, each request applied at most once.",
+        },
+        "servers": [{ "url": "/" }],
+        "security": [{ "accessKey": [] }],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "accessKey": { "type": "http", "scheme": "bearer", "description": "an access key: `Authorization: Bearer nrtxn_...` (see README, Access keys)" }
+            },
+            "schemas": schemas(),
+        },
+    })
+}
+
+fn schemas() -> Value {
+    let s = |t: &str| json!({ "type": t });
+    let name = || json!({ "type": "string", "minLength": 1, "maxLength": 128 });
+    let qty = || json!({ "type": "integer", "minimum": 1, "maximum": 1_000_000_000i64 });
+    let ttl = || json!({ "type": "integer", "minimum": 1, "maximum": 604_800_000i64 });
+    let status = || {
+        json!({ "type": "string", "enum": ["ok", "insufficient_stock", "unknown_item", "expired",
+            "limit_exceeded", "unknown_hold", "seq_moved", "buyer_limit"] })
+    };
+    json!({
+        "Error": { "type": "object", "required": ["error", "detail"], "properties": {
+            "error": s("string"), "detail": s("string"), "original": s("object") } },
+        "Health": { "type": "object" },
+        "Item": { "type": "object", "properties": {
+            "shop": s("string"), "item": s("string"), "stock": s("integer"),
+            "reserved": s("integer"), "seq": s("integer") } },
+        "ItemPage": { "type": "object", "properties": {
+            "items": { "type": "array", "items": schema_ref("Item") },
+            "next": { "type": "string", "nullable": true } } },
+        "Load": { "type": "object", "required": ["items"], "properties": {
+            "request_id": name(),
+            "items": { "type": "array", "minItems": 1, "maxItems": 10000, "items": {
+                "type": "object", "required": ["item", "stock"], "properties": {
+                    "item": name(), "stock": { "type": "integer", "minimum": 0 },
+                    "if_seq": { "type": "integer", "minimum": 0 },
+                    "per_buyer_max": { "type": "integer", "minimum": 0 } } } } } },
+        "LoadAnswer": { "type": "object", "properties": {
+            "items": { "type": "array", "items": schema_ref("Item") } } },
+        "Adjustments": { "type": "object", "required": ["adjustments"], "properties": {
+            "adjustments": { "type": "array", "minItems": 1, "maxItems": 1000, "items": {
+                "type": "object", "required": ["item", "delta", "reason", "request_id"], "properties": {
+                    "item": name(), "delta": s("integer"), "reason": name(), "request_id": name() } } } } },
+        "Txn": { "type": "object", "required": ["seller", "item", "qty"], "properties": {
+            "seller": name(), "item": name(), "qty": qty(), "buyer": name(),
+            "op": { "type": "string", "enum": ["decrement", "increment"] },
+            "request_id": name(), "req_time": name(), "respond": s("boolean"),
+            "remarks": { "type": "string", "maxLength": 1024 } } },
+        "Batch": { "type": "object", "required": ["txns"], "properties": {
+            "txns": { "type": "array", "minItems": 1, "maxItems": 1000, "items": schema_ref("Txn") } } },
+        "Outcome": { "type": "object", "properties": {
+            "shop": s("string"), "request_key": s("string"), "status": status(),
+            "reason": { "type": "string", "nullable": true }, "item": s("string"), "op": s("string"),
+            "qty": s("integer"), "stock_before": { "type": "integer", "nullable": true },
+            "stock_after": { "type": "integer", "nullable": true },
+            "seq": { "type": "integer", "nullable": true }, "prev_seq": { "type": "integer", "nullable": true },
+            "submitted_at": s("integer"), "completed_at": s("integer") } },
+        "Results": { "type": "object", "properties": {
+            "results": { "type": "array", "items": schema_ref("Outcome") } } },
+        "Accepted": { "type": "object", "properties": {
+            "request_key": s("string"), "status": s("string") } },
+        "Events": { "type": "object", "properties": { "events": { "type": "array", "items": {
+            "type": "object", "properties": {
+                "shop": s("string"), "item": s("string"), "seq": s("integer"), "prev_seq": s("integer"),
+                "kind": s("string"), "status": s("string"), "request_key": { "type": "string", "nullable": true },
+                "qty": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
+                "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string") } } } } },
+        "HoldRequest": { "type": "object", "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
+            "item": name(), "qty": qty(), "ttl_ms": ttl(), "request_id": name(),
+            "seller": name(), "buyer": name() } },
+        "Hold": { "type": "object", "properties": {
+            "hold_id": s("string"),
+            "status": { "type": "string", "enum": ["held", "confirmed", "released", "expired",
+                "insufficient_stock", "unknown_item", "buyer_limit", "limit_exceeded"] },
+            "item": s("string"), "qty": s("integer"), "expires_at": { "type": "integer", "nullable": true },
+            "seq": { "type": "integer", "nullable": true }, "reason": s("string") } },
+        "OrderRequest": { "type": "object", "required": ["order_id", "lines", "ttl_ms"], "properties": {
+            "order_id": name(), "ttl_ms": ttl(), "buyer": name(),
+            "lines": { "type": "array", "minItems": 1, "maxItems": 100, "items": {
+                "type": "object", "required": ["item", "qty"], "properties": { "item": name(), "qty": qty() } } } } },
+        "Order": { "type": "object", "properties": {
+            "order_id": s("string"), "status": s("string"),
+            "lines": { "type": "array", "items": { "type": "object", "properties": {
+                "item": s("string"), "qty": s("integer"), "seq": { "type": "integer", "nullable": true },
+                "status": s("string") } } },
+            "expires_at": { "type": "integer", "nullable": true },
+            "failed_line": s("integer"), "reason": s("string") } },
+        "Settings": { "type": "object", "required": ["check_url"], "properties": {
+            "check_url": { "type": "string", "nullable": true, "maxLength": 2048 },
+            "check_timeout_ms": { "type": "integer", "minimum": 100, "maximum": 60000, "default": 2000 },
+            "check_retries": { "type": "integer", "minimum": 0, "maximum": 10, "default": 3 },
+            "check_default": { "type": "string", "enum": ["release", "confirm"], "default": "release" },
+            "rotate_secret": s("boolean") } },
+        "SettingsAnswer": { "type": "object", "properties": {
+            "shop": s("string"), "check_url": { "type": "string", "nullable": true },
+            "check_timeout_ms": s("integer"), "check_retries": s("integer"),
+            "check_default": s("string"),
+            "check_secret": { "type": "string", "description": "shown once, when made" } } },
+        "DeadLetters": { "type": "object", "properties": {
+            "shop": s("string"), "dead_letters": { "type": "array", "items": { "type": "object", "properties": {
+                "kind": s("string"), "id": s("string"), "applied": s("string"), "error": s("string"),
+                "attempts": s("integer"), "at": s("integer") } } } } },
+    })
+}
+
+/// The docs page: the operations of `/openapi.json`, grouped by path, with their role
+/// and bodies' schemas. Self-contained (no script or style from elsewhere).
+const DOCS_PAGE: &str = r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>nrtxn API</title>
+<style>
+body{font:15px/1.45 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
+h1{font-size:1.6rem} .op{border:1px solid #ddd;border-radius:6px;margin:.6rem 0;padding:.5rem .8rem}
+.m{display:inline-block;min-width:3.6rem;font-weight:700;text-transform:uppercase}
+.get{color:#0a6} .post{color:#06c} .put{color:#a60} .role{float:right;color:#777;font-size:.85rem}
+code{background:#f4f4f4;padding:0 .2rem} pre{background:#f7f7f7;padding:.5rem;overflow:auto;font-size:.8rem}
+</style></head><body>
+<h1>nrtxn API</h1>
+<p>The contract as JSON: <a href="/openapi.json">/openapi.json</a> (OpenAPI 3). Calls carry
+<code>Authorization: Bearer &lt;access key&gt;</code> when the server has keys.</p>
+<div id="ops">Loading…</div>
+<script>
+fetch('/openapi.json').then(r => r.json()).then(doc => {
+  const ops = document.getElementById('ops'); ops.textContent = '';
+  const schema = s => s && s.$ref ? doc.components.schemas[s.$ref.split('/').pop()] : s;
+  for (const [path, item] of Object.entries(doc.paths)) {
+    for (const [method, op] of Object.entries(item)) {
+      const d = document.createElement('details'); d.className = 'op';
+      const s = document.createElement('summary');
+      s.innerHTML = '<span class="m ' + method + '">' + method + '</span> <code></code> <span class="role"></span><div class="sum"></div>';
+      s.querySelector('code').textContent = path;
+      s.querySelector('.role').textContent = op['x-nrtxn-role'];
+      s.querySelector('.sum').textContent = op.summary;
+      d.appendChild(s);
+      const body = op.requestBody && schema(op.requestBody.content['application/json'].schema);
+      const ok = schema(op.responses['200'].content['application/json'].schema);
+      for (const [label, v] of [['request body', body], ['200', ok]]) {
+        if (!v) continue;
+        const p = document.createElement('pre');
+        p.textContent = label + ': ' + JSON.stringify(v, null, 1);
+        d.appendChild(p);
+      }
+      ops.appendChild(d);
+    }
+  }
+});
+</script></body></html>
+"#;
