@@ -112,4 +112,15 @@ async fn the_contract_has_every_route_the_server_serves() {
         .await
         .unwrap();
     assert!(page.contains("/openapi.json") && page.contains("<script>"));
+
+    // A path served with other methods answers 405 and says which; an unknown one 404.
+    let res = c
+        .delete(server.url("/v1/shops/s/txns"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 405);
+    assert_eq!(res.headers()["allow"], "POST");
+    let (status, _) = get(&c, &server.url("/v1/shops/s/nothing-here")).await;
+    assert_eq!(status, 404);
 }

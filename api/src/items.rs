@@ -145,6 +145,8 @@ pub async fn list_items(
     let (mut after, mut limit) = (None, ITEMS_LIMIT_DEFAULT);
     for (k, v) in query.into_inner() {
         match k.as_str() {
+            // `?after=` (empty): from the first item, as without it.
+            "after" if v.is_empty() => after = None,
             "after" => after = Some(path_segment(&v, "after")?),
             "limit" => {
                 let n = v.parse::<i64>().map_err(|_| {

@@ -79,8 +79,47 @@ routes! {
     get "/v1/shops/{shop}/dead-letters" => settings::get_dead_letters, "getDeadLetters", "Check-backs that found no answer (operators)";
 }
 
-async fn not_found() -> HttpResponse {
-    HttpResponse::NotFound().json(json!({ "error": "not_found", "detail": "no such route" }))
+/// No route for this method and path: `405` with the methods the path has, when it
+/// has some, else `404`.
+async fn not_found(req: actix_web::HttpRequest) -> HttpResponse {
+    let path = req.path();
+    // The most literal patterns the path matches (`/items/adjust`, not `/items/{item}`).
+    let matching: Vec<(usize, &str)> = ROUTES
+        .iter()
+        .filter_map(|(method, pattern, _, _)| Some((path_matches(pattern, path)?, *method)))
+        .collect();
+    let best = matching.iter().map(|(n, _)| *n).max().unwrap_or(0);
+    let allowed: Vec<&str> = matching
+        .iter()
+        .filter(|(n, _)| *n == best)
+        .map(|(_, m)| *m)
+        .collect();
+    if allowed.is_empty() {
+        return HttpResponse::NotFound()
+            .json(json!({ "error": "not_found", "detail": "no such route" }));
+    }
+    let allow = allowed
+        .iter()
+        .map(|m| m.to_ascii_uppercase())
+        .collect::<Vec<_>>()
+        .join(", ");
+    HttpResponse::MethodNotAllowed()
+        .insert_header(("Allow", allow.clone()))
+        .json(json!({
+            "error": "method_not_allowed",
+            "detail": format!("{} {path}: this path takes {allow}", req.method()),
+        }))
+}
+
+/// Whether `path` is one of `pattern`'s (each `{name}` one non-empty segment): the number
+/// of its literal segments when it is.
+fn path_matches(pattern: &str, path: &str) -> Option<usize> {
+    let (p, q): (Vec<&str>, Vec<&str>) = (pattern.split('/').collect(), path.split('/').collect());
+    let fits = p.len() == q.len()
+        && p.iter()
+            .zip(&q)
+            .all(|(a, b)| a == b || (a.starts_with('{') && !b.is_empty()));
+    fits.then(|| p.iter().filter(|a| !a.starts_with('{')).count())
 }
 
 /// Middleware: counts every answer by route pattern and status.

@@ -52,6 +52,23 @@ fn role_of(method: &str, path: &str) -> &'static str {
     }
 }
 
+/// A name (shop, item, key...): 1 to 128 bytes, no `/` and no control character. The
+/// schema says at most 32 characters, which 128 bytes always hold (a character is at
+/// most 4 bytes of UTF-8): whatever the schema admits, the server takes.
+fn name_schema() -> Value {
+    json!({ "type": "string", "minLength": 1, "maxLength": 32,
+            "pattern": "^[^/\\u0000-\\u001f\\u007f-\\u009f]+$",
+            "description": "1 to 128 bytes of UTF-8, without '/' or control characters" })
+}
+
+/// A caller's key (`request_id`, `order_id`): a name that does not start with `~`
+/// (nrtxn's own keys do).
+fn key_schema() -> Value {
+    json!({ "type": "string", "minLength": 1, "maxLength": 32,
+            "pattern": "^[^~/\\u0000-\\u001f\\u007f-\\u009f][^/\\u0000-\\u001f\\u007f-\\u009f]*$",
+            "description": "1 to 128 bytes of UTF-8, without '/' or control characters, not starting with '~'" })
+}
+
 fn schema_ref(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
 }
@@ -70,6 +87,7 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
     match id {
         "healthz" | "readyz" => (None, r("Health")),
         "metrics" => (None, json!({ "type": "string" })),
+        // Its 200 is text: see `build`.
         "loadItems" => (Some("Load"), r("LoadAnswer")),
         "listItems" => (None, r("ItemPage")),
         "adjustItems" => (Some("Adjustments"), r("Results")),
@@ -101,8 +119,9 @@ fn query(id: &str) -> Vec<Value> {
         "listItems" => vec![
             q(
                 "after",
-                json!({"type": "string"}),
-                "the item to list after (the last one of the page before)",
+                json!({ "type": "string", "maxLength": 32,
+                        "pattern": "^[^/\\u0000-\\u001f\\u007f-\\u009f]*$" }),
+                "the item to list after (the last one of the page before); empty or absent: from the first",
             ),
             q(
                 "limit",
@@ -138,8 +157,7 @@ fn build() -> Value {
             .split('/')
             .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
             .map(|name| {
-                json!({ "name": name, "in": "path", "required": true,
-                        "schema": { "type": "string", "minLength": 1, "maxLength": 128 } })
+                json!({ "name": name, "in": "path", "required": true, "schema": name_schema() })
             })
             .chain(query(id))
             .collect();
@@ -155,6 +173,12 @@ fn build() -> Value {
                 "400": answer("malformed: `detail` names the field and why", schema_ref("Error")),
                 "404": answer("no such shop object", schema_ref("Error")),
                 "409": answer("a key first used otherwise, or an ending that conflicts", schema_ref("Error")),
+                "401": answer("no access key, or one not known (when the server has keys)", schema_ref("Error")),
+                "403": answer("the key may not use this route or shop", schema_ref("Error")),
+                "405": answer("the path exists, not with this method", schema_ref("Error")),
+                "408": answer("the body did not arrive in time", schema_ref("Error")),
+                "413": answer("the body is larger than the route takes", schema_ref("Error")),
+                "415": answer("a body that is not application/json", schema_ref("Error")),
                 "429": answer("a bounded queue is full; retry after Retry-After", schema_ref("Error")),
                 "503": answer("shutting down, the store unavailable, or the disk full", schema_ref("Error")),
             },
@@ -171,6 +195,17 @@ fn build() -> Value {
         }
         if let Some(req) = request {
             op["requestBody"] = body(req);
+        }
+        match *id {
+            "metrics" => {
+                op["responses"]["200"] = json!({ "description": "Prometheus text exposition",
+                    "content": { "text/plain": { "schema": { "type": "string" } } } });
+            }
+            "streamEvents" => {
+                op["responses"]["200"] = json!({ "description": "server-sent events",
+                    "content": { "text/event-stream": { "schema": { "type": "string" } } } });
+            }
+            _ => {}
         }
         if role == "open" {
             op["security"] = json!([]);
@@ -203,12 +238,14 @@ fn build() -> Value {
 
 fn schemas() -> Value {
     let s = |t: &str| json!({ "type": t });
-    let name = || json!({ "type": "string", "minLength": 1, "maxLength": 128 });
+    let name = name_schema;
     let qty = || json!({ "type": "integer", "minimum": 1, "maximum": 1_000_000_000i64 });
     let ttl = || json!({ "type": "integer", "minimum": 1, "maximum": 604_800_000i64 });
+    // `accepted` and `pending`: an entry of a batch taken fire-and-forget, or still
+    // undecided at the reply timeout.
     let status = || {
         json!({ "type": "string", "enum": ["ok", "insufficient_stock", "unknown_item", "expired",
-            "limit_exceeded", "unknown_hold", "seq_moved", "buyer_limit"] })
+            "limit_exceeded", "unknown_hold", "seq_moved", "buyer_limit", "accepted", "pending"] })
     };
     json!({
         "Error": { "type": "object", "required": ["error", "detail"], "properties": {
@@ -220,25 +257,30 @@ fn schemas() -> Value {
         "ItemPage": { "type": "object", "properties": {
             "items": { "type": "array", "items": schema_ref("Item") },
             "next": { "type": "string", "nullable": true } } },
-        "Load": { "type": "object", "required": ["items"], "properties": {
-            "request_id": name(),
+        "Load": { "type": "object", "additionalProperties": false, "required": ["items"], "properties": {
+            "request_id": key_schema(),
             "items": { "type": "array", "minItems": 1, "maxItems": 10000, "items": {
-                "type": "object", "required": ["item", "stock"], "properties": {
-                    "item": name(), "stock": { "type": "integer", "minimum": 0 },
+                "type": "object", "additionalProperties": false, "required": ["item", "stock"], "properties": {
+                    "item": name(), "stock": { "type": "integer", "minimum": 0, "maximum": 1_000_000_000_000_000i64 },
                     "if_seq": { "type": "integer", "minimum": 0 },
                     "per_buyer_max": { "type": "integer", "minimum": 0 } } } } } },
         "LoadAnswer": { "type": "object", "properties": {
             "items": { "type": "array", "items": schema_ref("Item") } } },
-        "Adjustments": { "type": "object", "required": ["adjustments"], "properties": {
+        "Adjustments": { "type": "object", "additionalProperties": false, "required": ["adjustments"], "properties": {
             "adjustments": { "type": "array", "minItems": 1, "maxItems": 1000, "items": {
-                "type": "object", "required": ["item", "delta", "reason", "request_id"], "properties": {
-                    "item": name(), "delta": s("integer"), "reason": name(), "request_id": name() } } } } },
-        "Txn": { "type": "object", "required": ["seller", "item", "qty"], "properties": {
+                "type": "object", "additionalProperties": false, "required": ["item", "delta", "reason", "request_id"], "properties": {
+                    "item": name(), "request_id": key_schema(),
+                    "reason": { "type": "string", "pattern": "^[a-z0-9_-]{1,64}$",
+                                "description": "restock, damage, correction, transfer, or the shop's own code" },
+                    "delta": { "type": "integer", "minimum": -1_000_000_000i64, "maximum": 1_000_000_000i64,
+                               "not": { "enum": [0] } } } } } } },
+        "Txn": { "type": "object", "additionalProperties": false, "required": ["seller", "item", "qty"], "properties": {
             "seller": name(), "item": name(), "qty": qty(), "buyer": name(),
             "op": { "type": "string", "enum": ["decrement", "increment"] },
-            "request_id": name(), "req_time": name(), "respond": s("boolean"),
-            "remarks": { "type": "string", "maxLength": 1024 } } },
-        "Batch": { "type": "object", "required": ["txns"], "properties": {
+            "request_id": key_schema(), "req_time": name(), "respond": s("boolean"),
+            "remarks": { "type": "string", "maxLength": 256 } },
+            "anyOf": [ { "required": ["request_id"] }, { "required": ["req_time"] } ] },
+        "Batch": { "type": "object", "additionalProperties": false, "required": ["txns"], "properties": {
             "txns": { "type": "array", "minItems": 1, "maxItems": 1000, "items": schema_ref("Txn") } } },
         "Outcome": { "type": "object", "properties": {
             "shop": s("string"), "request_key": s("string"), "status": status(),
@@ -257,8 +299,8 @@ fn schemas() -> Value {
                 "kind": s("string"), "status": s("string"), "request_key": { "type": "string", "nullable": true },
                 "qty": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
                 "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string") } } } } },
-        "HoldRequest": { "type": "object", "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
-            "item": name(), "qty": qty(), "ttl_ms": ttl(), "request_id": name(),
+        "HoldRequest": { "type": "object", "additionalProperties": false, "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
+            "item": name(), "qty": qty(), "ttl_ms": ttl(), "request_id": key_schema(),
             "seller": name(), "buyer": name() } },
         "Hold": { "type": "object", "properties": {
             "hold_id": s("string"),
@@ -266,10 +308,10 @@ fn schemas() -> Value {
                 "insufficient_stock", "unknown_item", "buyer_limit", "limit_exceeded"] },
             "item": s("string"), "qty": s("integer"), "expires_at": { "type": "integer", "nullable": true },
             "seq": { "type": "integer", "nullable": true }, "reason": s("string") } },
-        "OrderRequest": { "type": "object", "required": ["order_id", "lines", "ttl_ms"], "properties": {
-            "order_id": name(), "ttl_ms": ttl(), "buyer": name(),
+        "OrderRequest": { "type": "object", "additionalProperties": false, "required": ["order_id", "lines", "ttl_ms"], "properties": {
+            "order_id": key_schema(), "ttl_ms": ttl(), "buyer": name(),
             "lines": { "type": "array", "minItems": 1, "maxItems": 100, "items": {
-                "type": "object", "required": ["item", "qty"], "properties": { "item": name(), "qty": qty() } } } } },
+                "type": "object", "additionalProperties": false, "required": ["item", "qty"], "properties": { "item": name(), "qty": qty() } } } } },
         "Order": { "type": "object", "properties": {
             "order_id": s("string"), "status": s("string"),
             "lines": { "type": "array", "items": { "type": "object", "properties": {
@@ -277,8 +319,9 @@ fn schemas() -> Value {
                 "status": s("string") } } },
             "expires_at": { "type": "integer", "nullable": true },
             "failed_line": s("integer"), "reason": s("string") } },
-        "Settings": { "type": "object", "required": ["check_url"], "properties": {
-            "check_url": { "type": "string", "nullable": true, "maxLength": 2048 },
+        "Settings": { "type": "object", "additionalProperties": false, "required": ["check_url"], "properties": {
+            "check_url": { "type": "string", "nullable": true, "maxLength": 2048,
+                           "pattern": "^https?://[^/\\s\\u0000-\\u001f\\u007f-\\u009f]+(/[^\\s\\u0000-\\u001f\\u007f-\\u009f]*)?$" },
             "check_timeout_ms": { "type": "integer", "minimum": 100, "maximum": 60000, "default": 2000 },
             "check_retries": { "type": "integer", "minimum": 0, "maximum": 10, "default": 3 },
             "check_default": { "type": "string", "enum": ["release", "confirm"], "default": "release" },
