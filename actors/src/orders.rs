@@ -337,11 +337,43 @@ impl Engine {
         let Some(record) = self.order_record(shop, order_id).await? else {
             return Ok(Ended::Unknown);
         };
-        let o = self.end_order_lines(shop, order_id, op, None, None).await?;
+        let (o, ended) = self
+            .end_order_lines_with(shop, order_id, op, None, None, false)
+            .await?;
         if o.status == Status::UnknownHold {
             return Ok(Ended::Unknown);
         }
-        let view = self.view_of(shop, order_id, &record).await?;
+        // The order as this call left it, from the outcomes it got: no store read.
+        let mut view = OrderView {
+            order_id: order_id.clone(),
+            status: String::new(),
+            lines: lines_of(&record)
+                .into_iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let key = line_key(order_id, i);
+                    let end = ended
+                        .iter()
+                        .find(|e| e.hold_id.as_deref() == Some(&*key) && e.status == Status::Ok);
+                    LineView {
+                        item: l.item,
+                        qty: l.qty,
+                        seq: end.and_then(|e| e.seq),
+                        status: end
+                            .and_then(|e| HoldStatus::after(e.op))
+                            .map_or("not_held", HoldStatus::as_str),
+                    }
+                })
+                .collect(),
+            expires_at: record.expires_at,
+            failed_line: None,
+            reason: None,
+        };
+        view.status = match o.op {
+            Op::Confirm => "confirmed".into(),
+            Op::Expire => "expired".into(),
+            _ => released_status(&mut view, o.reason.clone()),
+        };
         Ok(Ended::Order { view, op: o.op })
     }
 
@@ -371,6 +403,22 @@ impl Engine {
         lines: Option<&[(usize, HoldView)]>,
         by_check: bool,
     ) -> Result<Arc<Outcome>, EngineError> {
+        Ok(self
+            .end_order_lines_with(shop, order_id, op, reason, lines, by_check)
+            .await?
+            .0)
+    }
+
+    /// [`Engine::end_order_lines_by`], with the outcomes of the lines' endings.
+    async fn end_order_lines_with(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        op: Op,
+        reason: Option<String>,
+        lines: Option<&[(usize, HoldView)]>,
+        by_check: bool,
+    ) -> Result<(Arc<Outcome>, Vec<Arc<Outcome>>), EngineError> {
         let req = Request {
             hold_id: Some(order_id.clone()),
             by_check,
@@ -386,20 +434,14 @@ impl Engine {
         };
         let o = self.decide_one(shop, req).await?;
         if o.status != Status::Ok || !o.op.ends_hold() {
-            return Ok(o);
+            return Ok((o, Vec::new()));
         }
         let pending: Vec<HoldView> = match lines {
             Some(known) => known.iter().map(|(_, h)| h.clone()).collect(),
-            None => self
-                .line_holds(shop, order_id, o.qty.max(0) as usize)
-                .await?
-                .into_iter()
-                .flatten()
-                .filter(|h| h.status == HoldStatus::Held)
-                .collect(),
+            None => self.lines_held(shop, order_id, o.qty.max(0) as usize).await?,
         };
         if pending.is_empty() {
-            return Ok(o);
+            return Ok((o, Vec::new()));
         }
         let now = now_ms();
         let reqs = pending
@@ -421,15 +463,59 @@ impl Engine {
             })
             .collect();
         let answers = self.submit(shop, reqs).await?;
-        if answers
-            .replies
-            .iter()
-            .any(|r| !matches!(r, Reply::Repeat(_) | Reply::Decided(_)))
-        {
-            // Left to the lines' own timers, which ask the order again.
-            return Err(EngineError::Timeout);
+        let mut ended = Vec::with_capacity(answers.replies.len());
+        for r in answers.replies {
+            match r {
+                Reply::Repeat(e) | Reply::Decided(e) => ended.push(e),
+                // Left to the lines' own timers, which ask the order again.
+                _ => return Err(EngineError::Timeout),
+            }
         }
-        Ok(o)
+        Ok((o, ended))
+    }
+
+    /// The lines of `order_id` (the first `n`) that were held: from the outcomes of their
+    /// holds, which the shop's WorkManager keeps in memory while they are recent (no
+    /// store read, which on the embedded journal waits for the views' next commit); from
+    /// the store when one of them is not there. A line held and ended since is among
+    /// them: its ending is answered with the one it has.
+    async fn lines_held(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        n: usize,
+    ) -> Result<Vec<HoldView>, EngineError> {
+        let mut held = Vec::with_capacity(n);
+        for i in 0..n {
+            let key = line_key(order_id, i);
+            match self.poll(shop, key.clone()).await? {
+                PollResult::Decided(o) if o.op == Op::Hold => {
+                    if o.status == Status::Ok {
+                        held.push(HoldView {
+                            hold_id: key,
+                            status: HoldStatus::Held,
+                            shop: shop.clone(),
+                            item: o.item.clone(),
+                            qty: o.qty,
+                            expires_at: o.expires_at.unwrap_or_default(),
+                            seq: o.seq.unwrap_or_default(),
+                            buyer: None,
+                        });
+                    }
+                }
+                _ => {
+                    // Not known here (or still on its way): the store says.
+                    return Ok(self
+                        .line_holds(shop, order_id, n)
+                        .await?
+                        .into_iter()
+                        .flatten()
+                        .filter(|h| h.status == HoldStatus::Held)
+                        .collect());
+                }
+            }
+        }
+        Ok(held)
     }
 
     /// The holds of the first `n` lines of `order_id`, in line order.
@@ -509,18 +595,7 @@ impl Engine {
                     PollResult::Decided(o) => o.reason.clone(),
                     _ => None,
                 };
-                match ending.as_deref().and_then(parse_failure) {
-                    Some((line, status, reason)) => {
-                        view.failed_line = Some(line);
-                        view.reason = Some(reason);
-                        status
-                    }
-                    None if ending.is_some() => {
-                        view.reason = ending;
-                        "released".into()
-                    }
-                    None => "cancelled".into(),
-                }
+                released_status(&mut view, ending)
             }
         };
         Ok(view)
@@ -782,6 +857,24 @@ fn not_held(lines: &[OrderLine]) -> Vec<LineView> {
             status: "not_held",
         })
         .collect()
+}
+
+/// The status of an order whose record was released, from the ending's reason: the
+/// failing line's status (and `failed_line`, `reason` set), `released` by nrtxn (with
+/// its reason), or `cancelled` by its caller.
+fn released_status(view: &mut OrderView, ending_reason: Option<String>) -> String {
+    match ending_reason.as_deref().and_then(parse_failure) {
+        Some((line, status, reason)) => {
+            view.failed_line = Some(line);
+            view.reason = Some(reason);
+            status
+        }
+        None if ending_reason.is_some() => {
+            view.reason = ending_reason;
+            "released".into()
+        }
+        None => "cancelled".into(),
+    }
 }
 
 /// `failed_line {i}: {status}: {reason}` back into its parts.
