@@ -2,7 +2,8 @@
 //! server answered, and how a read-back compares with it.
 //!
 //! The client keeps its own books from the answers it got: per item, the quantity
-//! loaded, the sum of `ok` decrements and increments, and the holds by their final state.
+//! loaded, the sum of `ok` decrements and increments, and the holds and order lines by
+//! their final state (a line is booked as a hold of its item: held, sold or released).
 //! After the run it reads every item back. A server that oversold, lost an acknowledged
 //! change or applied a request twice shows up as a difference between the two.
 
@@ -36,6 +37,9 @@ pub struct ItemBooks {
     pub unresolved_down: AtomicI64,
     /// Same, for requests that would raise it.
     pub unresolved_up: AtomicI64,
+    /// Quantity of holds and order lines whose state is unknown that would still be
+    /// reserved if they were made and not ended: the allowed `reserved` widens by it.
+    pub unresolved_reserved: AtomicI64,
 }
 
 impl ItemBooks {
@@ -61,6 +65,7 @@ impl ItemBooks {
             confirmed: get(&self.confirmed),
             unresolved_down: get(&self.unresolved_down),
             unresolved_up: get(&self.unresolved_up),
+            unresolved_reserved: get(&self.unresolved_reserved),
         }
     }
 }
@@ -75,6 +80,7 @@ pub struct Tally {
     pub confirmed: i64,
     pub unresolved_down: i64,
     pub unresolved_up: i64,
+    pub unresolved_reserved: i64,
 }
 
 /// What an item read back shows.
@@ -102,9 +108,16 @@ impl Tally {
         self.loaded - self.ok_decrements + self.ok_increments - self.held - self.confirmed
     }
 
-    /// Reserved stock the answers imply: the holds still held.
+    /// Reserved stock the answers imply: the holds (and order lines) still held.
     pub fn expected_reserved(&self) -> i64 {
         self.held
+    }
+
+    /// Units sold by the answers: ok decrements less ok increments, plus confirmed
+    /// holds and order lines. Compared, summed over the items, with what the read-back
+    /// shows gone: loaded − stock − reserved.
+    pub fn sold(&self) -> i64 {
+        self.ok_decrements - self.ok_increments + self.confirmed
     }
 
     /// Compares a read-back with the books. Unresolved requests widen the allowed range
@@ -114,8 +127,11 @@ impl Tally {
         let expected = self.expected_stock();
         let low = expected - self.unresolved_down;
         let high = expected + self.unresolved_up;
-        let mismatch =
-            seen.stock < low || seen.stock > high || seen.reserved != self.expected_reserved();
+        let reserved = self.expected_reserved();
+        let mismatch = seen.stock < low
+            || seen.stock > high
+            || seen.reserved < reserved
+            || seen.reserved > reserved + self.unresolved_reserved;
         let negative = seen.stock < 0 || seen.reserved < 0;
         let oversold_units = 0i64.max(-expected).max(-seen.stock).max(-seen.reserved);
         ItemVerdict {
@@ -143,6 +159,12 @@ pub struct CheckReport {
     pub key_mismatches: u64,
     /// Requests still without a known outcome after polling (they widen the range).
     pub unresolved_requests: u64,
+    /// Units sold according to the answers, over every item read back (for orders: the
+    /// confirmed lines).
+    pub units_sold_by_answers: i64,
+    /// Units gone according to the read-back, over every item: loaded − stock − reserved.
+    /// Equal to `units_sold_by_answers` when every outcome is known.
+    pub units_sold_read_back: i64,
     /// The first few differences, for a reader to start from.
     pub notes: Vec<String>,
 }
@@ -160,6 +182,8 @@ impl CheckReport {
     pub fn add_item(&mut self, item: &str, tally: &Tally, seen: Observed) {
         let v = tally.verify(seen);
         self.items_checked += 1;
+        self.units_sold_by_answers += tally.sold();
+        self.units_sold_read_back += tally.loaded - seen.stock - seen.reserved;
         self.oversold_units += v.oversold_units;
         if v.negative {
             self.negative_items += 1;
@@ -167,13 +191,14 @@ impl CheckReport {
         if v.mismatch {
             self.stock_mismatches += 1;
             self.note(format!(
-                "{item}: read stock {} reserved {}, answers imply stock {} (−{}/+{} unresolved) reserved {}",
+                "{item}: read stock {} reserved {}, answers imply stock {} (−{}/+{} unresolved) reserved {} (+{} unresolved)",
                 seen.stock,
                 seen.reserved,
                 tally.expected_stock(),
                 tally.unresolved_down,
                 tally.unresolved_up,
-                tally.expected_reserved()
+                tally.expected_reserved(),
+                tally.unresolved_reserved
             ));
         }
     }
@@ -305,6 +330,67 @@ mod tests {
             })
             .mismatch
         );
+    }
+
+    #[test]
+    fn a_line_of_an_unknown_order_may_be_reserved_but_nothing_more() {
+        // Two order lines of this item ended unknown: each may have been held (stock
+        // down, reserved up), sold (stock down) or never made.
+        let t = Tally {
+            held: 1,
+            unresolved_down: 2,
+            unresolved_reserved: 2,
+            ..tally(100, 0, 0)
+        };
+        for (stock, reserved) in [(99, 1), (98, 2), (97, 3), (97, 1)] {
+            assert!(
+                !t.verify(Observed { stock, reserved }).mismatch,
+                "{stock}/{reserved}"
+            );
+        }
+        assert!(
+            t.verify(Observed {
+                stock: 99,
+                reserved: 0
+            })
+            .mismatch,
+            "the known held line must stay reserved"
+        );
+        assert!(
+            t.verify(Observed {
+                stock: 97,
+                reserved: 4
+            })
+            .mismatch
+        );
+    }
+
+    #[test]
+    fn units_sold_by_answers_and_by_read_back_are_summed_over_items() {
+        let books = ItemBooks::default();
+        books.loaded.store(100, Ordering::Relaxed);
+        books.add_hold(HoldFinal::Confirmed, 3);
+        books.add_hold(HoldFinal::Held, 2);
+        let mut r = CheckReport::default();
+        r.add_item(
+            "a",
+            &books.tally(),
+            Observed {
+                stock: 95,
+                reserved: 2,
+            },
+        );
+        r.add_item(
+            "b",
+            &tally(10, 4, 1),
+            Observed {
+                stock: 7,
+                reserved: 0,
+            },
+        );
+        r.finish();
+        assert_eq!(r.verdict, "passed");
+        assert_eq!((r.units_sold_by_answers, r.units_sold_read_back), (6, 6));
     }
 
     #[test]

@@ -57,8 +57,10 @@ pub struct Results {
 
 /// Systems and scenarios in the order a reader expects, whatever order runs came in.
 const SYSTEM_ORDER: [&str; 4] = ["nrtxn", "redis-lua", "postgres-row", "ceiling"];
-const SCENARIO_ORDER: [&str; 6] = [
+const SCENARIO_ORDER: [&str; 7] = [
     "hot",
+    // Right after hot: issue 15 asks for orders/s beside hot's decisions/s.
+    "orders",
     "hot-sales",
     "spread",
     "mixed",
@@ -177,6 +179,9 @@ fn run_label(r: &RunResult) -> String {
     if r.scenario == "spread" || r.scenario == "mixed" {
         write!(s, " ({})", r.distribution).ok();
     }
+    if r.scenario == "orders" {
+        write!(s, " ({}, 2 to 5 lines; orders/s)", r.distribution).ok();
+    }
     if let Some(rate) = r.rate {
         write!(s, ", open loop {}/s", compact(rate)).ok();
     }
@@ -221,7 +226,8 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
     }
     md.push_str(
         "\n## Results\n\nThroughput is decisions per second: outcomes answered (respond=true), decided \
-         (fire-and-forget, up to the last decision), or batch entries decided (batch). Latency is per HTTP \
+         (fire-and-forget, up to the last decision), or batch entries decided (batch); for orders it is \
+         orders answered (held or refused) per second. Latency is per HTTP \
          call (a batch call carries all its entries); in an open-loop run it is measured from the intended \
          send time. `429` are refusals to decide (a full queue), errors are transport failures and 5xx. \
          Oversold is units sold beyond the stock, from the answers and from reading every item back; the \
@@ -257,6 +263,20 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
                 .map(|m| format!("{m:.0}"))
                 .unwrap_or_else(|| "n/a".into()),
         );
+    }
+    let orders = orders_lines(&res.runs);
+    if !orders.is_empty() {
+        md.push_str(
+            "\n## Orders next to hot (issue 15)\n\nFrom the same run. An order is 2 to 5 distinct \
+             lines of qty 1 (Zipf items), reserved all or none, then confirmed or cancelled (half \
+             each); its p50 and p99 are per call (the placing and the ending). Hot is one \
+             decision per call on one item.\n\n\
+             | system | hot decisions/s | orders/s | lines/s | orders p50 ms | orders p99 ms | lines/s ÷ hot decisions/s |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for line in orders {
+            let _ = writeln!(md, "{line}");
+        }
     }
     if let Some(link) = svg_link {
         let _ = writeln!(
@@ -294,6 +314,37 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
         md.push_str("\n```\n");
     }
     md
+}
+
+/// One table row per system that ran `orders` (closed loop), beside its own hot run.
+fn orders_lines(runs: &[RunResult]) -> Vec<String> {
+    let mut systems: Vec<&str> = runs
+        .iter()
+        .filter(|r| r.scenario == "orders" && r.mode == "closed")
+        .map(|r| r.system.as_str())
+        .collect();
+    systems.sort_by_key(|s| (rank(&SYSTEM_ORDER, s), s.to_string()));
+    systems.dedup();
+    let mut out = Vec::new();
+    for system in systems {
+        let Some(o) = find(runs, system, "orders") else {
+            continue;
+        };
+        let hot = find(runs, system, "hot").map(|h| h.throughput_rps);
+        let lines = o.lines_per_s.unwrap_or(0.0);
+        let cell = |v: Option<f64>| v.map_or("n/a".to_string(), |v| thousands(v.max(0.0) as u64));
+        out.push(format!(
+            "| {system} | {} | {} | {} | {} | {} | {} |",
+            cell(hot),
+            cell(Some(o.throughput_rps)),
+            cell(o.lines_per_s),
+            compact(o.p50_ms),
+            compact(o.p99_ms),
+            hot.filter(|h| *h > 0.0)
+                .map_or("n/a".to_string(), |h| format!("{:.2}", lines / h)),
+        ));
+    }
+    out
 }
 
 fn find<'a>(runs: &'a [RunResult], system: &str, scenario: &str) -> Option<&'a RunResult> {
@@ -633,6 +684,7 @@ mod tests {
             stock: 10,
             batch_size: None,
             throughput_rps: rps,
+            lines_per_s: None,
             answered_rps: rps,
             p50_ms: 1.0,
             p90_ms: 2.0,
@@ -718,6 +770,34 @@ mod tests {
             ),
             "{md}"
         );
+    }
+
+    #[test]
+    fn orders_are_shown_beside_hot_of_the_same_system() {
+        let mut orders = run("nrtxn", "orders", 5_000.0, 20.0);
+        orders.distribution = "zipf 1".into();
+        orders.lines_per_s = Some(17_500.0);
+        let res = results(vec![
+            run("nrtxn", "spread", 20_000.0, 9.0),
+            orders,
+            run("nrtxn", "hot", 25_000.0, 7.0),
+        ]);
+        let md = markdown(&res, None, None);
+        assert!(md.contains("## Orders next to hot"), "{md}");
+        assert!(
+            md.contains("| nrtxn | 25,000 | 5,000 | 17,500 | 1.00 | 20.0 | 0.70 |"),
+            "{md}"
+        );
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
+        let at = |p: &str| rows.iter().position(|l| l.starts_with(p)).unwrap();
+        assert_eq!(
+            at("| orders (zipf 1, 2 to 5 lines; orders/s) | nrtxn |"),
+            at("| hot | nrtxn |") + 1
+        );
+        assert!(at("| spread") > at("| orders (zipf 1"));
+        // No orders run, no section.
+        let md = markdown(&results(vec![run("nrtxn", "hot", 1.0, 1.0)]), None, None);
+        assert!(!md.contains("Orders next to hot"));
     }
 
     #[test]

@@ -30,6 +30,11 @@ const RESUBMIT_MAX: usize = 200;
 const HOLD_TTL_MS: u64 = 600_000;
 /// Answer kinds that are a successful decision.
 const OK_KINDS: [&str; 4] = ["ok", "held", "confirmed", "released"];
+/// Fewest and most lines of an order of the orders scenario: issue 15 asks for 2 to 5.
+const ORDER_LINES_MIN: usize = 2;
+const ORDER_LINES_MAX: usize = 5;
+/// Statuses of an order refused as a whole: nothing of it is reserved once answered.
+const ORDER_REFUSALS: [&str; 3] = ["insufficient_stock", "unknown_item", "buyer_limit"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -48,6 +53,14 @@ pub enum Scenario {
     FireAndForget,
     /// The batch route, `--batch-size` decrements per call.
     Batch,
+    /// Orders of several lines (issue 15). One job is one order and its ending, two
+    /// calls: `POST .../orders` of 2 to 5 lines (how many: uniform), each a distinct
+    /// item drawn Zipf (or `--uniform`) over `--items` (a repeated draw is drawn again)
+    /// with qty 1 and a TTL far beyond the run; then, if the order is held, `POST
+    /// .../orders/{id}/confirm` or `/cancel` (half each). Both calls are timed, as
+    /// mixed's hold and ending. Throughput is orders answered per second (held or
+    /// refused: jobs/s); `lines_per_s` counts their lines.
+    Orders,
 }
 
 impl Scenario {
@@ -59,6 +72,7 @@ impl Scenario {
             Scenario::Mixed => "mixed",
             Scenario::FireAndForget => "fire-and-forget",
             Scenario::Batch => "batch",
+            Scenario::Orders => "orders",
         }
     }
 }
@@ -161,6 +175,12 @@ impl RunArgs {
         if self.items == 0 || self.items > 1_000_000 {
             bail!("--items: must be 1 to 1,000,000, got {}", self.items);
         }
+        if self.scenario == Scenario::Orders && self.items < ORDER_LINES_MAX {
+            bail!(
+                "--items: orders need at least {ORDER_LINES_MAX} items (that many distinct lines), got {}",
+                self.items
+            );
+        }
         if self.batch_size == 0 || self.batch_size > BATCH_MAX {
             bail!(
                 "--batch-size: must be 1 to {BATCH_MAX}, got {}",
@@ -204,8 +224,12 @@ pub struct RunResult {
     pub stock: i64,
     pub batch_size: Option<usize>,
     /// Decisions per second: outcomes answered (respond=true), decided (fire-and-forget,
-    /// until the last decision), batch entries decided (batch).
+    /// until the last decision), batch entries decided (batch); orders answered (held or
+    /// refused) per second for `orders`.
     pub throughput_rps: f64,
+    /// `orders` only: lines of the orders answered, per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines_per_s: Option<f64>,
     /// HTTP answers of any kind per second (429s and 202s included).
     pub answered_rps: f64,
     pub p50_ms: f64,
@@ -255,6 +279,14 @@ struct Tracked {
     qty: i64,
 }
 
+/// An order of the orders scenario: its id and its lines' items, in the order sent
+/// (each line qty 1), enough to send it again byte for byte.
+#[derive(Debug, Clone)]
+struct TrackedOrder {
+    key: String,
+    items: Vec<u32>,
+}
+
 /// A decided request kept for the key checks: its answer, to compare with a poll.
 #[derive(Debug, Clone)]
 struct Sample {
@@ -292,6 +324,15 @@ struct WorkerOut {
     seen_samples: u64,
     /// Keys past `--keys-max`: not polled, they widen the check's range instead.
     untracked: u64,
+    /// Orders whose placing or ending has no known answer: read back after the run.
+    unresolved_orders: Vec<TrackedOrder>,
+    /// A reservoir of orders with their last known status, for the key checks.
+    order_samples: Vec<(TrackedOrder, String)>,
+    seen_order_samples: u64,
+    /// Orders answered held, and refused; the lines of both.
+    orders_held: u64,
+    orders_refused: u64,
+    order_lines: u64,
 }
 
 #[derive(Deserialize)]
@@ -352,6 +393,35 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// An order's body: its lines in the order drawn, qty 1 each, no buyer.
+fn order_json(item_names: &[String], order: &TrackedOrder) -> String {
+    let mut body = format!(r#"{{"order_id":"{}","lines":["#, order.key);
+    for (i, item) in order.items.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&format!(
+            r#"{{"item":"{}","qty":1}}"#,
+            item_names[*item as usize]
+        ));
+    }
+    body.push_str(&format!(r#"],"ttl_ms":{HOLD_TTL_MS}}}"#));
+    body
+}
+
+/// How an order's status reads for the books: `None` while it is still being reserved
+/// (or for a status this client does not know). A refused order reserved nothing, which
+/// the books count as a released line.
+fn order_final(status: &str) -> Option<HoldFinal> {
+    match status {
+        "held" => Some(HoldFinal::Held),
+        "confirmed" => Some(HoldFinal::Confirmed),
+        "cancelled" | "expired" | "released" => Some(HoldFinal::Released),
+        s if ORDER_REFUSALS.contains(&s) => Some(HoldFinal::Released),
+        _ => None,
+    }
 }
 
 fn txn_json(item: &str, op: Op, qty: i64, key: &str, respond: bool) -> String {
@@ -475,6 +545,7 @@ impl Worker {
         let shop = self.shared.shop.clone();
         match self.shared.scenario {
             Scenario::Batch => self.batch_job(&shop, start).await,
+            Scenario::Orders => self.order_job(&shop, start).await,
             _ => {
                 let (op, item) = self.pick();
                 let key = self.key();
@@ -641,6 +712,145 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// 2 to 5 distinct items, as [`Scenario::Orders`] says.
+    fn order_items(&mut self) -> Vec<u32> {
+        let span = (ORDER_LINES_MAX - ORDER_LINES_MIN + 1) as u64;
+        let n = ORDER_LINES_MIN + self.rng.below(span) as usize;
+        let mut items = Vec::with_capacity(n);
+        // Ends: `--items` is at least ORDER_LINES_MAX (validated), and every item has a
+        // non-zero chance.
+        while items.len() < n {
+            let i = self.shared.dist.sample(&mut self.rng) as u32;
+            if !items.contains(&i) {
+                items.push(i);
+            }
+        }
+        items
+    }
+
+    fn track_order(&mut self, order: TrackedOrder) {
+        if self.out.unresolved_orders.len() < self.shared.keys_per_worker {
+            self.out.unresolved_orders.push(order);
+        } else {
+            self.out.untracked += 1;
+            widen_order(&self.shared, &order);
+        }
+    }
+
+    fn sample_order(&mut self, order: TrackedOrder, status: &str) {
+        // Reservoir sampling, as `sample`.
+        self.out.seen_order_samples += 1;
+        let cap = self.shared.samples_per_worker;
+        if self.out.order_samples.len() < cap {
+            self.out.order_samples.push((order, status.to_string()));
+        } else {
+            let j = self.rng.below(self.out.seen_order_samples) as usize;
+            if j < cap {
+                self.out.order_samples[j] = (order, status.to_string());
+            }
+        }
+    }
+
+    async fn order_job(&mut self, shop: &str, start: Instant) {
+        let order = TrackedOrder {
+            key: self.key(),
+            items: self.order_items(),
+        };
+        let lines = order.items.len() as u64;
+        let body = order_json(&self.shared.item_names, &order);
+        let res = self
+            .send(
+                Method::POST,
+                &format!("/v1/shops/{shop}/orders"),
+                Some(body),
+            )
+            .await;
+        self.out.lat.record_from_intended(start, Instant::now());
+        let status = match &res {
+            Ok(a) if a.status == 200 => read_outcome(&a.body).map(|o| o.status),
+            Ok(a) if (400..500).contains(&a.status) => {
+                // Refused before anything was reserved (a 4xx decides nothing).
+                self.out.counts.add(&format!("http_{}", a.status), 1);
+                return;
+            }
+            _ => None,
+        };
+        match status.as_deref() {
+            Some("held") => {
+                self.out.counts.add("held", 1);
+                self.out.orders_held += 1;
+                self.out.order_lines += lines;
+            }
+            Some(refused) if ORDER_REFUSALS.contains(&refused) => {
+                self.out.counts.add(refused, 1);
+                self.out.orders_refused += 1;
+                self.out.order_lines += lines;
+                self.sample_order(order, refused);
+                return;
+            }
+            _ => {
+                // 504 (still being reserved), 5xx, transport failure: read back later.
+                let kind = match (&res, status.as_deref()) {
+                    (_, Some(s)) => format!("order_{s}"),
+                    (Err(f), None) => f.kind().to_string(),
+                    (Ok(a), None) => format!("http_{}", a.status),
+                };
+                self.out.counts.add(&kind, 1);
+                self.track_order(order);
+                return;
+            }
+        }
+        // Half the orders are confirmed (every line sold), half cancelled.
+        let confirm = self.rng.chance(0.5);
+        let path = format!(
+            "/v1/shops/{shop}/orders/{}/{}",
+            order.key,
+            if confirm { "confirm" } else { "cancel" }
+        );
+        let sent = Instant::now();
+        let res = self.send(Method::POST, &path, None).await;
+        self.out.lat.record_from_intended(sent, Instant::now());
+        let ended = match &res {
+            Ok(a) if a.status == 200 || a.status == 409 => read_outcome(&a.body)
+                .and_then(|o| order_final(&o.status).map(|end| (end, o.status))),
+            _ => None,
+        };
+        match ended {
+            Some((end, status)) => {
+                let kind = if end == HoldFinal::Held {
+                    "held_still"
+                } else {
+                    status.as_str()
+                };
+                self.out.counts.add(kind, 1);
+                for item in &order.items {
+                    self.shared.books[*item as usize].add_hold(end, 1);
+                }
+                self.sample_order(order, &status);
+            }
+            None => {
+                let kind = match &res {
+                    Err(f) => f.kind().to_string(),
+                    Ok(a) => format!("http_{}", a.status),
+                };
+                self.out.counts.add(&kind, 1);
+                self.track_order(order);
+            }
+        }
+    }
+}
+
+/// An order whose state stays unknown: each line may have been sold or held, or not
+/// made; the allowed stock and reserved widen by one unit per line.
+fn widen_order(shared: &Shared, order: &TrackedOrder) {
+    for item in &order.items {
+        let b = &shared.books[*item as usize];
+        b.unresolved_down.fetch_add(1, Ordering::Relaxed);
+        b.unresolved_reserved.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 fn hold_final(status: &str) -> Option<HoldFinal> {
     match status {
         "held" => Some(HoldFinal::Held),
@@ -742,7 +952,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
     let mut unresolved_holds = Vec::new();
     let mut samples = Vec::new();
     let mut untracked = 0;
+    let mut unresolved_orders = Vec::new();
+    let mut order_samples = Vec::new();
+    let (mut orders_held, mut orders_refused, mut order_lines) = (0u64, 0u64, 0u64);
     for o in outs {
+        unresolved_orders.extend(o.unresolved_orders);
+        order_samples.extend(o.order_samples);
+        orders_held += o.orders_held;
+        orders_refused += o.orders_refused;
+        order_lines += o.order_lines;
         lat.merge(&o.lat);
         counts.merge(&o.counts);
         accepted.extend(o.accepted);
@@ -838,19 +1056,29 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
             Ok(a) if a.status == 200 => {
                 match read_outcome(&a.body).and_then(|o| hold_final(&o.status)) {
                     Some(end) => shared.books[t.item as usize].add_hold(end, t.qty),
-                    None => widen(&shared, std::slice::from_ref(&t)),
+                    None => widen_hold(&shared, &t),
                 }
             }
             Ok(a) if a.status == 404 => {}
             _ => {
-                widen(&shared, std::slice::from_ref(&t));
+                widen_hold(&shared, &t);
                 check.unresolved_requests += 1;
             }
         }
     }
 
+    resolve_orders(
+        &shared,
+        &mut conn,
+        unresolved_orders,
+        poll_deadline,
+        &mut check,
+    )
+    .await;
+
     if !args.no_check {
         key_checks(&shared, &mut conn, &samples, &mut check).await;
+        order_checks(&shared, &mut conn, &order_samples, &mut check).await;
         read_back(&shared, &target, timeout, conns, &mut check).await?;
         check.unresolved_requests += untracked;
         check.finish();
@@ -858,8 +1086,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
         check.verdict = "skipped".into();
     }
 
-    let ok: u64 = OK_KINDS.iter().map(|k| counts.get(k)).sum();
-    let rejected: u64 = REJECTED_STATUSES.iter().map(|k| counts.get(k)).sum();
+    let (ok, rejected) = if args.scenario == Scenario::Orders {
+        // One decision per order: its placing (the ending is counted under its status
+        // but is not a second order).
+        (orders_held, orders_refused)
+    } else {
+        (
+            OK_KINDS.iter().map(|k| counts.get(k)).sum(),
+            REJECTED_STATUSES.iter().map(|k| counts.get(k)).sum(),
+        )
+    };
     let errors: u64 = counts
         .0
         .iter()
@@ -907,6 +1143,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
         stock,
         batch_size: (args.scenario == Scenario::Batch).then_some(args.batch_size),
         throughput_rps: throughput_rps.round(),
+        lines_per_s: (args.scenario == Scenario::Orders)
+            .then(|| (order_lines as f64 / secs).round()),
         answered_rps: (answers as f64 / secs).round(),
         p50_ms: r2(lat.quantile_ms(0.5)),
         p90_ms: r2(lat.quantile_ms(0.9)),
@@ -947,6 +1185,115 @@ fn widen(shared: &Shared, ts: &[Tracked]) {
             Op::Increment => b.unresolved_up.fetch_add(t.qty, Ordering::Relaxed),
             _ => b.unresolved_down.fetch_add(t.qty, Ordering::Relaxed),
         };
+    }
+}
+
+/// A hold whose state stays unknown may have taken its quantity from the stock and
+/// may still reserve it.
+fn widen_hold(shared: &Shared, t: &Tracked) {
+    widen(shared, std::slice::from_ref(t));
+    shared.books[t.item as usize]
+        .unresolved_reserved
+        .fetch_add(t.qty, Ordering::Relaxed);
+}
+
+/// Reads back each order whose answer was lost (`GET .../orders/{id}`), again every
+/// 50 ms while it is still being reserved, until `deadline`; books its lines by the
+/// state found. A 404 is an order never recorded: nothing of it was reserved.
+async fn resolve_orders(
+    shared: &Shared,
+    conn: &mut Conn,
+    orders: Vec<TrackedOrder>,
+    deadline: Instant,
+    check: &mut CheckReport,
+) {
+    let shop = &shared.shop;
+    for order in orders {
+        let path = format!("/v1/shops/{shop}/orders/{}", order.key);
+        let end = loop {
+            let res = conn.send(Method::GET, &path, None).await;
+            let found = match &res {
+                Ok(a) if a.status == 200 => read_outcome(&a.body).map(|o| order_final(&o.status)),
+                Ok(a) if a.status == 404 => Some(Some(HoldFinal::Released)),
+                _ => None,
+            };
+            match found {
+                Some(Some(end)) => break Some(end),
+                // Still being reserved, or no answer: ask again while there is time.
+                _ if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                _ => break None,
+            }
+        };
+        match end {
+            Some(end) => {
+                for item in &order.items {
+                    shared.books[*item as usize].add_hold(end, 1);
+                }
+            }
+            None => {
+                widen_order(shared, &order);
+                check.unresolved_requests += 1;
+            }
+        }
+    }
+}
+
+/// Each order has one state: a read of a sampled order answers the status the run last
+/// got for it, and placing it again (the same body) answers the order as it stands,
+/// moving nothing (the read-back after it proves that).
+async fn order_checks(
+    shared: &Shared,
+    conn: &mut Conn,
+    samples: &[(TrackedOrder, String)],
+    check: &mut CheckReport,
+) {
+    let shop = &shared.shop;
+    for (i, (order, status)) in samples.iter().enumerate() {
+        let res = conn
+            .send(
+                Method::GET,
+                &format!("/v1/shops/{shop}/orders/{}", order.key),
+                None,
+            )
+            .await;
+        check.keys_polled += 1;
+        let polled = match &res {
+            Ok(a) if a.status == 200 => read_outcome(&a.body).map(|o| o.status),
+            _ => None,
+        };
+        if polled.as_deref() != Some(status.as_str()) {
+            check.key_mismatches += 1;
+            check.note(format!(
+                "order {}: answered {status}, a read gives {}",
+                order.key,
+                describe(&res)
+            ));
+        }
+        if i < RESUBMIT_MAX {
+            let body = order_json(&shared.item_names, order);
+            let res = conn
+                .send(
+                    Method::POST,
+                    &format!("/v1/shops/{shop}/orders"),
+                    Some(Bytes::from(body)),
+                )
+                .await;
+            check.keys_resubmitted += 1;
+            let again = match &res {
+                Ok(a) if a.status == 200 => read_outcome(&a.body).map(|o| o.status),
+                _ => None,
+            };
+            if again.as_deref() != Some(status.as_str()) {
+                check.key_mismatches += 1;
+                check.note(format!(
+                    "order {}: answered {status}, placing it again gives {}",
+                    order.key,
+                    describe(&res)
+                ));
+            }
+        }
     }
 }
 

@@ -15,6 +15,12 @@
 //! `expires_at`, and a confirm, cancel or read of a hold past it finds it `expired`.
 //! A hold's id is its own key space, apart from transactions' request keys.
 //!
+//! Orders (issue 15) have nrtxn's routes, bodies and statuses in `redis-lua` (one script
+//! reserves every line or none, atomically; confirm, cancel and expiry end every line
+//! together) and `ceiling`. `postgres-row` answers them `501`: `bench/README.md` says
+//! why. An order's id is a key space of its own too, and the peers keep no per-buyer
+//! limit (`buyer` is accepted and ignored).
+//!
 //! What the peers leave out, on purpose: the event stream, admission bounds, the
 //! `key_reused` check (a repeated key answers its first outcome, whatever its body).
 //! Fire-and-forget (`respond=false`) is decided before its 202: with one round trip per
@@ -51,6 +57,8 @@ const HOLD_TTL_MAX_MS: i64 = 7 * 24 * 3600 * 1000;
 pub const RELEASE_MAX: usize = 16;
 /// The states of a hold that was made; any other recorded status is its refusal.
 const HOLD_STATES: [&str; 4] = ["held", "confirmed", "released", "expired"];
+/// Most lines of an order, as nrtxn.
+const ORDER_LINES_MAX: usize = 100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Kind {
@@ -250,6 +258,60 @@ impl Hold {
     }
 }
 
+/// A validated order (`POST .../orders`): its lines' items are distinct.
+#[derive(Debug, Clone)]
+pub struct OrderReq {
+    pub order_id: String,
+    pub lines: Vec<(String, i64)>,
+    pub ttl_ms: i64,
+}
+
+impl HoldEnd {
+    /// The state this ending leaves a held order in (nrtxn's words for orders).
+    pub fn order_state(self) -> &'static str {
+        match self {
+            HoldEnd::Confirm => "confirmed",
+            HoldEnd::Cancel => "cancelled",
+        }
+    }
+}
+
+/// An order as a backend records it: `status` is its state (`held`, `confirmed`,
+/// `cancelled`, `expired`) or, for an order refused when placed, the first failing
+/// line's status with `failed_line` (nothing reserved, no `expires_at`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub order_id: String,
+    pub status: String,
+    pub lines: Vec<(String, i64)>,
+    pub expires_at: Option<i64>,
+    pub failed_line: Option<usize>,
+}
+
+impl Order {
+    /// nrtxn's body of an order (`POST .../orders`, confirm, cancel, `GET`): a placing
+    /// asked again answers the order as it stands, as nrtxn does.
+    fn body(&self) -> Value {
+        let line_status = match self.status.as_str() {
+            "held" | "confirmed" | "expired" => self.status.as_str(),
+            "cancelled" => "released",
+            _ => "not_held",
+        };
+        let mut body = json!({
+            "order_id": self.order_id,
+            "status": self.status,
+            "lines": self.lines.iter().map(|(item, qty)| json!({
+                "item": item, "qty": qty, "seq": null, "status": line_status
+            })).collect::<Vec<_>>(),
+            "expires_at": self.expires_at,
+        });
+        if let (Some(i), Value::Object(m)) = (self.failed_line, &mut body) {
+            m.insert("failed_line".into(), json!(i));
+        }
+        body
+    }
+}
+
 /// A hold as nrtxn's routes answer it (its fields in nrtxn's order).
 #[derive(Serialize)]
 struct HoldBody<'a> {
@@ -423,6 +485,42 @@ fn hold_request(v: &Value) -> Result<HoldReq, Invalid> {
     })
 }
 
+/// Validates an order as nrtxn does: `order_id` required (not starting with '~'), 1 to
+/// [`ORDER_LINES_MAX`] lines of `item` and `qty`, items distinct, `ttl_ms` required,
+/// `buyer` optional.
+fn order_request(v: &Value) -> Result<OrderReq, Invalid> {
+    let order_id = name(v, "order_id", "", 128)?.ok_or_else(|| {
+        invalid("order_id: required (it makes the order idempotent and is its id)")
+    })?;
+    if order_id.starts_with('~') {
+        return Err(invalid("order_id: must not start with '~' (reserved)"));
+    }
+    let raw = array_field(v, "lines", ORDER_LINES_MAX)?;
+    let mut lines: Vec<(String, i64)> = Vec::with_capacity(raw.len());
+    for (i, line) in raw.iter().enumerate() {
+        let at = format!("lines[{i}].");
+        if !line.is_object() {
+            return Err(invalid(format!("lines[{i}]: must be a JSON object")));
+        }
+        let item =
+            name(line, "item", &at, 128)?.ok_or_else(|| invalid(format!("{at}item: required")))?;
+        let qty = bounded(line, "qty", 1, QTY_MAX).map_err(|e| invalid(format!("{at}{}", e.0)))?;
+        if let Some(first) = lines.iter().position(|(it, _)| *it == item) {
+            return Err(invalid(format!(
+                "lines[{i}].item: {item} is already line {first}; an order names each item once"
+            )));
+        }
+        lines.push((item, qty));
+    }
+    let ttl_ms = bounded(v, "ttl_ms", 1, HOLD_TTL_MAX_MS)?;
+    name(v, "buyer", "", 128)?;
+    Ok(OrderReq {
+        order_id,
+        lines,
+        ttl_ms,
+    })
+}
+
 fn parse_body(body: &[u8]) -> Result<Value, Invalid> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| invalid(format!("body: not valid JSON: {e}")))?;
@@ -487,6 +585,45 @@ impl Backend {
                 qty: 0,
                 expires_at: None,
                 stock_before: None,
+            })),
+        }
+    }
+
+    /// Places an order, or answers the order recorded under its id as it stands.
+    /// `Ok(None)`: this backend does not implement orders.
+    async fn order(&self, shop: &str, req: &OrderReq) -> anyhow::Result<Option<Order>> {
+        match self {
+            Backend::Redis(r) => r.order(shop, req).await.map(Some),
+            Backend::Postgres(_) => Ok(None),
+            Backend::Ceiling => Ok(Some(Order {
+                order_id: req.order_id.clone(),
+                status: "held".into(),
+                lines: req.lines.clone(),
+                expires_at: Some(now_ms() + req.ttl_ms),
+                failed_line: None,
+            })),
+        }
+    }
+
+    /// Ends a held order as `end` asks (or only reads it, with `None`), expiring it
+    /// first if it is past `expires_at`. `Ok(None)`: no such order; `Err` of
+    /// [`NotImplemented`] for a backend without orders.
+    async fn settle_order(
+        &self,
+        shop: &str,
+        order_id: &str,
+        end: Option<HoldEnd>,
+    ) -> anyhow::Result<Option<Order>> {
+        match self {
+            Backend::Redis(r) => r.settle_order(shop, order_id, end).await,
+            Backend::Postgres(_) => Err(NotImplemented.into()),
+            // Stateless: every order reads as held, and every ending as done.
+            Backend::Ceiling => Ok(Some(Order {
+                order_id: order_id.to_string(),
+                status: end.map_or("held", HoldEnd::order_state).into(),
+                lines: Vec::new(),
+                expires_at: None,
+                failed_line: None,
             })),
         }
     }
@@ -751,6 +888,92 @@ async fn cancel_hold(be: web::Data<Backend>, path: web::Path<(String, String)>) 
     settle_hold(be, path, Some(HoldEnd::Cancel)).await
 }
 
+/// A backend without orders (postgres-row): answered `501`, which tells the load
+/// generator, rather than a `503` it would retry.
+#[derive(Debug)]
+struct NotImplemented;
+
+impl std::fmt::Display for NotImplemented {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("this peer does not implement orders (bench/README.md says why)")
+    }
+}
+
+impl std::error::Error for NotImplemented {}
+
+fn not_implemented() -> HttpResponse {
+    HttpResponse::NotImplemented()
+        .json(json!({ "error": "not_implemented", "detail": NotImplemented.to_string() }))
+}
+
+async fn post_order(
+    be: web::Data<Backend>,
+    path: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let (shop, req) =
+        match segment(&path, "shop").and_then(|s| Ok((s, order_request(&parse_body(&body)?)?))) {
+            Ok(p) => p,
+            Err(e) => return e.response(),
+        };
+    match be.order(&shop, &req).await {
+        Ok(Some(o)) => HttpResponse::Ok().json(o.body()),
+        Ok(None) => not_implemented(),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// Confirm, cancel or read of an order, with the answers of holds: the same ending
+/// again is a 200, another one a 409 with the order's state.
+async fn settle_order(
+    be: web::Data<Backend>,
+    path: web::Path<(String, String)>,
+    end: Option<HoldEnd>,
+) -> HttpResponse {
+    let (shop, order_id) = path.into_inner();
+    let (shop, order_id) = match (segment(&shop, "shop"), segment(&order_id, "order_id")) {
+        (Ok(s), Ok(o)) => (s, o),
+        (Err(e), _) | (_, Err(e)) => return e.response(),
+    };
+    match be.settle_order(&shop, &order_id, end).await {
+        Ok(Some(o)) => match end {
+            Some(end) if o.status != end.order_state() => {
+                let mut body = o.body();
+                if let Value::Object(m) = &mut body {
+                    m.insert("error".into(), json!("conflict"));
+                    m.insert(
+                        "detail".into(),
+                        json!(format!(
+                            "order_id: order {order_id} is {}, it cannot be {}",
+                            o.status,
+                            end.verb()
+                        )),
+                    );
+                }
+                HttpResponse::Conflict().json(body)
+            }
+            _ => HttpResponse::Ok().json(o.body()),
+        },
+        Ok(None) => HttpResponse::NotFound().json(json!({
+            "error": "not_found", "detail": format!("order_id: no order {order_id} in shop {shop}")
+        })),
+        Err(e) if e.is::<NotImplemented>() => not_implemented(),
+        Err(e) => unavailable(e),
+    }
+}
+
+async fn get_order(be: web::Data<Backend>, path: web::Path<(String, String)>) -> HttpResponse {
+    settle_order(be, path, None).await
+}
+
+async fn confirm_order(be: web::Data<Backend>, path: web::Path<(String, String)>) -> HttpResponse {
+    settle_order(be, path, Some(HoldEnd::Confirm)).await
+}
+
+async fn cancel_order(be: web::Data<Backend>, path: web::Path<(String, String)>) -> HttpResponse {
+    settle_order(be, path, Some(HoldEnd::Cancel)).await
+}
+
 async fn ok() -> HttpResponse {
     HttpResponse::Ok().json(json!({ "status": "ok" }))
 }
@@ -806,6 +1029,19 @@ pub async fn serve(args: PeerArgs) -> anyhow::Result<()> {
             .route(
                 "/v1/shops/{shop}/holds/{hold_id}/cancel",
                 web::post().to(cancel_hold),
+            )
+            .route("/v1/shops/{shop}/orders", web::post().to(post_order))
+            .route(
+                "/v1/shops/{shop}/orders/{order_id}",
+                web::get().to(get_order),
+            )
+            .route(
+                "/v1/shops/{shop}/orders/{order_id}/confirm",
+                web::post().to(confirm_order),
+            )
+            .route(
+                "/v1/shops/{shop}/orders/{order_id}/cancel",
+                web::post().to(cancel_order),
             )
             .default_service(web::to(not_found))
     })
@@ -881,6 +1117,55 @@ mod tests {
         );
         assert!(e(json!({"item":"a","ttl_ms":1,"request_id":"h"})).starts_with("qty: required"));
         assert!(e(json!({"qty":1,"ttl_ms":1,"request_id":"h"})).starts_with("item: required"));
+    }
+
+    #[test]
+    fn order_validation_names_the_field() {
+        let e = |v: Value| order_request(&v).err().map(|e| e.0).unwrap_or_default();
+        let ok = json!({"order_id":"o","lines":[{"item":"a","qty":1},{"item":"b","qty":2}],"ttl_ms":1000});
+        let o = order_request(&ok).ok().unwrap();
+        assert_eq!(o.lines, [("a".to_string(), 1), ("b".to_string(), 2)]);
+        assert!(
+            e(json!({"lines":[{"item":"a","qty":1}],"ttl_ms":1})).starts_with("order_id: required")
+        );
+        assert!(e(json!({"order_id":"o","lines":[],"ttl_ms":1})).starts_with("lines: 1 to 100"));
+        assert_eq!(
+            e(
+                json!({"order_id":"o","lines":[{"item":"a","qty":1},{"item":"a","qty":1}],"ttl_ms":1})
+            ),
+            "lines[1].item: a is already line 0; an order names each item once"
+        );
+        assert!(
+            e(json!({"order_id":"o","lines":[{"item":"a","qty":0}],"ttl_ms":1}))
+                .starts_with("lines[0].qty: must be at least 1")
+        );
+        assert!(e(json!({"order_id":"o","lines":[{"item":"a","qty":1}]}))
+            .starts_with("ttl_ms: required"));
+    }
+
+    #[test]
+    fn order_bodies_have_nrtxn_fields() {
+        let o = Order {
+            order_id: "o".into(),
+            status: "insufficient_stock".into(),
+            lines: vec![("a".into(), 1), ("b".into(), 1)],
+            expires_at: None,
+            failed_line: Some(1),
+        };
+        let b = o.body();
+        assert_eq!(b["failed_line"], 1);
+        assert_eq!(b["lines"][1]["status"], "not_held");
+        let b = Order {
+            status: "cancelled".into(),
+            failed_line: None,
+            ..o
+        }
+        .body();
+        assert!(b.get("failed_line").is_none());
+        assert_eq!(
+            (b["status"].as_str(), b["lines"][0]["status"].as_str()),
+            (Some("cancelled"), Some("released"))
+        );
     }
 
     fn hold(status: &str) -> Hold {

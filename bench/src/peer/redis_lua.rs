@@ -9,6 +9,12 @@
 //! up to [`RELEASE_MAX`] due holds of the sorted set; a confirm, cancel or read of a
 //! hold past its expiry expires it there and then.
 //!
+//! Orders: one script reserves every line or none, atomically (Redis runs a script
+//! alone, so no other call sees half an order and no two orders can deadlock); a hash
+//! per order (`state exp failed lines at`) and the order in the same sorted set of
+//! expiries, as `~{order_id}` (a hold id never starts with '~'). Confirm, cancel and
+//! expiry end every line in one script.
+//!
 //! Durability is Redis's: `scripts/bench.sh` starts it with `appendonly no` and no RDB
 //! saves, so an acknowledged sale is lost if Redis stops. That is the common setting
 //! for this design, and the reason its figures are not comparable on durability.
@@ -21,14 +27,16 @@ use redis::aio::MultiplexedConnection;
 
 #[cfg(test)]
 use super::RELEASE_MAX;
-use super::{now_ms, Decision, Hold, HoldEnd, HoldReq, Outcome, Txn};
+use super::{now_ms, Decision, Hold, HoldEnd, HoldReq, Order, OrderReq, Outcome, Txn};
 
 /// The functions every script starts with. Keys: `st:{shop}/{item}` the available
 /// stock, `rs:{shop}/{item}` the reserved part, `hd:{shop}/{hold_id}` a hold's hash
 /// (`state item qty ttl exp before at`), `hx:{shop}` the pending holds by expiry.
-/// `finish` ends a held hold: `confirmed` sells its reserved quantity, `released` and
-/// `expired` give it back to the stock. `release_due` expires up to RELEASE_MAX holds
-/// whose `expires_at` is at or before `now`.
+/// `od:{shop}/{order_id}` an order's hash, whose `lines` are `item\nqty\n...` (a name
+/// has no control characters). `finish` ends a held hold: `confirmed` sells its
+/// reserved quantity, `released` and `expired` give it back to the stock; `end_order`
+/// does that for every line of a held order. `release_due` expires up to RELEASE_MAX
+/// holds and orders whose `expires_at` is at or before `now`.
 macro_rules! holds_lua {
     () => {
         r#"
@@ -39,15 +47,36 @@ local function finish(shop, hk, xkey, id, item, qty, state)
   redis.call('HSET', hk, 'state', state)
   redis.call('ZREM', xkey, id)
 end
+local function end_order(shop, ok, xkey, oid, state)
+  local f = {}
+  for s in string.gmatch(redis.call('HGET', ok, 'lines'), '[^\n]+') do f[#f + 1] = s end
+  for i = 1, #f, 2 do
+    local at = shop .. '/' .. f[i]
+    redis.call('DECRBY', 'rs:' .. at, f[i + 1])
+    if state ~= 'confirmed' then redis.call('INCRBY', 'st:' .. at, f[i + 1]) end
+  end
+  redis.call('HSET', ok, 'state', state)
+  redis.call('ZREM', xkey, '~' .. oid)
+end
 local function release_due(xkey, shop, now)
   local due = redis.call('ZRANGEBYSCORE', xkey, '-inf', now, 'LIMIT', 0, 16)
   for _, id in ipairs(due) do
-    local hk = 'hd:' .. shop .. '/' .. id
-    local h = redis.call('HMGET', hk, 'state', 'item', 'qty')
-    if h[1] == 'held' then
-      finish(shop, hk, xkey, id, h[2], h[3], 'expired')
+    if string.sub(id, 1, 1) == '~' then
+      local oid = string.sub(id, 2)
+      local ok = 'od:' .. shop .. '/' .. oid
+      if redis.call('HGET', ok, 'state') == 'held' then
+        end_order(shop, ok, xkey, oid, 'expired')
+      else
+        redis.call('ZREM', xkey, id)
+      end
     else
-      redis.call('ZREM', xkey, id)
+      local hk = 'hd:' .. shop .. '/' .. id
+      local h = redis.call('HMGET', hk, 'state', 'item', 'qty')
+      if h[1] == 'held' then
+        finish(shop, hk, xkey, id, h[2], h[3], 'expired')
+      else
+        redis.call('ZREM', xkey, id)
+      end
     end
   end
 end
@@ -150,6 +179,70 @@ return {h[1], h[2], h[3], h[4]}
 "#
 );
 
+/// An order. KEYS[1]: the shop's expiries, KEYS[2]: the order's hash, then per line
+/// (1-based `i`) KEYS[1 + 2i] its item's stock and KEYS[2 + 2i] its reserved part.
+/// ARGV: now (ms), shop, ttl_ms, order id, the lines as stored (`item\nqty\n...`), then
+/// each line's qty. An order id already recorded answers its hash as it stands (a
+/// repeat). Otherwise every line is checked, in the order given; if all are covered,
+/// all are reserved, else the first failing line's status is recorded with its index
+/// and nothing moves. Returns `{state, expires_at, failed_line, lines}`.
+const ORDER_LUA: &str = concat!(
+    holds_lua!(),
+    r#"
+release_due(KEYS[1], ARGV[2], ARGV[1])
+local h = redis.call('HMGET', KEYS[2], 'state', 'exp', 'failed', 'lines')
+if h[1] then return {h[1], h[2] or '', h[3] or '', h[4] or ''} end
+local n = (#KEYS - 2) / 2
+local state, failed, exp = 'held', '', ''
+for i = 1, n do
+  local stock = redis.call('GET', KEYS[1 + 2 * i])
+  if not stock then
+    state = 'unknown_item'
+  elseif tonumber(stock) < tonumber(ARGV[5 + i]) then
+    state = 'insufficient_stock'
+  end
+  if state ~= 'held' then
+    failed = string.format('%d', i - 1)
+    break
+  end
+end
+if state == 'held' then
+  for i = 1, n do
+    redis.call('DECRBY', KEYS[1 + 2 * i], ARGV[5 + i])
+    redis.call('INCRBY', KEYS[2 + 2 * i], ARGV[5 + i])
+  end
+  exp = string.format('%d', tonumber(ARGV[1]) + tonumber(ARGV[3]))
+  redis.call('ZADD', KEYS[1], exp, '~' .. ARGV[4])
+end
+redis.call('HSET', KEYS[2], 'state', state, 'exp', exp, 'failed', failed, 'lines', ARGV[5],
+  'at', ARGV[1])
+return {state, exp, failed, ARGV[5]}
+"#
+);
+
+/// Confirm, cancel or read of an order. KEYS[1]: the shop's expiries, KEYS[2]: the
+/// order's hash. ARGV: now (ms), shop, order id, the ending (`confirmed`, `cancelled`,
+/// or empty to read). A held order past its expiry expires; one still held ends as
+/// asked, every line together. Returns `{state, expires_at, failed_line, lines}`, or an
+/// empty array for no order.
+const SETTLE_ORDER_LUA: &str = concat!(
+    holds_lua!(),
+    r#"
+release_due(KEYS[1], ARGV[2], ARGV[1])
+local h = redis.call('HMGET', KEYS[2], 'state', 'exp', 'failed', 'lines')
+if not h[1] then return {} end
+if h[1] == 'held' then
+  local state = ARGV[4]
+  if tonumber(h[2]) <= tonumber(ARGV[1]) then state = 'expired' end
+  if state ~= '' then
+    end_order(ARGV[2], KEYS[2], KEYS[1], ARGV[3], state)
+    h[1] = state
+  end
+end
+return {h[1], h[2] or '', h[3] or '', h[4] or ''}
+"#
+);
+
 /// An item read. KEYS[1]: the shop's expiries, KEYS[2]: the item's stock, KEYS[3]: its
 /// reserved part. ARGV: now (ms), shop. Returns `{stock, reserved}` (nil if absent).
 const ITEM_LUA: &str = concat!(
@@ -170,6 +263,8 @@ pub struct RedisLua {
     hold_sha: String,
     settle_sha: String,
     item_sha: String,
+    order_sha: String,
+    settle_order_sha: String,
 }
 
 fn stock_key(shop: &str, item: &str) -> String {
@@ -187,6 +282,41 @@ fn reserved_key(shop: &str, item: &str) -> String {
 
 fn hold_key(shop: &str, hold_id: &str) -> String {
     format!("hd:{shop}/{hold_id}")
+}
+
+fn order_key(shop: &str, order_id: &str) -> String {
+    format!("od:{shop}/{order_id}")
+}
+
+/// An order's lines as its hash keeps them: `item\nqty\n` per line.
+fn encode_lines(lines: &[(String, i64)]) -> String {
+    lines.iter().map(|(i, q)| format!("{i}\n{q}\n")).collect()
+}
+
+/// Parses an order answered by [`ORDER_LUA`] or [`SETTLE_ORDER_LUA`]:
+/// `state, expires_at, failed_line, lines`.
+fn parse_order(order_id: &str, f: &[String]) -> anyhow::Result<Order> {
+    if f.len() != 4 {
+        anyhow::bail!("malformed order {order_id}: {f:?}");
+    }
+    let parts: Vec<&str> = f[3].split_terminator('\n').collect();
+    let mut lines = Vec::with_capacity(parts.len() / 2);
+    for pair in parts.chunks(2) {
+        let [item, qty] = pair else {
+            anyhow::bail!("order {order_id}: malformed lines {:?}", f[3]);
+        };
+        let qty = qty
+            .parse()
+            .with_context(|| format!("order {order_id}: qty {qty:?}"))?;
+        lines.push((item.to_string(), qty));
+    }
+    Ok(Order {
+        order_id: order_id.to_string(),
+        status: f[0].clone(),
+        lines,
+        expires_at: opt_i64(&f[1]),
+        failed_line: f[2].parse().ok(),
+    })
 }
 
 fn expiries_key(shop: &str) -> String {
@@ -262,6 +392,8 @@ impl RedisLua {
             ("hold", HOLD_LUA),
             ("settle", SETTLE_LUA),
             ("item", ITEM_LUA),
+            ("order", ORDER_LUA),
+            ("settle-order", SETTLE_ORDER_LUA),
         ] {
             let sha = redis::Script::new(text)
                 .prepare_invoke()
@@ -270,14 +402,16 @@ impl RedisLua {
                 .with_context(|| format!("SCRIPT LOAD of the {name} script failed"))?;
             shas.push(sha);
         }
-        let [decide_sha, hold_sha, settle_sha, item_sha] = <[String; 4]>::try_from(shas)
-            .map_err(|_| anyhow::anyhow!("four scripts, four SHA1s"))?;
+        let [decide_sha, hold_sha, settle_sha, item_sha, order_sha, settle_order_sha] =
+            <[String; 6]>::try_from(shas).map_err(|_| anyhow::anyhow!("six scripts, six SHA1s"))?;
         Ok(RedisLua {
             conn,
             decide_sha,
             hold_sha,
             settle_sha,
             item_sha,
+            order_sha,
+            settle_order_sha,
         })
     }
 
@@ -365,6 +499,57 @@ impl RedisLua {
             return Ok(None);
         }
         parse_hold(hold_id, &reply).map(Some)
+    }
+
+    /// One EVALSHA per order, whatever its number of lines.
+    pub async fn order(&self, shop: &str, req: &OrderReq) -> anyhow::Result<Order> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.order_sha)
+            .arg(2 + 2 * req.lines.len())
+            .arg(expiries_key(shop))
+            .arg(order_key(shop, &req.order_id));
+        for (item, _) in &req.lines {
+            cmd.arg(stock_key(shop, item)).arg(reserved_key(shop, item));
+        }
+        cmd.arg(now_ms())
+            .arg(shop)
+            .arg(req.ttl_ms)
+            .arg(&req.order_id)
+            .arg(encode_lines(&req.lines));
+        for (_, qty) in &req.lines {
+            cmd.arg(*qty);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<String> = cmd
+            .query_async(&mut conn)
+            .await
+            .context("EVALSHA of the order script")?;
+        parse_order(&req.order_id, &reply)
+    }
+
+    pub async fn settle_order(
+        &self,
+        shop: &str,
+        order_id: &str,
+        end: Option<HoldEnd>,
+    ) -> anyhow::Result<Option<Order>> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<String> = redis::cmd("EVALSHA")
+            .arg(&self.settle_order_sha)
+            .arg(2)
+            .arg(expiries_key(shop))
+            .arg(order_key(shop, order_id))
+            .arg(now_ms())
+            .arg(shop)
+            .arg(order_id)
+            .arg(end.map_or("", HoldEnd::order_state))
+            .query_async(&mut conn)
+            .await
+            .context("EVALSHA of the settle-order script")?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        parse_order(order_id, &reply).map(Some)
     }
 
     /// One EVALSHA per transaction; a batch sends them as one pipeline (one round trip,
@@ -455,7 +640,14 @@ mod tests {
 
     #[test]
     fn scripts_release_at_most_release_max_and_name_keys_as_rust_does() {
-        for script in [DECIDE_LUA, HOLD_LUA, SETTLE_LUA, ITEM_LUA] {
+        for script in [
+            DECIDE_LUA,
+            HOLD_LUA,
+            SETTLE_LUA,
+            ITEM_LUA,
+            ORDER_LUA,
+            SETTLE_ORDER_LUA,
+        ] {
             assert!(script.contains(&format!("'LIMIT', 0, {RELEASE_MAX})")));
             assert!(script.contains("release_due(KEYS["));
         }
@@ -463,5 +655,21 @@ mod tests {
         assert_eq!(hold_key("s", "h"), "hd:s/h");
         assert_eq!(stock_key("s", "i"), "st:s/i");
         assert_eq!(reserved_key("s", "i"), "rs:s/i");
+        assert_eq!(order_key("s", "o"), "od:s/o");
+    }
+
+    #[test]
+    fn orders_parse_back_with_their_lines() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let lines = vec![("it|em".to_string(), 1), ("b".to_string(), 3)];
+        let enc = encode_lines(&lines);
+        let o = parse_order("o", &f(&["held", "1700", "", &enc])).unwrap();
+        assert_eq!(
+            (o.status.as_str(), o.expires_at, o.failed_line, &o.lines),
+            ("held", Some(1700), None, &lines)
+        );
+        let o = parse_order("o", &f(&["insufficient_stock", "", "1", &enc])).unwrap();
+        assert_eq!((o.expires_at, o.failed_line), (None, Some(1)));
+        assert!(parse_order("o", &f(&["held", "1", "", "a\n"])).is_err());
     }
 }
