@@ -415,6 +415,50 @@ async fn concurrent_orders_in_opposite_line_orders_hold_exactly_the_stock() {
     contended_pairs(&[&server], pairs, 300).await;
 }
 
+/// Reads orders `ids` of `shop` until none is `reserving` (up to `rounds` rounds, 200 ms
+/// apart), and checks that each is held with every line held, or ended with none held.
+/// Their counts by status, and the quantity the held ones reserve per item.
+async fn settled(
+    c: &reqwest::Client,
+    server: &Server,
+    shop: &str,
+    ids: &[String],
+    rounds: usize,
+) -> (BTreeMap<String, usize>, BTreeMap<String, i64>) {
+    let mut views: HashMap<String, Value> = HashMap::new();
+    for _ in 0..rounds {
+        views.clear();
+        for id in ids {
+            let (code, body) = get(c, &orders_url(server, shop, &format!("/{id}"))).await;
+            if code == 200 {
+                views.insert(id.clone(), body);
+            }
+        }
+        if views.values().all(|v| v["status"] != "reserving") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
+    for (id, v) in &views {
+        let status = v["status"].as_str().unwrap().to_string();
+        *counts.entry(status.clone()).or_default() += 1;
+        assert_ne!(status, "reserving", "{id}: {v}");
+        for line in v["lines"].as_array().unwrap() {
+            if status == "held" {
+                assert_eq!(line["status"], "held", "{id}: {v}");
+                *reserved
+                    .entry(line["item"].as_str().unwrap().to_string())
+                    .or_default() += line["qty"].as_i64().unwrap();
+            } else {
+                assert_ne!(line["status"], "held", "{id}: {v}");
+            }
+        }
+    }
+    (counts, reserved)
+}
+
 /// A SIGKILL in the middle of many three-line orders, then a restart: every order is
 /// held with all its lines held, or ended with none; each item's `reserved` is the sum
 /// of the held orders' lines on it.
@@ -476,37 +520,7 @@ async fn sigkill_mid_orders(flags: &[&str]) {
     let ids = sent.lock().unwrap().clone();
     assert!(ids.len() > 50, "only {} orders sent", ids.len());
     // Recovery settles every order: none stays `reserving`.
-    let mut views: HashMap<String, Value> = HashMap::new();
-    for _ in 0..100 {
-        views.clear();
-        for id in &ids {
-            let (code, body) = get(&c, &orders_url(&server, "s", &format!("/{id}"))).await;
-            if code == 200 {
-                views.insert(id.clone(), body);
-            }
-        }
-        if views.values().all(|v| v["status"] != "reserving") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for (id, v) in &views {
-        let status = v["status"].as_str().unwrap().to_string();
-        *counts.entry(status.clone()).or_default() += 1;
-        assert_ne!(status, "reserving", "{id}: {v}");
-        for line in v["lines"].as_array().unwrap() {
-            if status == "held" {
-                assert_eq!(line["status"], "held", "{id}: {v}");
-                *reserved
-                    .entry(line["item"].as_str().unwrap().to_string())
-                    .or_default() += line["qty"].as_i64().unwrap();
-            } else {
-                assert_ne!(line["status"], "held", "{id}: {v}");
-            }
-        }
-    }
+    let (counts, reserved) = settled(&c, &server, "s", &ids, 100).await;
     eprintln!("orders after the restart: {counts:?} of {} sent", ids.len());
     assert!(counts.get("held").copied().unwrap_or(0) > 0, "{counts:?}");
     for item in &items {
@@ -645,37 +659,7 @@ async fn kill_mid_orders(two: &mut Nodes) {
     wait_ready(&c, &two.nodes[1]).await;
     let ids = sent.lock().unwrap().clone();
     // The restarted node checks what it reads back after twice the reply timeout.
-    let mut views: HashMap<String, Value> = HashMap::new();
-    for _ in 0..600 {
-        views.clear();
-        for id in &ids {
-            let (code, body) = get(&c, &orders_url(&two.nodes[0], "k", &format!("/{id}"))).await;
-            if code == 200 {
-                views.insert(id.clone(), body);
-            }
-        }
-        if views.values().all(|v| v["status"] != "reserving") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
-    for (id, v) in &views {
-        let status = v["status"].as_str().unwrap().to_string();
-        *counts.entry(status.clone()).or_default() += 1;
-        assert_ne!(status, "reserving", "{id}: {v}");
-        for line in v["lines"].as_array().unwrap() {
-            if status == "held" {
-                assert_eq!(line["status"], "held", "{id}: {v}");
-                *reserved
-                    .entry(line["item"].as_str().unwrap().to_string())
-                    .or_default() += 1;
-            } else {
-                assert_ne!(line["status"], "held", "{id}: {v}");
-            }
-        }
-    }
+    let (counts, reserved) = settled(&c, &two.nodes[0], "k", &ids, 300).await;
     eprintln!(
         "orders after node 1's restart: {counts:?} of {} sent",
         ids.len()

@@ -438,7 +438,10 @@ impl Engine {
         }
         let pending: Vec<HoldView> = match lines {
             Some(known) => known.iter().map(|(_, h)| h.clone()).collect(),
-            None => self.lines_held(shop, order_id, o.qty.max(0) as usize).await?,
+            None => {
+                self.lines_held(shop, order_id, o.qty.max(0) as usize)
+                    .await?
+            }
         };
         if pending.is_empty() {
             return Ok((o, Vec::new()));
