@@ -279,6 +279,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             .wrap(from_fn(nrtxn_api::auth::check))
             .wrap(from_fn(utf8_paths))
             .wrap(from_fn(count_requests))
+            // Outermost: every line logged while a request is served, refusals included,
+            // carries its span.
+            .wrap(from_fn(nrtxn_api::trace::request_span))
             .configure(configure)
     })
     .workers(settings.http_workers)

@@ -19,6 +19,7 @@ pub mod items;
 pub mod orders;
 pub mod settings;
 pub mod stream;
+pub mod trace;
 pub mod txns;
 pub mod validate;
 
