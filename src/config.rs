@@ -185,6 +185,24 @@ pub struct ServeArgs {
     /// system's CAs].
     #[arg(long, env = "NRTXN_KAFKA_SSL_CA")]
     pub kafka_ssl_ca: Option<PathBuf>,
+    /// Format of the log lines on stderr: `text`, for people, or `json`, one object a
+    /// line whose `span` names the HTTP request it was written for (method, route,
+    /// shop, item, request key) [default: text]. `RUST_LOG` chooses what is logged.
+    #[arg(long, env = "NRTXN_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// How the server writes its log lines.
+#[derive(clap::ValueEnum, Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// tracing-subscriber's text lines, for a terminal.
+    #[default]
+    Text,
+    /// One JSON object a line, for a log collector: `timestamp`, `level`, `target`, the
+    /// event's fields (`message` among them) at the top, and `span`, the innermost span's
+    /// name and fields.
+    Json,
 }
 
 /// The defaults of the server's options that are not the engine's (those are
@@ -274,6 +292,7 @@ pub struct Settings {
     pub disk_free_min_bytes: u64,
     pub engine: EngineConfig,
     pub edge: EdgeSettings,
+    pub log_format: LogFormat,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<ServeArgs> {
@@ -473,6 +492,7 @@ impl ServeArgs {
                 * 1024,
             engine,
             edge: self.edge(&file)?,
+            log_format: pick!(log_format, LogFormat::default()),
         })
     }
 }
@@ -558,6 +578,7 @@ mod tests {
             ..ServeArgs::default()
         };
         let s = args.resolve().unwrap();
+        assert_eq!(s.log_format, LogFormat::Text, "the default");
         assert_eq!(s.engine.shards, 3);
         assert_eq!(s.engine.batch_max, 7);
         assert_eq!(s.listen, "127.0.0.1:9");
@@ -584,6 +605,7 @@ mod tests {
         std::fs::write(
             &path,
             "insecure_no_auth = true\nshop_rate = 2.5\nkafka_brokers = \"k:9092\"\n\
+             log_format = \"json\"\n\
              kafka_security_protocol = \"SASL_SSL\"\nkafka_sasl_mechanism = \"scram-sha-512\"\n\
              kafka_sasl_username = \"nrtxn\"\nkafka_sasl_password = \"pw\"\n",
         )
@@ -595,6 +617,7 @@ mod tests {
         .resolve()
         .unwrap();
         assert!(s.edge.insecure_no_auth);
+        assert_eq!(s.log_format, LogFormat::Json);
         assert_eq!(
             s.edge.shop_rate,
             Some((2.5, 3)),

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use nrtxn::config::{Command, KeyStoreArgs, ServeArgs};
+use nrtxn::config::{Command, KeyStoreArgs, LogFormat, ServeArgs};
 use nrtxn::follow::{FollowError, Follower, HttpBackfill};
 use nrtxn::keys::{generate, KeyStore, Revoked};
 use nrtxn_actors::EVENTS_LIMIT_MAX;
@@ -237,14 +237,33 @@ impl FollowArgs {
     }
 }
 
+/// Logs to stderr, at `RUST_LOG`'s levels (info without it), in `format`. Set once, by
+/// the command: `serve` reads its format from its configuration (flag, environment or
+/// file), the clients write text.
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt.init(),
+        // The event's fields at the top level and the innermost span as `span`: a log
+        // collector finds `span.request_key` on every line of a request. (The request
+        // span is the only one nrtxn opens, so the list of all spans adds nothing.)
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, MainCommand::Server(_)) {
+        init_logging(LogFormat::Text);
+    }
     let result = match cli.command {
         MainCommand::Server(Command::Serve(args)) => serve(args),
         MainCommand::Follow(args) => tokio::runtime::Builder::new_current_thread()
@@ -292,8 +311,9 @@ fn main() -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    args.resolve()
-        .and_then(|settings| actix_web::rt::System::new().block_on(nrtxn::server::run(settings)))
+    let settings = args.resolve()?;
+    init_logging(settings.log_format);
+    actix_web::rt::System::new().block_on(nrtxn::server::run(settings))
 }
 
 /// `nrtxn keys`: stdout carries only what a script reads (the secret, the list); every

@@ -279,9 +279,19 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             .wrap(from_fn(nrtxn_api::auth::check))
             .wrap(from_fn(utf8_paths))
             .wrap(from_fn(count_requests))
+            // Outermost: every line logged while a request is served, refusals included,
+            // carries its span.
+            .wrap(from_fn(nrtxn_api::trace::request_span))
             .configure(configure)
     })
     .workers(settings.http_workers)
+    // A client's EOF ends its connection at once. With half-closed connections allowed
+    // (actix's default) a client that went away was noticed only when a write to it
+    // failed: an idle event stream it closed kept its reader thread, its Kafka consumer
+    // and one of the node's 64 stream slots until the next keep-alive comment (15 s), so
+    // a client reconnecting in a loop ran the node out of streams (tests/stream.rs).
+    // HTTP clients do not half-close a connection to wait for the answer.
+    .h1_allow_half_closed(false)
     // actix-web's bound is per worker.
     .max_connections(settings.connections_max.div_ceil(settings.http_workers))
     .shutdown_timeout(grace_secs);

@@ -461,3 +461,99 @@ async fn health_readiness_and_metrics_are_served() {
         assert!(text.contains(needle), "metrics lack {needle}:\n{text}");
     }
 }
+
+/// The access lines (`nrtxn::http` at debug) of the server's JSON log, in order: each
+/// line of the log must be a JSON object.
+fn access_lines(server: &Server) -> Vec<Value> {
+    let log = std::fs::read_to_string(server.dir.join("server.log")).unwrap();
+    log.lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l)
+                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {l}"))
+        })
+        .filter(|v| v["target"] == "nrtxn::http")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_lines_carry_the_request_span_with_its_route_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_env(
+        dir.path(),
+        &["--log-format", "json"],
+        &[("RUST_LOG", "warn,nrtxn::http=debug")],
+    );
+    let c = client();
+    load(&c, &server, "s1", &[("sku-1", 5)]).await;
+    let base = server.url("/v1/shops/s1");
+    let with_id = json!({ "seller": "a", "item": "sku-1", "qty": 1, "request_id": "o-1" });
+    assert_eq!(post(&c, &format!("{base}/txns"), with_id).await.0, 200);
+    assert_eq!(
+        post(&c, &format!("{base}/txns"), txn("a", "sku-1", 1, 7))
+            .await
+            .0,
+        200
+    );
+    let hold = json!({ "item": "sku-1", "qty": 1, "ttl_ms": 60000, "request_id": "h 1" });
+    assert_eq!(post(&c, &format!("{base}/holds"), hold).await.0, 200);
+    // A path key, %-escaped: the span carries it decoded.
+    assert_eq!(get(&c, &format!("{base}/holds/h%201")).await.0, 200);
+    assert_eq!(get(&c, &format!("{base}/items/sku-1")).await.0, 200);
+    assert_eq!(get(&c, &server.url("/nowhere/s1")).await.0, 404);
+
+    // Each access line is written when its answer is: wait for the last one.
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        lines = access_lines(&server);
+        if lines.len() >= 7 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let spans: Vec<(&str, &str, &str, &str, &str, u64)> = lines
+        .iter()
+        .map(|l| {
+            assert_eq!(l["message"], "answered", "{l}");
+            assert_eq!(l["level"], "DEBUG", "{l}");
+            assert!(l["timestamp"].is_string(), "{l}");
+            assert!(l["elapsed_us"].is_u64(), "{l}");
+            let s = &l["span"];
+            assert_eq!(s["name"], "request", "{l}");
+            let f = |k: &str| s[k].as_str().unwrap_or("-");
+            (
+                f("method"),
+                f("route"),
+                f("shop"),
+                f("item"),
+                f("request_key"),
+                l["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        spans,
+        vec![
+            ("PUT", "/v1/shops/{shop}/items", "s1", "-", "-", 200),
+            ("POST", "/v1/shops/{shop}/txns", "s1", "-", "o-1", 200),
+            ("POST", "/v1/shops/{shop}/txns", "s1", "-", "a:sku-1:7", 200),
+            ("POST", "/v1/shops/{shop}/holds", "s1", "-", "h 1", 200),
+            (
+                "GET",
+                "/v1/shops/{shop}/holds/{hold_id}",
+                "s1",
+                "-",
+                "h 1",
+                200
+            ),
+            (
+                "GET",
+                "/v1/shops/{shop}/items/{item}",
+                "s1",
+                "sku-1",
+                "-",
+                200
+            ),
+            ("GET", "unmatched", "-", "-", "-", 404),
+        ]
+    );
+}

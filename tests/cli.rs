@@ -274,3 +274,106 @@ async fn the_cli_says_when_the_server_is_down_or_the_key_is_refused() {
         text(&out.stderr)
     );
 }
+
+/// `nrtxn watch --item I`: the item's state once its stream is open, then a line per
+/// change of that item only (not another item's, not another shop's), in seq order,
+/// and it stops after `--max-events`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_the_state_then_each_change_of_the_item_from_the_stream() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "shop", &[("sku-1", 10), ("sku-2", 10)]).await;
+    load(&c, &server, "other", &[("sku-1", 10)]).await;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrtxn"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("NRTXN_") {
+            cmd.env_remove(key);
+        }
+    }
+    let mut child = cmd
+        .args(["watch", "--item", "sku-1", "--max-events", "3"])
+        .args(["--url", &server.base, "--shop", "shop"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nrtxn watch");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let wait = std::time::Duration::from_secs(30);
+    // Its first line is written once the stream is open: the changes below are in it.
+    let first = rx.recv_timeout(wait).expect("watch's first line");
+    assert_eq!(first, "sku-1: stock 10 reserved 0 (seq 1)");
+    let base = server.url("/v1/shops");
+    let sale = |shop: &str, item: &str, id: &str, op: &str| json!({"seller": "s", "item": item, "qty": 2, "op": op, "request_id": format!("{shop}-{id}")});
+    assert_eq!(
+        post(
+            &c,
+            &format!("{base}/other/txns"),
+            sale("other", "sku-1", "1", "decrement")
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        post(
+            &c,
+            &format!("{base}/shop/txns"),
+            sale("shop", "sku-2", "2", "decrement")
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        post(
+            &c,
+            &format!("{base}/shop/txns"),
+            sale("shop", "sku-1", "3", "decrement")
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        post(
+            &c,
+            &format!("{base}/shop/txns"),
+            sale("shop", "sku-1", "4", "increment")
+        )
+        .await
+        .0,
+        200
+    );
+    let hold = json!({"item": "sku-1", "qty": 3, "ttl_ms": 60000, "request_id": "h-1"});
+    assert_eq!(post(&c, &format!("{base}/shop/holds"), hold).await.0, 200);
+    let mut lines = Vec::new();
+    for _ in 0..3 {
+        lines.push(rx.recv_timeout(wait).expect("a line per change"));
+    }
+    assert_eq!(
+        lines,
+        [
+            "sku-1: stock 8 reserved 0 (seq 2: decrement 2 ok)",
+            "sku-1: stock 10 reserved 0 (seq 3: increment 2 ok)",
+            "sku-1: stock 7 reserved 3 (seq 4: hold 3 ok)",
+        ]
+    );
+    // --max-events 3: it ends by itself, with success.
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < wait, "watch did not stop after 3 changes");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}

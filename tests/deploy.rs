@@ -1,6 +1,10 @@
-//! The deployment files (deploy/compose.yaml, deploy/Dockerfile) against the real binary:
-//! every flag they pass must be one `nrtxn serve` accepts, and the nodes must agree on
-//! the shared services. No server, Docker or network is needed.
+//! The deployment files (deploy/compose.yaml, deploy/Dockerfile, deploy/grafana) against
+//! the real binary: every flag they pass must be one `nrtxn serve` accepts, the nodes must
+//! agree on the shared services, and the dashboard must chart every metric a running
+//! server exposes. No Docker or network is needed (the dashboard's test starts a server
+//! on loopback).
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -423,4 +427,130 @@ fn compose_creates_an_admin_key_in_the_nodes_store_before_they_start() {
     for flag in ["--role", "--name", "--mongo-uri"] {
         assert!(help.contains(flag), "`nrtxn keys create` has no {flag}");
     }
+}
+
+/// The metric names a PromQL expression reads, histogram series named by their family
+/// (`x_bucket`, `x_sum`, `x_count` are `x`).
+fn metrics_read(expr: &str) -> BTreeSet<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| t.starts_with("nrtxn_"))
+        .map(|t| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| t.strip_suffix(s))
+                .unwrap_or(t)
+                .to_string()
+        })
+        .collect()
+}
+
+/// The dashboard's panels (rows' nested panels included), checked for what Grafana's
+/// import needs, and the metrics their expressions read.
+fn dashboard_metrics() -> BTreeSet<String> {
+    let path = deploy_dir().join("grafana/nrtxn.json");
+    let dash: serde_json::Value = serde_json::from_str(&read(&path))
+        .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", path.display()));
+    assert!(
+        dash["schemaVersion"].as_u64().is_some_and(|v| v >= 36),
+        "schemaVersion"
+    );
+    assert!(dash["title"].is_string() && dash["uid"].is_string());
+    let vars = dash["templating"]["list"].as_array().expect("templating");
+    assert!(
+        vars.iter().any(|v| v["type"] == "datasource"
+            && v["query"] == "prometheus"
+            && v["name"] == "datasource"),
+        "a datasource variable of type prometheus named datasource"
+    );
+    let mut panels: Vec<&serde_json::Value> = Vec::new();
+    for p in dash["panels"].as_array().expect("panels") {
+        panels.push(p);
+        panels.extend(p["panels"].as_array().into_iter().flatten());
+    }
+    let mut ids = BTreeSet::new();
+    let mut read = BTreeSet::new();
+    for p in panels {
+        assert!(ids.insert(p["id"].as_u64().expect("a panel id")), "{p}");
+        for k in ["h", "w", "x", "y"] {
+            assert!(p["gridPos"][k].is_u64(), "gridPos.{k} of {}", p["title"]);
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{} has no target", p["title"]);
+        for t in targets {
+            assert!(t["refId"].is_string(), "{t}");
+            let expr = t["expr"].as_str().expect("a Prometheus expr");
+            let names = metrics_read(expr);
+            assert!(!names.is_empty(), "{expr} reads no nrtxn metric");
+            // Each panel follows the node chosen at its top.
+            assert!(expr.contains("instance=~\"$instance\""), "{expr}");
+            read.extend(names);
+        }
+    }
+    read
+}
+
+/// The metric names of README's table of metrics (its rows' first cells).
+fn readme_metrics() -> BTreeSet<String> {
+    let readme = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"));
+    let table = readme
+        .split_once("| name | type | labels | meaning |")
+        .expect("README's table of metrics")
+        .1;
+    table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('`').nth(1).expect("a `name` cell").to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grafana_dashboard_and_readme_cover_every_metric_the_server_exposes() {
+    use common::*;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s1", &[("sku-1", 5)]).await;
+    let base = server.url("/v1/shops/s1");
+    let sale = serde_json::json!({ "seller": "a", "item": "sku-1", "qty": 9, "request_id": "o-1" });
+    assert_eq!(post(&c, &format!("{base}/txns"), sale).await.0, 200);
+    let hold = serde_json::json!({ "item": "sku-1", "qty": 1, "ttl_ms": 100, "request_id": "h-1" });
+    assert_eq!(post(&c, &format!("{base}/holds"), hold).await.0, 200);
+    assert_eq!(get(&c, &format!("{base}/txns/nope")).await.0, 404);
+    let text = metrics_text(&c, &server).await;
+    let exposed: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    // The scrape must have found the metrics, or the checks below are vacuous.
+    for known in [
+        "nrtxn_decisions_total",
+        "nrtxn_http_requests_total",
+        "nrtxn_stage_seconds",
+    ] {
+        assert!(exposed.contains(known), "{known} not in:\n{text}");
+    }
+    let charted = dashboard_metrics();
+    let documented = readme_metrics();
+    let uncharted: Vec<_> = exposed.difference(&charted).collect();
+    assert!(
+        uncharted.is_empty(),
+        "deploy/grafana/nrtxn.json charts none of {uncharted:?}"
+    );
+    let undocumented: Vec<_> = exposed.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "README's table of metrics lacks {undocumented:?}"
+    );
+    // And nothing charted that the server does not have (a renamed metric).
+    let unknown: Vec<_> = charted.difference(&documented).collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard reads metrics README does not list: {unknown:?}"
+    );
 }

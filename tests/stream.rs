@@ -313,3 +313,145 @@ async fn a_slow_client_is_dropped_with_a_final_message_and_resumes_missing_nothi
     }
     assert_eq!(seen.len(), LOADS * 10_000);
 }
+
+/// Two nodes on Kafka and MongoDB: the stream reads the events topic, where each node's
+/// relay publishes the events of the items it owns. Opened on node 0, it gets every
+/// change made through either node, each once and in seq order per item; closed, then
+/// resumed on node 1 from the last event's id, it misses nothing and repeats nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_nodes_the_stream_has_every_change_once_and_resumes_on_the_other_node() {
+    let Some(n) = nodes::start_two("stream_two_nodes").await else {
+        return;
+    };
+    let c = client();
+    let items = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let stock: Vec<(&str, i64)> = items.iter().map(|i| (*i, 1000)).collect();
+    load(&c, &n.nodes[0], "shop", &stock).await;
+    load(&c, &n.nodes[1], "other", &[("a", 1000)]).await;
+    // The stream starts at what the topic has now (its high watermarks), so the loads'
+    // events are mostly not in it: the relays publish them before the stream opens.
+    // Mostly: the test broker, tansu, was seen to answer the watermark query without an
+    // event it had acknowledged (for seconds, until more came); such an event comes at
+    // the stream's start, once. Loads are left out of the checks below for that reason.
+    for _ in 0..600 {
+        let mut relayed = 0;
+        for node in &n.nodes {
+            relayed += metric(&c, node, "nrtxn_events_relayed_total").await;
+        }
+        if relayed >= 9 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url0 = n.nodes[0].url("/v1/shops/shop/events/stream");
+    let sc = stream_client();
+    let mut res = sc.get(&url0).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let mut text = String::new();
+    while !text.contains("event: ready") {
+        text.push_str(&String::from_utf8_lossy(
+            &res.chunk().await.unwrap().unwrap(),
+        ));
+    }
+    let ready = parse(&text)[0].clone();
+    assert!(
+        ready.id.as_deref().is_some_and(|c| c.starts_with('k')),
+        "a cursor of the topic: {ready:?}"
+    );
+    // Sales through both nodes, and another shop's, which the stream leaves out.
+    for i in 0..40 {
+        let node = &n.nodes[i % 2];
+        sell(&c, node, "shop", items[i % items.len()], &format!("s-{i}")).await;
+        if i % 4 == 0 {
+            sell(&c, node, "other", "a", &format!("o-{i}")).await;
+        }
+    }
+    // The sales' events only (see above for loads); a load at most once, at seq 1.
+    let sales = |msgs: &[Sse]| -> Vec<(String, Value)> {
+        let events = events_of(msgs);
+        let loads: Vec<_> = events.iter().filter(|(_, e)| e["kind"] == "load").collect();
+        let items: std::collections::BTreeSet<_> = loads
+            .iter()
+            .map(|(_, e)| e["item"].as_str().unwrap())
+            .collect();
+        assert_eq!(items.len(), loads.len(), "a load twice: {loads:?}");
+        assert!(loads.iter().all(|(_, e)| e["seq"] == 1), "{loads:?}");
+        events
+            .into_iter()
+            .filter(|(_, e)| e["kind"] != "load")
+            .collect()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut first = Vec::new();
+    while sales(&first).len() < 40 {
+        let chunk = tokio::time::timeout_at(deadline, res.chunk())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} of 40 events after 60 s: {:?}",
+                    sales(&first).len(),
+                    events_of(&first)
+                )
+            })
+            .unwrap()
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        first = parse(text.rsplit_once("\n\n").map_or("", |(d, _)| d));
+    }
+    drop(res);
+    let first = sales(&first);
+    assert_eq!(first.len(), 40, "an event twice? {first:?}");
+    let from: HashMap<String, u64> = items.iter().map(|i| (i.to_string(), 1)).collect();
+    for (_, e) in &first {
+        assert_eq!(e["shop"], "shop", "{e}");
+        assert_eq!(e["kind"], "decrement", "{e}");
+    }
+    check_order(&first, &from);
+
+    // Closed after its 25th event; 16 more sales while no one listens; resumed on node 1.
+    let kept: Vec<_> = first[..25].to_vec();
+    for i in 40..56 {
+        let node = &n.nodes[i % 2];
+        sell(&c, node, "shop", items[i % items.len()], &format!("s-{i}")).await;
+    }
+    let resume_id = kept.last().unwrap().0.clone();
+    let url1 = n.nodes[1].url("/v1/shops/shop/events/stream");
+    let rest = read_stream(&sc, &url1, Some(&resume_id), |m| sales(m).len() >= 31).await;
+    let rest = sales(&rest);
+    let all: Vec<_> = kept.iter().chain(&rest).cloned().collect();
+    assert_eq!(all.len(), 56, "missed or repeated: {rest:?}");
+    check_order(&all, &from);
+    // Every sale is there, once.
+    let keys: std::collections::BTreeSet<String> = all
+        .iter()
+        .map(|(_, e)| e["request_key"].as_str().unwrap().to_string())
+        .collect();
+    let want: std::collections::BTreeSet<String> = (0..56).map(|i| format!("s-{i}")).collect();
+    assert_eq!(keys, want);
+    drop_database(&n.mongo).await;
+}
+
+/// A stream its client closed gives its slot back at once (not at the next keep-alive
+/// comment, 15 s later): 200 streams opened and closed one after the other, more than
+/// the node's 64, are each served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stream_gives_its_slot_back_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let url = server.url("/v1/shops/shop/events/stream");
+    let sc = stream_client();
+    for i in 0..200 {
+        let mut res = sc.get(&url).send().await.unwrap();
+        if res.status() != 200 {
+            let status = res.status();
+            panic!("stream {i}: {status} {}", res.text().await.unwrap());
+        }
+        let mut text = String::new();
+        while !text.contains("event: ready") {
+            text.push_str(&String::from_utf8_lossy(
+                &res.chunk().await.unwrap().unwrap(),
+            ));
+        }
+        drop(res);
+    }
+}

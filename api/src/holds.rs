@@ -61,6 +61,7 @@ pub async fn post_hold(
     let key = request_id(&body, "")?.ok_or_else(|| {
         ApiError::invalid("request_id: required (it makes the hold idempotent and is its id)")
     })?;
+    crate::trace::record_key(&key);
     let seller = name(&body, "seller", "")?;
     let buyer = name(&body, "buyer", "")?;
     let req = Request {

@@ -65,6 +65,7 @@ pub async fn put_items(
         let views: Vec<Value> = loaded.iter().map(|(v, s)| load_answer(v, *s)).collect();
         return Ok(HttpResponse::Ok().json(json!({ "items": views })));
     };
+    crate::trace::record_key(&id);
     // With a request_id the load is done at most once: a retry is answered with what the
     // first did (stock sold since is not reset), and a 504 can be polled.
     let decided = match state.engine.load_once(&shop, &id, items).await {

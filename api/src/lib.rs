@@ -20,6 +20,7 @@ pub mod openapi;
 pub mod orders;
 pub mod settings;
 pub mod stream;
+pub mod trace;
 pub mod txns;
 pub mod validate;
 

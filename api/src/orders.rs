@@ -66,6 +66,7 @@ pub async fn post_order(
     let order_id = name(&body, "order_id", "")?.ok_or_else(|| {
         ApiError::invalid("order_id: required (it makes the order idempotent and is its id)")
     })?;
+    crate::trace::record_key(&order_id);
     if order_id.starts_with('~') {
         return Err(ApiError::invalid(
             "order_id: must not start with '~' (reserved)",

@@ -30,8 +30,10 @@ pub const STREAMS_MAX: usize = 64;
 pub const STREAM_BUFFER_EVENTS: usize = 1_024;
 /// How long a client may leave a full buffer unread before it is dropped.
 pub const SLOW_CLIENT_GRACE: Duration = Duration::from_secs(5);
-/// A comment line this often, so that proxies keep an idle stream open and a client that
-/// went away is noticed.
+/// A comment line this often, so that proxies keep an idle stream open, and a client
+/// that went away without a FIN (its machine gone) is noticed when the write fails. (One
+/// that closed its connection is noticed at once: the server ends a connection at the
+/// client's EOF, `src/server.rs`.)
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// How long one read of the feed waits for new events before the reader checks that
 /// its client is still there.

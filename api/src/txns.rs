@@ -144,6 +144,7 @@ pub async fn post_txn(
     let shop = path_segment(&path, "shop")?;
     let body = Value::Object(json_object(&http, payload, TXN_BODY_MAX).await?);
     let req = txn(&shop, &body, "")?;
+    crate::trace::record_key(&req.0.key);
     let answers = submit(&state, &shop, vec![req], &[key_field(&body)]).await?;
     Ok(answers
         .first()

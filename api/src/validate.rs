@@ -240,7 +240,15 @@ pub async fn utf8_paths(
 
 /// Checks that `path` percent-decodes to valid UTF-8.
 fn percent_decoded_utf8(path: &str) -> Result<(), ApiError> {
-    let bytes = path.as_bytes();
+    std::str::from_utf8(&percent_decoded(path))
+        .map(|_| ())
+        .map_err(|_| ApiError::invalid("path: a %-escaped name does not decode to UTF-8"))
+}
+
+/// The bytes `s` names once its `%XX` escapes are decoded (a `%` without two hex digits
+/// after it stays as it is, as actix-web's router leaves it).
+pub fn percent_decoded(s: &str) -> Vec<u8> {
+    let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -260,9 +268,7 @@ fn percent_decoded_utf8(path: &str) -> Result<(), ApiError> {
             }
         }
     }
-    std::str::from_utf8(&out)
-        .map(|_| ())
-        .map_err(|_| ApiError::invalid("path: a %-escaped name does not decode to UTF-8"))
+    out
 }
 
 fn check_name(s: &str, field: &str, max: usize) -> Result<(), ApiError> {

@@ -1,0 +1,87 @@
+//! One tracing span per HTTP request, so that every log line written while the request
+//! is served names it: its method, its route pattern, and the shop, item and request key
+//! the route or the body names. With `nrtxn serve --log-format json` they are the
+//! `span` object of each line.
+//!
+//! The span's target is [`TARGET`] at level INFO, the server's default level, so that
+//! the lines of a request carry it whatever else is logged. The access line (one per
+//! answer, with its status and time) is DEBUG on the same target: off unless asked for
+//! (`RUST_LOG=info,nrtxn::http=debug`), since at the rates nrtxn serves a line per
+//! request would be most of its work.
+
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use tracing::field::Empty;
+use tracing::Instrument;
+
+use crate::validate::percent_decoded;
+
+/// The target of the request spans and of the access lines.
+pub const TARGET: &str = "nrtxn::http";
+
+/// The path parameters that name a request key: the route's own key for its request
+/// (`GET .../txns/{request_key}`, a hold's or an order's id, a load's `request_id`).
+const KEY_PARAMS: [&str; 4] = ["request_key", "request_id", "hold_id", "order_id"];
+
+/// Middleware: serves the request inside its span, and writes the access line.
+pub async fn request_span(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    // The pattern is found from the app's resource map, before routing; `unmatched` for
+    // a path no route has (never the path itself: its names are the caller's).
+    let route = req.match_pattern();
+    let span = tracing::info_span!(
+        target: TARGET,
+        "request",
+        method = %req.method(),
+        route = route.as_deref().unwrap_or("unmatched"),
+        shop = Empty,
+        item = Empty,
+        request_key = Empty,
+    );
+    if let Some(route) = &route {
+        if !span.is_disabled() {
+            record_path_params(&span, route, req.path());
+        }
+    }
+    let started = Instant::now();
+    let res = next.call(req).instrument(span.clone()).await;
+    if let Ok(res) = &res {
+        span.in_scope(|| {
+            tracing::debug!(
+                target: TARGET,
+                status = res.status().as_u16(),
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "answered"
+            );
+        });
+    }
+    res
+}
+
+/// Records the request key a body names (a transaction's, a hold's, an order's, a
+/// load's) on the request's span, once the handler has read it.
+pub fn record_key(key: &str) {
+    tracing::Span::current().record("request_key", key);
+}
+
+/// Records the shop, item and key segments of `path`, matched segment by segment
+/// against the route `pattern` (every parameter of nrtxn's routes is a whole segment).
+fn record_path_params(span: &tracing::Span, pattern: &str, path: &str) {
+    for (param, segment) in pattern.split('/').zip(path.split('/')) {
+        let Some(param) = param.strip_prefix('{').and_then(|p| p.strip_suffix('}')) else {
+            continue;
+        };
+        let field = match param {
+            "shop" | "item" => param,
+            p if KEY_PARAMS.contains(&p) => "request_key",
+            _ => continue,
+        };
+        let decoded = percent_decoded(segment);
+        span.record(field, &*String::from_utf8_lossy(&decoded));
+    }
+}
