@@ -510,7 +510,14 @@ async fn sigkill_mid_orders(flags: &[&str]) {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Killed in the middle: once enough orders were sent (a slow store on a busy
+    // machine sends fewer a second), and at least 1.5 s in.
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(1500)
+        || (sent.lock().unwrap().len() < 80 && started.elapsed() < Duration::from_secs(30))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     server.kill();
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
