@@ -398,6 +398,11 @@ impl Engine {
         self.deps.reply_timeout
     }
 
+    /// How old a request may be when it is decided; older, it is answered `expired`.
+    pub(crate) fn request_ttl(&self) -> Duration {
+        self.deps.request_ttl
+    }
+
     /// Whether other nodes write the same journal (a shared log and journal).
     pub(crate) fn shares_journal(&self) -> bool {
         self.deps.shared_log && self.deps.journal.shared()

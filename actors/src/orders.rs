@@ -388,28 +388,14 @@ impl Engine {
         reason: Option<String>,
         lines: Option<&[(usize, HoldView)]>,
     ) -> Result<Arc<Outcome>, EngineError> {
-        self.end_order_lines_by(shop, order_id, op, reason, lines, false)
-            .await
-    }
-
-    /// [`Engine::end_order_lines`]; `by_check`: the shop's check-back decided it, so a
-    /// confirm stands past the order's expiry.
-    async fn end_order_lines_by(
-        &self,
-        shop: &Arc<str>,
-        order_id: &Arc<str>,
-        op: Op,
-        reason: Option<String>,
-        lines: Option<&[(usize, HoldView)]>,
-        by_check: bool,
-    ) -> Result<Arc<Outcome>, EngineError> {
         Ok(self
-            .end_order_lines_with(shop, order_id, op, reason, lines, by_check)
+            .end_order_lines_with(shop, order_id, op, reason, lines, false)
             .await?
             .0)
     }
 
-    /// [`Engine::end_order_lines_by`], with the outcomes of the lines' endings.
+    /// [`Engine::end_order_lines`], with the outcomes of the lines' endings; `by_check`:
+    /// the shop's check-back decided it, so a confirm stands past the order's expiry.
     async fn end_order_lines_with(
         &self,
         shop: &Arc<str>,
@@ -654,8 +640,17 @@ impl Engine {
             let why = "released at recovery: the order's reserving stopped (a restart or \
                        a node's failure) before every line was held"
                 .to_string();
-            self.end_order_lines(shop, order_id, Op::Release, Some(why), None)
+            self.end_order_lines(shop, order_id, Op::Release, Some(why.clone()), None)
                 .await?;
+            if self.shares_journal() {
+                // A line the stopped coordinator sent may still be in the log, and be
+                // held after this release (a node taking the partition over applies
+                // it). Past the request TTL it can only be refused as expired: the
+                // lines held by then are released once more.
+                tokio::time::sleep(self.request_ttl() + Duration::from_secs(1)).await;
+                self.end_order_lines(shop, order_id, Op::Release, Some(why), None)
+                    .await?;
+            }
             return Ok(());
         }
         // Ended: asked again, the record answers with its ending, and the lines still
@@ -704,7 +699,7 @@ impl Engine {
         };
         match checkback.ask(call).await {
             CheckAction::Confirm => {
-                self.end_order_lines_by(shop, order_id, Op::Confirm, None, None, true)
+                self.end_order_lines_with(shop, order_id, Op::Confirm, None, None, true)
                     .await?;
             }
             CheckAction::Release => {

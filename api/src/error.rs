@@ -55,6 +55,28 @@ impl ApiError {
         ApiError::Unavailable("the store is unavailable; retry later".into())
     }
 
+    /// 409 for an ending (`Op::Confirm` or a cancel) of something that already ended
+    /// otherwise: `"{field}: {what} {id} is {status}, it cannot be confirmed"`, with
+    /// its state `body` beside the error.
+    pub fn ending_conflict(
+        field: &str,
+        what: &str,
+        id: &str,
+        status: &str,
+        op: nrtxn_actors::Op,
+        body: serde_json::Value,
+    ) -> ApiError {
+        let asked = if op == nrtxn_actors::Op::Confirm {
+            "confirmed"
+        } else {
+            "cancelled"
+        };
+        ApiError::Conflict(
+            format!("{field}: {what} {id} is {status}, it cannot be {asked}"),
+            body,
+        )
+    }
+
     /// 409 `key_reused` when `req` differs from the request that first used its key
     /// (whose outcome is `first`); `key_field` names where the key came from
     /// (`request_id`, or `request_key` for one derived from seller, item and req_time).

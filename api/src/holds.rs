@@ -182,16 +182,12 @@ async fn end_hold(
         // This ending, or the same ending asked for again.
         return Ok(HttpResponse::Ok().json(body));
     }
-    Err(ApiError::Conflict(
-        format!(
-            "hold_id: hold {hold_id} is {}, it cannot be {}",
-            status.as_str(),
-            if op == Op::Confirm {
-                "confirmed"
-            } else {
-                "cancelled"
-            }
-        ),
+    Err(ApiError::ending_conflict(
+        "hold_id",
+        "hold",
+        &hold_id,
+        status.as_str(),
+        op,
         serde_json::to_value(&body).unwrap_or(Value::Null),
     ))
 }

@@ -147,16 +147,12 @@ async fn end_order(
         // This ending, or the same ending asked for again.
         return Ok(HttpResponse::Ok().json(view));
     }
-    Err(ApiError::Conflict(
-        format!(
-            "order_id: order {order_id} is {}, it cannot be {}",
-            view.status,
-            if op == Op::Confirm {
-                "confirmed"
-            } else {
-                "cancelled"
-            }
-        ),
+    Err(ApiError::ending_conflict(
+        "order_id",
+        "order",
+        &order_id,
+        &view.status,
+        op,
         serde_json::to_value(&view).unwrap_or(Value::Null),
     ))
 }
