@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: starts the test servers (scripts/services.sh), runs every test
+# The whole test suite: starts the test servers (scripts/services.sh), installs the
+# browser of the dashboard's test (scripts/browser.sh), runs every test
 # with them, then the fault campaign's quick version, and stops the servers whatever the
 # outcome. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Chromium and ChromeDriver for the dashboard's browser test.
+scripts/browser.sh install
 scripts/services.sh start
 trap 'scripts/services.sh stop' EXIT
 export NRTXN_TEST_MONGO_URI="mongodb://127.0.0.1:${NRTXN_MONGO_PORT:-27018}/?directConnection=true"

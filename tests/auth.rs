@@ -272,6 +272,13 @@ async fn each_role_reaches_exactly_its_routes_and_other_shops_keys_get_403() {
             [false, true, true],
         ),
         (
+            "shop stats (the dashboard's figures)",
+            Method::GET,
+            url("/v1/shops/acme/stats"),
+            None,
+            [false, true, true],
+        ),
+        (
             "unlisted shop route",
             Method::GET,
             url("/v1/shops/acme/settings"),
@@ -369,9 +376,51 @@ async fn each_role_reaches_exactly_its_routes_and_other_shops_keys_get_403() {
         StatusCode::NOT_FOUND,
     )
     .await;
-    // The health checks stay open.
+    // The health checks stay open, and so does the dashboard's page (it holds no data).
     assert_eq!(status_of(&c, &url("/healthz"), None).await, StatusCode::OK);
     assert_eq!(status_of(&c, &url("/readyz"), None).await, StatusCode::OK);
+    assert_eq!(status_of(&c, &url("/"), None).await, StatusCode::OK);
+    assert_eq!(
+        status_of(&c, &url("/dashboard.js"), None).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whoami_tells_a_keys_shop_and_role_and_never_its_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_of(dir.path());
+    let seller = create(&store, Some("acme"), "seller");
+    let admin = create(&store, None, "admin");
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    let url = server.url("/v1/whoami");
+
+    let (status, headers, body) = send(&c, Method::GET, &url, None, None).await;
+    assert_unauthorized(status, &headers, &body);
+    let (status, headers, body) = send(&c, Method::GET, &url, Some("nrtxn_x_y"), None).await;
+    assert_unauthorized(status, &headers, &body);
+
+    let (status, _, body) = send(&c, Method::GET, &url, Some(&seller), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["keys_required"], true);
+    assert_eq!(body["key"]["id"], key_id(&seller));
+    assert_eq!(body["key"]["shop"], "acme");
+    assert_eq!(body["key"]["role"], "seller");
+    assert!(
+        !body.to_string().contains(&seller),
+        "the secret is not echoed: {body}"
+    );
+    let (_, _, body) = send(&c, Method::GET, &url, Some(&admin), None).await;
+    assert_eq!(body["key"]["shop"], Value::Null);
+    assert_eq!(body["key"]["role"], "admin");
+
+    // A server without keys says so: the dashboard then asks for none.
+    let open_dir = tempfile::tempdir().unwrap();
+    let open = Server::start(open_dir.path(), &[]);
+    let (status, _, body) = send(&c, Method::GET, &open.url("/v1/whoami"), None, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({ "keys_required": false, "key": null }));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

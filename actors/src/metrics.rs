@@ -77,6 +77,9 @@ pub struct Metrics {
     /// its children looked up once. The Kafka request log gets a clone (`produce`,
     /// `consume`).
     pub stage: Stages,
+    /// Per-shop live figures for the dashboard (not exported to Prometheus: a label per
+    /// shop would be unbounded).
+    pub shops: crate::shop_stats::ShopStats,
 }
 
 impl Metrics {
@@ -204,6 +207,7 @@ impl Metrics {
                 reply: stage.with_label_values(&["reply"]),
                 total: stage.with_label_values(&["total"]),
             },
+            shops: Default::default(),
         }
     }
 

@@ -22,7 +22,7 @@ use actix_web::dev::{ResourceDef, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::{Method, StatusCode};
 use actix_web::middleware::Next;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpMessage, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -101,7 +101,20 @@ pub const SHOP_ROUTES: &[(&str, &str, Role)] = &[
 
 /// Routes anyone may call, whatever the keys: a load balancer's and an orchestrator's
 /// probes carry no key.
-pub const OPEN_PATHS: &[&str] = &["/healthz", "/readyz", "/openapi.json", "/docs"];
+/// The dashboard's page and assets are open too: they hold no data, and the page asks
+/// for a key when the server wants one.
+pub const OPEN_PATHS: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/openapi.json",
+    "/docs",
+    "/",
+    "/dashboard.js",
+    "/dashboard.css",
+];
+
+/// The route that tells a key's holder what the key is: any valid key may call it.
+pub const WHOAMI_PATH: &str = "/v1/whoami";
 
 /// The prefix of every route of a shop; `{shop}` is decoded by the same deserializer the
 /// routes' `web::Path` uses, so a key is checked against the shop the handler will see.
@@ -344,26 +357,30 @@ impl Gate {
         self.enforcing.load(Ordering::Relaxed)
     }
 
-    /// The decision for one request: what it needs, whose key it carries, whether the
-    /// shop's bucket has a token.
+    /// The decision for one request: what it needs, whose key it carries (returned, for
+    /// `GET /v1/whoami`), whether the shop's bucket has a token.
     fn check(
         &self,
         method: &Method,
         path: &actix_web::dev::Path<actix_web::dev::Url>,
         authorization: Option<&HeaderValue>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<AccessKey>, Refusal> {
         // The default (no key in the store, on loopback, no rate limit) pays nothing.
         if !self.enforcing() && self.limiter.is_none() {
-            return Ok(());
+            return Ok(None);
         }
         let need = need(method, path);
         if matches!(need, Need::Open) {
-            return Ok(());
+            return Ok(None);
         }
+        let mut presented = None;
         if self.enforcing() {
             let keys = self.keys();
             let key = authenticate(&keys, authorization)?;
             authorize(key, &need)?;
+            if matches!(need, Need::AnyKey) {
+                presented = Some(key.clone());
+            }
         }
         if let (Need::Shop { shop, .. }, Some(limiter)) = (&need, &self.limiter) {
             limiter
@@ -373,7 +390,7 @@ impl Gate {
                     retry_after_s,
                 })?;
         }
-        Ok(())
+        Ok(presented)
     }
 }
 
@@ -386,6 +403,8 @@ enum Need {
     Shop { shop: String, role: Role },
     /// An admin key (`/metrics`, and anything outside the shops).
     Admin,
+    /// Any valid key ([`WHOAMI_PATH`]).
+    AnyKey,
 }
 
 /// What `method` on `path` needs. `path` is the request's path as the router sees it.
@@ -393,6 +412,9 @@ fn need(method: &Method, path: &actix_web::dev::Path<actix_web::dev::Url>) -> Ne
     let full = path.as_str();
     if OPEN_PATHS.contains(&full) {
         return Need::Open;
+    }
+    if full == WHOAMI_PATH {
+        return Need::AnyKey;
     }
     thread_local! {
         // A ResourceDef compiles a regex: once per HTTP worker, not per request.
@@ -465,13 +487,35 @@ fn authenticate<'k>(
         .ok_or(Refusal::Unauthorized("unknown or revoked access key"))
 }
 
+/// `GET /v1/whoami`: the key the request carries (its id, name, shop and role, never its
+/// secret), so that a client such as the dashboard knows what it may show; or that the
+/// server takes requests without keys.
+pub async fn whoami(
+    gate: Option<web::Data<Gate>>,
+    key: Option<web::ReqData<AccessKey>>,
+) -> HttpResponse {
+    let enforcing = gate.is_some_and(|g| g.enforcing());
+    match key {
+        Some(key) if enforcing => HttpResponse::Ok().json(json!({
+            "keys_required": true,
+            "key": {
+                "id": key.id,
+                "name": key.name,
+                "shop": key.shop,
+                "role": key.role.as_str(),
+            },
+        })),
+        _ => HttpResponse::Ok().json(json!({ "keys_required": false, "key": null })),
+    }
+}
+
 /// Whether `key` may do what a request needs (else 403, saying why).
 fn authorize(key: &AccessKey, need: &Need) -> Result<(), Refusal> {
     if key.role == Role::Admin {
         return Ok(());
     }
     match need {
-        Need::Open => Ok(()),
+        Need::Open | Need::AnyKey => Ok(()),
         Need::Admin => Err(Refusal::Forbidden(format!(
             "this route needs an admin key; key {} is {} key",
             key.id,
@@ -551,11 +595,16 @@ pub async fn check(
             req.match_info(),
             req.headers().get(header::AUTHORIZATION),
         ),
-        None if OPEN_PATHS.contains(&req.path()) => Ok(()),
+        None if OPEN_PATHS.contains(&req.path()) => Ok(None),
         None => Err(Refusal::NoGate),
     };
     match decision {
-        Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
+        Ok(key) => {
+            if let Some(key) = key {
+                req.extensions_mut().insert(key);
+            }
+            Ok(next.call(req).await?.map_into_left_body())
+        }
         Err(refusal) => Ok(req.into_response(refusal.response()).map_into_right_body()),
     }
 }
@@ -585,7 +634,17 @@ mod tests {
         assert_eq!(need_of(Method::GET, "/healthz"), Need::Open);
         assert_eq!(need_of(Method::GET, "/readyz"), Need::Open);
         assert_eq!(need_of(Method::GET, "/metrics"), Need::Admin);
-        assert_eq!(need_of(Method::GET, "/"), Need::Admin);
+        assert_eq!(
+            need_of(Method::GET, "/"),
+            Need::Open,
+            "the dashboard's page"
+        );
+        assert_eq!(need_of(Method::GET, "/v1/whoami"), Need::AnyKey);
+        assert_eq!(need_of(Method::GET, "/v1/other"), Need::Admin);
+        assert_eq!(
+            need_of(Method::GET, "/v1/shops/acme/stats"),
+            shop("acme", Role::Operator)
+        );
         assert_eq!(
             need_of(Method::POST, "/v1/shops/acme/txns"),
             shop("acme", Role::Seller)

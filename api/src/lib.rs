@@ -11,6 +11,7 @@ use nrtxn_actors::Engine;
 use serde_json::json;
 
 pub mod auth;
+pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod health;
@@ -19,6 +20,7 @@ pub mod items;
 pub mod openapi;
 pub mod orders;
 pub mod settings;
+pub mod stats;
 pub mod stream;
 pub mod trace;
 pub mod txns;
@@ -48,6 +50,9 @@ macro_rules! routes {
             $( cfg.route($path, web::$method().to($handler)); )*
             cfg.route("/openapi.json", web::get().to(openapi::serve_json))
                 .route("/docs", web::get().to(openapi::serve_docs))
+                .route("/", web::get().to(dashboard::page))
+                .route("/dashboard.js", web::get().to(dashboard::script))
+                .route("/dashboard.css", web::get().to(dashboard::style))
                 .default_service(web::to(not_found));
         }
     };
@@ -57,6 +62,7 @@ routes! {
     get "/healthz" => health::healthz, "healthz", "Liveness: 200 while the process runs";
     get "/readyz" => health::readyz, "readyz", "Readiness: 200 once the node can take requests";
     get "/metrics" => health::metrics, "metrics", "Prometheus metrics (admin)";
+    get "/v1/whoami" => auth::whoami, "whoami", "The access key a request carries: its shop and role (any key)";
     put "/v1/shops/{shop}/items" => items::put_items, "loadItems", "Load items: set their stock (operators)";
     get "/v1/shops/{shop}/items" => items::list_items, "listItems", "List a shop's items, page by page";
     post "/v1/shops/{shop}/items/adjust" => txns::post_adjust, "adjustItems", "Relative stock adjustments with a reason (operators)";
@@ -78,6 +84,7 @@ routes! {
     put "/v1/shops/{shop}/settings" => settings::put_settings, "putSettings", "Set the shop's check-back (operators)";
     get "/v1/shops/{shop}/settings" => settings::get_settings, "getSettings", "The shop's check-back settings (operators)";
     get "/v1/shops/{shop}/dead-letters" => settings::get_dead_letters, "getDeadLetters", "Check-backs that found no answer (operators)";
+    get "/v1/shops/{shop}/stats" => stats::get_stats, "getStats", "This node's live figures of the shop: decisions/s, p99, statuses, last refused (operators)";
 }
 
 /// No route for this method and path: `405` with the methods the path has, when it

@@ -32,6 +32,7 @@ fn role_of(method: &str, path: &str) -> &'static str {
     match path {
         "/healthz" | "/readyz" => return "open",
         "/metrics" => return "admin",
+        "/v1/whoami" => return "any key",
         _ => {}
     }
     let rest = path.strip_prefix("/v1/shops/{shop}/").unwrap_or(path);
@@ -108,6 +109,8 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
         "putSettings" => (Some("Settings"), r("SettingsAnswer")),
         "getSettings" => (None, r("SettingsAnswer")),
         "getDeadLetters" => (None, r("DeadLetters")),
+        "getStats" => (None, r("Stats")),
+        "whoami" => (None, r("Whoami")),
         _ => (None, json!({ "type": "object" })),
     }
 }
@@ -217,6 +220,10 @@ fn build() -> Value {
             .expect("a path item is an object")
             .insert(method.to_string(), op);
     }
+    let mut all_schemas = schemas();
+    if let Value::Object(m) = &mut all_schemas {
+        m.extend(dashboard_schemas());
+    }
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -231,9 +238,36 @@ fn build() -> Value {
             "securitySchemes": {
                 "accessKey": { "type": "http", "scheme": "bearer", "description": "an access key: `Authorization: Bearer nrtxn_...` (see README, Access keys)" }
             },
-            "schemas": schemas(),
+            "schemas": all_schemas,
         },
     })
+}
+
+/// The schemas of the dashboard's routes (`getStats`, `whoami`): a second `json!`, the
+/// first being at the macro's recursion limit.
+fn dashboard_schemas() -> Map<String, Value> {
+    let s = |t: &str| json!({ "type": t });
+    let Value::Object(m) = json!({
+        "Stats": { "type": "object", "description": "This node's figures of the shop's decisions, one value a second",
+            "properties": {
+            "window_s": s("integer"), "from_ms": s("integer"),
+            "decisions": { "type": "array", "items": s("integer") },
+            "p99_ms": { "type": "array", "items": { "type": ["integer", "null"] } },
+            "p99_ms_window": { "type": ["integer", "null"] },
+            "totals": { "type": "object", "additionalProperties": s("number") },
+            "rates_per_s": { "type": "object", "additionalProperties": s("number") },
+            "refused": { "type": "array", "items": { "type": "object", "properties": {
+                "at": s("integer"), "item": s("string"), "request_key": s("string"), "op": s("string"),
+                "qty": s("integer"), "status": s("string"), "reason": { "type": ["string", "null"] } } } } } },
+        "Whoami": { "type": "object", "properties": {
+            "keys_required": s("boolean"),
+            "key": { "type": ["object", "null"], "properties": {
+                "id": s("string"), "name": s("string"), "shop": { "type": ["string", "null"] },
+                "role": s("string") } } } },
+    }) else {
+        unreachable!("a JSON object literal")
+    };
+    m
 }
 
 fn schemas() -> Value {

@@ -97,6 +97,7 @@ impl Processor {
         for entry in &entries {
             if let Some(outcome) = entry.outcome() {
                 counts[status_index(outcome.status)] += 1;
+                self.metrics.shops.record(&outcome);
                 route(entry.origin, Arc::new(outcome));
             }
         }
