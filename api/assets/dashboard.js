@@ -15,6 +15,8 @@ const KEY_STORE = 'nrtxn.key';
 const ROLE_RANK = { seller: 1, operator: 2, admin: 3 };
 const STATS_EVERY_MS = 1000;
 const SELLER_ITEMS_EVERY_MS = 2000;
+/** Refused requests listed (the server keeps a few more). */
+const REFUSED_SHOWN = 10;
 
 const $ = (id) => document.getElementById(id);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -368,7 +370,7 @@ function drawStats(s) {
   const refused = $('refused').tBodies[0];
   refused.textContent = '';
   if (!s.refused.length) addRow(refused, ['none in memory'], ['muted']);
-  for (const r of s.refused) {
+  for (const r of s.refused.slice(0, REFUSED_SHOWN)) {
     const tr = addRow(
       refused,
       [clock(r.at), r.item, r.request_key, r.op, r.qty, r.status, r.reason || ''],
