@@ -252,17 +252,17 @@ fn dashboard_schemas() -> Map<String, Value> {
             "properties": {
             "window_s": s("integer"), "from_ms": s("integer"),
             "decisions": { "type": "array", "items": s("integer") },
-            "p99_ms": { "type": "array", "items": { "type": ["integer", "null"] } },
-            "p99_ms_window": { "type": ["integer", "null"] },
+            "p99_ms": { "type": "array", "items": { "type": "integer", "nullable": true } },
+            "p99_ms_window": { "type": "integer", "nullable": true },
             "totals": { "type": "object", "additionalProperties": s("number") },
             "rates_per_s": { "type": "object", "additionalProperties": s("number") },
             "refused": { "type": "array", "items": { "type": "object", "properties": {
                 "at": s("integer"), "item": s("string"), "request_key": s("string"), "op": s("string"),
-                "qty": s("integer"), "status": s("string"), "reason": { "type": ["string", "null"] } } } } } },
+                "qty": s("integer"), "status": s("string"), "reason": { "type": "string", "nullable": true } } } } } },
         "Whoami": { "type": "object", "properties": {
             "keys_required": s("boolean"),
-            "key": { "type": ["object", "null"], "properties": {
-                "id": s("string"), "name": s("string"), "shop": { "type": ["string", "null"] },
+            "key": { "type": "object", "nullable": true, "properties": {
+                "id": s("string"), "name": s("string"), "shop": { "type": "string", "nullable": true },
                 "role": s("string") } } } },
     }) else {
         unreachable!("a JSON object literal")
