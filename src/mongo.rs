@@ -265,7 +265,13 @@ impl MongoJournal {
         let uri = uri.to_string();
         let (db, keys, next_batch) = block_on(&rt, async move {
             let uri = uri.as_str();
-            let client = mongodb::Client::with_uri_str(uri).await.map_err(storage)?;
+            let mut options = mongodb::options::ClientOptions::parse(uri)
+                .await
+                .map_err(storage)?;
+            if let Some(weaker) = durable_write_concern(&mut options) {
+                tracing::warn!("{weaker}");
+            }
+            let client = mongodb::Client::with_options(options).map_err(storage)?;
             let db = client
                 .default_database()
                 .unwrap_or_else(|| client.database("nrtxn"));
@@ -457,6 +463,41 @@ async fn create_indexes(db: &Database) -> Result<(), StoreError> {
         .await
         .map_err(storage)?;
     Ok(())
+}
+
+/// Makes the journal's writes acknowledged only once a majority of the replica set has
+/// them in its on-disk journal (`w: "majority", j: true`), unless the URI asks for a
+/// write concern of its own; then it is kept, and what it gives up is returned, to be
+/// said at start. Why: an outcome is answered once its transaction commits. With `w: 1`
+/// the commit is acknowledged by the primary alone, and a primary that fails over
+/// before a secondary has it takes the decision with it (the new primary never saw it,
+/// and the old one rolls it back): an answered sale would be lost, its stock sold again.
+/// Without `j` a majority may hold it in memory only. The server's default is majority
+/// since MongoDB 5.0, but not every deployment's: nrtxn says what it needs rather than
+/// inherit it. Every write of the journal is in a transaction, or takes the database's
+/// write concern (`update_all`): this one setting covers them all.
+pub fn durable_write_concern(options: &mut mongodb::options::ClientOptions) -> Option<String> {
+    use mongodb::options::{Acknowledgment, WriteConcern};
+    let Some(given) = &options.write_concern else {
+        options.write_concern = Some(
+            WriteConcern::builder()
+                .w(Acknowledgment::Majority)
+                .journal(true)
+                .build(),
+        );
+        return None;
+    };
+    let majority = matches!(given.w, Some(Acknowledgment::Majority) | None);
+    let journaled = given.journal != Some(false);
+    (!majority || !journaled).then(|| {
+        format!(
+            "the MongoDB URI asks for write concern {given:?}: the journal's commits are then \
+             acknowledged before a majority of the replica set has them on disk, and an \
+             answered decision can be lost if the primary fails over. Leave w and journal \
+             out of the URI (nrtxn then asks for w=majority, journal=true) unless the \
+             replica set has one member"
+        )
+    })
 }
 
 /// Runs `updates` (statements of the `update` command) in as few commands as possible:
@@ -1596,5 +1637,49 @@ impl Lifecycle for MongoJournal {
             });
             let _ = done.recv_timeout(Duration::from_secs(30));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::durable_write_concern;
+    use mongodb::options::{Acknowledgment, ClientOptions};
+
+    async fn parsed(uri: &str) -> (ClientOptions, Option<String>) {
+        let mut options = ClientOptions::parse(uri).await.unwrap();
+        let warning = durable_write_concern(&mut options);
+        (options, warning)
+    }
+
+    #[tokio::test]
+    async fn without_one_in_the_uri_the_journal_asks_for_majority_on_disk() {
+        let (options, warning) = parsed("mongodb://127.0.0.1:1/nrtxn?directConnection=true").await;
+        let wc = options.write_concern.expect("set");
+        assert_eq!(wc.w, Some(Acknowledgment::Majority));
+        assert_eq!(wc.journal, Some(true));
+        assert_eq!(warning, None);
+    }
+
+    #[tokio::test]
+    async fn a_weaker_write_concern_in_the_uri_is_kept_and_said_at_start() {
+        for uri in [
+            "mongodb://127.0.0.1:1/?w=1",
+            "mongodb://127.0.0.1:1/?w=majority&journal=false",
+        ] {
+            let (options, warning) = parsed(uri).await;
+            assert_ne!(
+                options.write_concern.as_ref().unwrap().journal,
+                Some(true),
+                "{uri}: kept as given"
+            );
+            let warning = warning.unwrap_or_else(|| panic!("{uri}: no warning"));
+            assert!(warning.contains("can be lost"), "{warning}");
+        }
+        let (options, warning) = parsed("mongodb://127.0.0.1:1/?w=majority&journal=true").await;
+        assert_eq!(
+            options.write_concern.unwrap().w,
+            Some(Acknowledgment::Majority)
+        );
+        assert_eq!(warning, None);
     }
 }
