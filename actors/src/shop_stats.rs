@@ -7,9 +7,10 @@
 //! decisions its own processors made. Prometheus has the node-wide series; these are
 //! per shop, which Prometheus labels would make unbounded.
 //!
-//! Bounded: at most [`SHOPS_TRACKED_MAX`] shops, each a fixed ring of seconds (about
-//! 15 KB) and [`REFUSED_KEPT`] refused requests, so about 20 MB in all at the bound. A new
-//! shop past the bound takes the place of the shop whose last decision is oldest.
+//! Bounded: at most [`SHOPS_TRACKED_MAX`] shops, each a fixed ring of seconds (120 slots
+//! of 128 bytes, 15.4 KB) and [`REFUSED_KEPT`] refused requests (at most about 0.5 KB
+//! each), so about 26 MB in all at the bound (`docs/reliability.md`). A new shop past the
+//! bound takes the place of the shop whose last decision is oldest.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -381,6 +382,8 @@ mod tests {
             ));
         }
         assert_eq!(stats.tracked(), SHOPS_TRACKED_MAX);
+        // What docs/reliability.md counts a shop's seconds at.
+        assert_eq!(std::mem::size_of::<Second>(), 128);
         stats.record(&outcome("new", Status::Ok, t0, t0 + 1_000_000_000));
         assert_eq!(stats.tracked(), SHOPS_TRACKED_MAX);
         assert!(stats.shops.get("s0").is_none(), "the oldest went");

@@ -270,6 +270,12 @@ async function followStream(v, onReady) {
         try { body = await res.json(); } catch (_) { /* not JSON */ }
         setLive(false, 'stream: ' + res.status + ' ' + detail(body));
         if (res.status === 401) { askKey('The key was refused: ' + detail(body)); return; }
+        if (res.status === 400 && cursor) {
+          // The cursor is no longer one the server can resume from: start from now, and
+          // list the items again for what was missed.
+          cursor = null;
+          listed = false;
+        }
         await sleep(2000);
         continue;
       }
