@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,7 +48,9 @@ impl Browser {
             .local_addr()
             .unwrap()
             .port();
+        // In a process group of its own, so that its browser goes with it (below).
         let driver = Command::new(CHROMEDRIVER)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -212,8 +215,11 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Kills ChromeDriver and the Chromium it started (its process group): killing the
+    /// driver alone leaves the browser running, as the first version of this test did.
     fn drop(&mut self) {
-        let _ = self.driver.kill();
+        let group = format!("-{}", self.driver.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.driver.wait();
     }
 }

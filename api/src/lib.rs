@@ -47,12 +47,12 @@ macro_rules! routes {
 
         /// Registers every route.
         pub fn configure(cfg: &mut web::ServiceConfig) {
-            $( cfg.route($path, web::$method().to($handler)); )*
-            cfg.route("/openapi.json", web::get().to(openapi::serve_json))
-                .route("/docs", web::get().to(openapi::serve_docs))
-                .route("/", web::get().to(dashboard::page))
-                .route("/dashboard.js", web::get().to(dashboard::script))
-                .route("/dashboard.css", web::get().to(dashboard::style))
+            $( cfg.service(traced($path, stringify!($method), web::$method().to($handler))); )*
+            cfg.service(traced("/openapi.json", "get", web::get().to(openapi::serve_json)))
+                .service(traced("/docs", "get", web::get().to(openapi::serve_docs)))
+                .service(traced("/", "get", web::get().to(dashboard::page)))
+                .service(traced("/dashboard.js", "get", web::get().to(dashboard::script)))
+                .service(traced("/dashboard.css", "get", web::get().to(dashboard::style)))
                 .default_service(web::to(not_found));
         }
     };
@@ -87,9 +87,28 @@ routes! {
     get "/v1/shops/{shop}/stats" => stats::get_stats, "getStats", "This node's live figures of the shop: decisions/s, p99, statuses, last refused (operators)";
 }
 
+/// One route as a resource of its own, guarded by its method as `cfg.route` would, whose
+/// request span gets the route and the path's names once the router has matched it
+/// ([`trace::record_route`]).
+fn traced(
+    path: &'static str,
+    method: &str,
+    route: actix_web::Route,
+) -> impl actix_web::dev::HttpServiceFactory {
+    let method: actix_web::http::Method = method
+        .to_ascii_uppercase()
+        .parse()
+        .expect("the routes' methods are HTTP methods");
+    web::resource(path)
+        .guard(actix_web::guard::Method(method))
+        .wrap(actix_web::middleware::from_fn(trace::record_route))
+        .route(route)
+}
+
 /// No route for this method and path: `405` with the methods the path has, when it
 /// has some, else `404`.
 async fn not_found(req: actix_web::HttpRequest) -> HttpResponse {
+    trace::record_unmatched();
     let path = req.path();
     // The most literal patterns the path matches (`/items/adjust`, not `/items/{item}`).
     let matching: Vec<(usize, &str)> = ROUTES

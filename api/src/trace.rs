@@ -40,23 +40,12 @@ pub async fn request_span(
         item = Empty,
         request_key = Empty,
     );
-    // Only a span that some line can show gets its route. The pattern is found from the
-    // app's resource map before routing, which matches the path against every route
-    // again: under `bench.sh`'s hot load with the span off (RUST_LOG=warn) that second
-    // match was 5.5% of the process's CPU (8.5% of the HTTP workers'), for a field no
-    // line showed. With the span on (INFO, the default) it stays, about 4% of the CPU:
-    // a line the handler writes needs the route, and this middleware, the app's, runs
-    // before routing. (After routing, as in `count_requests`, actix finds the pattern
-    // from the matched resource: 0.3%.)
-    // `unmatched` for a path no route has (never the path itself: its names are the
-    // caller's).
-    if !span.is_disabled() {
-        let route = req.match_pattern();
-        span.record("route", route.as_deref().unwrap_or("unmatched"));
-        if let Some(route) = &route {
-            record_path_params(&span, route, req.path());
-        }
-    }
+    // The route and the path's names are recorded once the router has matched the
+    // request ([`record_route`]): found here, before routing, the pattern cost a second
+    // match of the path against every route, about 4% of the process's CPU under
+    // `bench.sh`'s hot load with the span on (INFO, the default), and 5.5% with it off
+    // until it was skipped then. So the lines of the middlewares before routing (the
+    // access check, the path check) carry the method only.
     let started = Instant::now();
     let res = next.call(req).instrument(span.clone()).await;
     if let Ok(res) = &res {
@@ -70,6 +59,29 @@ pub async fn request_span(
         });
     }
     res
+}
+
+/// Middleware of each route's resource (`traced` in `lib.rs`): records the matched
+/// route's pattern and the shop, item and key it names on the request's span, before the
+/// handler runs. After routing, actix reads the pattern off the matched resource.
+pub async fn record_route(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        if let Some(route) = req.match_pattern() {
+            span.record("route", route.as_str());
+            record_path_params(&span, &route, req.path());
+        }
+    }
+    next.call(req).await
+}
+
+/// Records `unmatched` as the route of a request no route has (never the path itself:
+/// its names are the caller's).
+pub fn record_unmatched() {
+    tracing::Span::current().record("route", "unmatched");
 }
 
 /// Records the request key a body names (a transaction's, a hold's, an order's, a
