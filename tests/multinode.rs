@@ -180,6 +180,14 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
     );
     assert!(d0 > 0 && d1 > 0, "one node decided everything: {d0} / {d1}");
     assert_eq!(d0 + d1, 1240);
+    // A key unknown here may be in flight on the other node: the 404 says so, so that
+    // a poller knows to ask again rather than take it for lost.
+    let (status, body) = get(&c, &n1.url("/v1/shops/shop/txns/never-sent")).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("another node"),
+        "{body}"
+    );
     drop_database(&two.mongo).await;
 }
 

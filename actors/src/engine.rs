@@ -404,7 +404,7 @@ impl Engine {
     }
 
     /// Whether other nodes write the same journal (a shared log and journal).
-    pub(crate) fn shares_journal(&self) -> bool {
+    pub fn shares_journal(&self) -> bool {
         self.deps.shared_log && self.deps.journal.shared()
     }
 

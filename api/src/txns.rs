@@ -291,6 +291,12 @@ pub async fn get_txn(
         PollResult::Pending => {
             Ok(HttpResponse::Accepted().json(json!({ "request_key": &*key, "status": "pending" })))
         }
+        // With several nodes, a request taken by another node is in flight there, not
+        // here, until it is decided: this node cannot tell it from one never sent.
+        PollResult::Unknown if state.engine.shares_journal() => Err(ApiError::NotFound(format!(
+            "request_key: no request {key} in shop {shop} is decided, and none is in flight \
+             on this node; one accepted by another node is found here once it is decided"
+        ))),
         PollResult::Unknown => Err(ApiError::NotFound(format!(
             "request_key: no request {key} in shop {shop}"
         ))),
