@@ -224,6 +224,18 @@ impl Drop for Browser {
     }
 }
 
+/// A client that opens a connection per request. Between its calls the test waits on
+/// the browser for seconds, past the server's 5 s keep-alive: a pooled connection could
+/// be closed by the server just as a POST is written on it, and hyper does not retry a
+/// POST (seen once in CI: `IncompleteMessage`).
+fn unpooled_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
 /// A script: the text of the `td.{cell}` of the item's row, or null.
 fn cell(item: &str, cell: &str) -> String {
     format!(
@@ -265,7 +277,7 @@ async fn the_dashboard_loads_a_csv_and_shows_each_decision_live() {
     };
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
-    let c = client();
+    let c = unpooled_client();
     wait_ready(&c, &server).await;
     browser.goto(&server.url("/#shop=dash")).await;
     browser
@@ -397,7 +409,7 @@ async fn with_keys_the_dashboard_asks_for_one_and_shows_what_it_may_see() {
     let seller = create_key(&data, "keyed", "seller");
     let operator = create_key(&data, "keyed", "operator");
     let server = Server::start(dir.path(), &[]);
-    let c = client();
+    let c = unpooled_client();
     wait_ready(&c, &server).await;
     let r = c
         .put(server.url("/v1/shops/keyed/items"))
