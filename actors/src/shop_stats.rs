@@ -218,24 +218,33 @@ pub struct ShopStats {
 }
 
 impl ShopStats {
-    /// Records a decision. Order records (`~` items) are the engine's own and are not
-    /// counted; their lines are, as the holds they are.
+    /// Records a batch's decisions: one lookup and one lock per run of the same shop (a
+    /// hot item's batch is one run), not per decision. Order records (`~` items) are
+    /// the engine's own and are not counted; their lines are, as the holds they are.
+    pub fn record_all<O: std::ops::Deref<Target = Outcome>>(&self, outcomes: &[O]) {
+        for run in outcomes.chunk_by(|a, b| a.shop == b.shop) {
+            let mut counted = run.iter().filter(|o| !o.item.starts_with('~')).peekable();
+            let Some(first) = counted.peek() else {
+                continue;
+            };
+            let shop = first.shop.clone();
+            if !self.shops.contains_key(&shop) && self.shops.len() >= SHOPS_TRACKED_MAX {
+                self.make_room();
+            }
+            let w = self
+                .shops
+                .entry(shop)
+                .or_insert_with(|| Mutex::new(Window::new()));
+            let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+            for o in counted {
+                w.record(o);
+            }
+        }
+    }
+
+    /// Records one decision ([`ShopStats::record_all`]).
     pub fn record(&self, o: &Outcome) {
-        if o.item.starts_with('~') {
-            return;
-        }
-        if let Some(w) = self.shops.get(&o.shop) {
-            w.lock().unwrap_or_else(|e| e.into_inner()).record(o);
-            return;
-        }
-        if self.shops.len() >= SHOPS_TRACKED_MAX {
-            self.make_room();
-        }
-        let w = self
-            .shops
-            .entry(o.shop.clone())
-            .or_insert_with(|| Mutex::new(Window::new()));
-        w.lock().unwrap_or_else(|e| e.into_inner()).record(o);
+        self.record_all(&[o]);
     }
 
     /// Drops the shop whose last decision is oldest (a scan of at most

@@ -490,13 +490,10 @@ fn authenticate<'k>(
 /// `GET /v1/whoami`: the key the request carries (its id, name, shop and role, never its
 /// secret), so that a client such as the dashboard knows what it may show; or that the
 /// server takes requests without keys.
-pub async fn whoami(
-    gate: Option<web::Data<Gate>>,
-    key: Option<web::ReqData<AccessKey>>,
-) -> HttpResponse {
-    let enforcing = gate.is_some_and(|g| g.enforcing());
+/// The access check hands it the key only when keys are checked ([`Gate::check`]).
+pub async fn whoami(key: Option<web::ReqData<AccessKey>>) -> HttpResponse {
     match key {
-        Some(key) if enforcing => HttpResponse::Ok().json(json!({
+        Some(key) => HttpResponse::Ok().json(json!({
             "keys_required": true,
             "key": {
                 "id": key.id,
@@ -505,7 +502,7 @@ pub async fn whoami(
                 "role": key.role.as_str(),
             },
         })),
-        _ => HttpResponse::Ok().json(json!({ "keys_required": false, "key": null })),
+        None => HttpResponse::Ok().json(json!({ "keys_required": false, "key": null })),
     }
 }
 

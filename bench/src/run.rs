@@ -513,6 +513,31 @@ impl Worker {
         res
     }
 
+    /// Confirms or cancels (half each) the hold or order `id` (`kind`: `holds` or
+    /// `orders`), timed: the answer, and its outcome when it is one (200, or 409 for an
+    /// ending already made).
+    async fn end_at_random(
+        &mut self,
+        shop: &str,
+        kind: &str,
+        id: &str,
+    ) -> (Result<Answer, Failure>, Option<OutcomeBody>) {
+        let ending = if self.rng.chance(0.5) {
+            "confirm"
+        } else {
+            "cancel"
+        };
+        let path = format!("/v1/shops/{shop}/{kind}/{id}/{ending}");
+        let sent = Instant::now();
+        let res = self.send(Method::POST, &path, None).await;
+        self.out.lat.record_from_intended(sent, Instant::now());
+        let outcome = match &res {
+            Ok(a) if a.status == 200 || a.status == 409 => read_outcome(&a.body),
+            _ => None,
+        };
+        (res, outcome)
+    }
+
     /// Books one transaction's answer.
     fn book_txn(&mut self, t: Tracked, answer: TxnAnswer) {
         match answer {
@@ -663,31 +688,14 @@ impl Worker {
                 return;
             }
             _ => {
-                let kind = match &res {
-                    Err(f) => f.kind().to_string(),
-                    Ok(a) => format!("http_{}", a.status),
-                };
-                self.out.counts.add(&kind, 1);
+                self.out.counts.add(&failure_kind(&res), 1);
                 self.track(|o| &mut o.unresolved_holds, t);
                 return;
             }
         }
         // Half the holds are confirmed (sold), half cancelled (stock returns).
-        let confirm = self.rng.chance(0.5);
-        let path = format!(
-            "/v1/shops/{shop}/holds/{}/{}",
-            t.key,
-            if confirm { "confirm" } else { "cancel" }
-        );
-        let sent = Instant::now();
-        let res = self.send(Method::POST, &path, None).await;
-        self.out.lat.record_from_intended(sent, Instant::now());
-        let end = match &res {
-            Ok(a) if a.status == 200 || a.status == 409 => {
-                read_outcome(&a.body).and_then(|o| hold_final(&o.status))
-            }
-            _ => None,
-        };
+        let (res, ended) = self.end_at_random(shop, "holds", &t.key).await;
+        let end = ended.and_then(|o| hold_final(&o.status));
         match end {
             Some(end) => {
                 self.out.counts.add(
@@ -701,11 +709,7 @@ impl Worker {
                 self.shared.books[t.item as usize].add_hold(end, t.qty);
             }
             None => {
-                let kind = match &res {
-                    Err(f) => f.kind().to_string(),
-                    Ok(a) => format!("http_{}", a.status),
-                };
-                self.out.counts.add(&kind, 1);
+                self.out.counts.add(&failure_kind(&res), 1);
                 self.track(|o| &mut o.unresolved_holds, t);
             }
         }
@@ -802,20 +806,8 @@ impl Worker {
             }
         }
         // Half the orders are confirmed (every line sold), half cancelled.
-        let confirm = self.rng.chance(0.5);
-        let path = format!(
-            "/v1/shops/{shop}/orders/{}/{}",
-            order.key,
-            if confirm { "confirm" } else { "cancel" }
-        );
-        let sent = Instant::now();
-        let res = self.send(Method::POST, &path, None).await;
-        self.out.lat.record_from_intended(sent, Instant::now());
-        let ended = match &res {
-            Ok(a) if a.status == 200 || a.status == 409 => read_outcome(&a.body)
-                .and_then(|o| order_final(&o.status).map(|end| (end, o.status))),
-            _ => None,
-        };
+        let (res, ended) = self.end_at_random(shop, "orders", &order.key).await;
+        let ended = ended.and_then(|o| order_final(&o.status).map(|end| (end, o.status)));
         match ended {
             Some((end, status)) => {
                 let kind = if end == HoldFinal::Held {
@@ -830,11 +822,7 @@ impl Worker {
                 self.sample_order(order, &status);
             }
             None => {
-                let kind = match &res {
-                    Err(f) => f.kind().to_string(),
-                    Ok(a) => format!("http_{}", a.status),
-                };
-                self.out.counts.add(&kind, 1);
+                self.out.counts.add(&failure_kind(&res), 1);
                 self.track_order(order);
             }
         }
@@ -1585,6 +1573,14 @@ async fn key_checks(shared: &Shared, conn: &mut Conn, samples: &[Sample], check:
                 ));
             }
         }
+    }
+}
+
+/// How a call that decided nothing failed: its transport failure, or `http_{status}`.
+fn failure_kind(res: &Result<Answer, Failure>) -> String {
+    match res {
+        Err(f) => f.kind().to_string(),
+        Ok(a) => format!("http_{}", a.status),
     }
 }
 

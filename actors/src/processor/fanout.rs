@@ -94,13 +94,16 @@ impl Processor {
                 .or_default()
                 .push(outcome),
         };
+        let mut decided = Vec::with_capacity(entries.len());
         for entry in &entries {
             if let Some(outcome) = entry.outcome() {
                 counts[status_index(outcome.status)] += 1;
-                self.metrics.shops.record(&outcome);
-                route(entry.origin, Arc::new(outcome));
+                let outcome = Arc::new(outcome);
+                decided.push(outcome.clone());
+                route(entry.origin, outcome);
             }
         }
+        self.metrics.shops.record_all(&decided);
         let answered = batch.repeats.iter().filter(|r| r.outcome.is_some()).count();
         if answered > 0 {
             self.metrics.repeats.inc_by(answered as u64);

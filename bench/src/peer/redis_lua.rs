@@ -482,23 +482,41 @@ impl RedisLua {
         hold_id: &str,
         end: Option<HoldEnd>,
     ) -> anyhow::Result<Option<Hold>> {
-        let mut conn = self.conn.clone();
-        let reply: Vec<String> = redis::cmd("EVALSHA")
-            .arg(&self.settle_sha)
-            .arg(2)
-            .arg(expiries_key(shop))
-            .arg(hold_key(shop, hold_id))
-            .arg(now_ms())
-            .arg(shop)
-            .arg(hold_id)
-            .arg(end.map_or("", HoldEnd::state))
-            .query_async(&mut conn)
-            .await
-            .context("EVALSHA of the settle script")?;
+        let end = end.map_or("", HoldEnd::state);
+        let record = hold_key(shop, hold_id);
+        let reply = self
+            .settle_script(&self.settle_sha, "settle", shop, record, hold_id, end)
+            .await?;
         if reply.is_empty() {
             return Ok(None);
         }
         parse_hold(hold_id, &reply).map(Some)
+    }
+
+    /// Runs a settle script (`sha`, named `what` in errors) on one record, a hold's or an
+    /// order's: its reply, empty when there is no such record.
+    async fn settle_script(
+        &self,
+        sha: &str,
+        what: &str,
+        shop: &str,
+        record: String,
+        id: &str,
+        end: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut conn = self.conn.clone();
+        redis::cmd("EVALSHA")
+            .arg(sha)
+            .arg(2)
+            .arg(expiries_key(shop))
+            .arg(record)
+            .arg(now_ms())
+            .arg(shop)
+            .arg(id)
+            .arg(end)
+            .query_async(&mut conn)
+            .await
+            .with_context(|| format!("EVALSHA of the {what} script"))
     }
 
     /// One EVALSHA per order, whatever its number of lines.
@@ -533,19 +551,18 @@ impl RedisLua {
         order_id: &str,
         end: Option<HoldEnd>,
     ) -> anyhow::Result<Option<Order>> {
-        let mut conn = self.conn.clone();
-        let reply: Vec<String> = redis::cmd("EVALSHA")
-            .arg(&self.settle_order_sha)
-            .arg(2)
-            .arg(expiries_key(shop))
-            .arg(order_key(shop, order_id))
-            .arg(now_ms())
-            .arg(shop)
-            .arg(order_id)
-            .arg(end.map_or("", HoldEnd::order_state))
-            .query_async(&mut conn)
-            .await
-            .context("EVALSHA of the settle-order script")?;
+        let end = end.map_or("", HoldEnd::order_state);
+        let record = order_key(shop, order_id);
+        let reply = self
+            .settle_script(
+                &self.settle_order_sha,
+                "settle-order",
+                shop,
+                record,
+                order_id,
+                end,
+            )
+            .await?;
         if reply.is_empty() {
             return Ok(None);
         }
