@@ -3,8 +3,9 @@
 //!
 //! A backup copies, in this order:
 //! 1. the log's segments as they are;
-//! 2. the views (`nrtxn.db`) and the access keys (`keys.sqlite`), each as one consistent
-//!    snapshot (`VACUUM INTO`), the views' log position with them;
+//! 2. the views (`nrtxn.db`), the access keys (`keys.sqlite`) and the shops' check-back
+//!    settings (`checks.sqlite`), each as one consistent snapshot (`VACUUM INTO`), the
+//!    views' log position with them;
 //! 3. the segments again: every one that is new or has grown since step 1, so the copy
 //!    of the log reaches at least as far as the views do.
 //!
@@ -15,7 +16,16 @@
 //! The last record of a segment still being written may be copied half: that is a torn
 //! tail, which a start of the copy cuts off. It was not yet acknowledged when the copy
 //! reached it, so the copy holds everything acknowledged before the backup began.
-
+//!
+//! The backup folder and the keys' and settings' copies are owner-only (they hold key
+//! hashes and signing secrets).
+//!
+//! A restore brings the access keys back only when asked ([`KeysFrom`]): a key revoked
+//! after the backup was taken (say, a leaked one) must not come back to life without a
+//! word. `--keys-from backup` takes the backup's keys and prints every active one it
+//! brings back; `--keys-from DIR` takes the keys of another data dir (the one being
+//! replaced, with its revocations up to now). The check-back settings always come back:
+//! without them the restored server would stop checking back without a word.
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -26,6 +36,7 @@ use crate::sqlite::read_log_mark;
 
 const VIEWS: &str = "nrtxn.db";
 const KEYS: &str = "keys.sqlite";
+const CHECKS: &str = "checks.sqlite";
 const LOG_DIR: &str = "journal";
 const ATTEMPTS: u32 = 5;
 
@@ -66,12 +77,16 @@ pub fn backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
 
 fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
     let log_to = to.join(LOG_DIR);
+    crate::secret_file::create_dir(to)?;
     std::fs::create_dir_all(&log_to)?;
     let mut copied: Vec<(PathBuf, u64)> = Vec::new();
     copy_segments(&from.join(LOG_DIR), &log_to, &mut copied)?;
     snapshot_sqlite(&from.join(VIEWS), &to.join(VIEWS))?;
-    if from.join(KEYS).exists() {
-        snapshot_sqlite(&from.join(KEYS), &to.join(KEYS))?;
+    for f in [KEYS, CHECKS] {
+        if from.join(f).exists() {
+            crate::secret_file::prepare(&to.join(f))?;
+            snapshot_sqlite(&from.join(f), &to.join(f))?;
+        }
     }
     copy_segments(&from.join(LOG_DIR), &log_to, &mut copied)?;
     // The copy starts as a start would: from where its views stand.
@@ -85,7 +100,7 @@ fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
         None => Chain::default(),
     };
     let end = scan(&log_to, from_chain, |_| Ok(())).context("the copied log does not check out")?;
-    for f in [VIEWS, KEYS] {
+    for f in [VIEWS, KEYS, CHECKS] {
         if to.join(f).exists() {
             std::fs::File::open(to.join(f))?.sync_all()?;
         }
@@ -141,8 +156,41 @@ fn views_mark(views: &Path) -> anyhow::Result<Option<Chain>> {
     Ok(read_log_mark(&conn)?)
 }
 
+/// Where a restore takes the access keys from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeysFrom {
+    /// Nowhere: the restored data dir starts with no key (create new ones).
+    Nothing,
+    /// The backup's own keys, as they were when it was taken.
+    Backup,
+    /// The key store of this data dir, as it is now (revocations since the backup kept).
+    DataDir(PathBuf),
+}
+
+impl std::str::FromStr for KeysFrom {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<KeysFrom, Self::Err> {
+        Ok(match s {
+            "backup" => KeysFrom::Backup,
+            "none" => KeysFrom::Nothing,
+            dir => KeysFrom::DataDir(PathBuf::from(dir)),
+        })
+    }
+}
+
+/// What a restore brought back, for its message.
+#[derive(Debug, Default)]
+pub struct RestoreReport {
+    /// The active keys now in the restored store: (id, name, shop or `*`, role).
+    pub keys: Vec<(String, String, String, String)>,
+    /// Keys the backup holds that were left out (with [`KeysFrom::Nothing`]).
+    pub keys_left_out: usize,
+    /// Whether the shops' check-back settings came back.
+    pub checks: bool,
+}
+
 /// Copies a backup into a new data dir, which must not exist or be empty.
-pub fn restore(backup: &Path, data_dir: &Path) -> anyhow::Result<()> {
+pub fn restore(backup: &Path, data_dir: &Path, keys: &KeysFrom) -> anyhow::Result<RestoreReport> {
     if !backup.join(VIEWS).exists() {
         bail!("{} is not an nrtxn backup (no {VIEWS})", backup.display());
     }
@@ -152,11 +200,40 @@ pub fn restore(backup: &Path, data_dir: &Path) -> anyhow::Result<()> {
             data_dir.display()
         );
     }
+    let keys_source = match keys {
+        KeysFrom::Nothing => None,
+        KeysFrom::Backup => Some(backup.join(KEYS)),
+        KeysFrom::DataDir(dir) => {
+            let path = dir.join(KEYS);
+            if !path.exists() {
+                bail!("--keys-from {}: no {KEYS} there", dir.display());
+            }
+            Some(path)
+        }
+    };
     let log_to = data_dir.join(LOG_DIR);
     std::fs::create_dir_all(&log_to)?;
-    for f in [VIEWS, KEYS] {
-        if backup.join(f).exists() {
-            std::fs::copy(backup.join(f), data_dir.join(f))?;
+    std::fs::copy(backup.join(VIEWS), data_dir.join(VIEWS))?;
+    let mut report = RestoreReport::default();
+    if backup.join(CHECKS).exists() {
+        crate::secret_file::prepare(&data_dir.join(CHECKS))?;
+        snapshot_sqlite(&backup.join(CHECKS), &data_dir.join(CHECKS))?;
+        report.checks = true;
+    }
+    match keys_source {
+        Some(path) if path.exists() => {
+            crate::secret_file::prepare(&data_dir.join(KEYS))?;
+            snapshot_sqlite(&path, &data_dir.join(KEYS))?;
+            report.keys = active_keys(&data_dir.join(KEYS))?;
+        }
+        Some(_) => {}
+        None if backup.join(KEYS).exists() => {
+            report.keys_left_out = active_keys(&backup.join(KEYS))?.len();
+        }
+        None => {}
+    }
+    for f in [VIEWS, KEYS, CHECKS] {
+        if data_dir.join(f).exists() {
             std::fs::File::open(data_dir.join(f))?.sync_all()?;
         }
     }
@@ -164,5 +241,18 @@ pub fn restore(backup: &Path, data_dir: &Path) -> anyhow::Result<()> {
     copy_segments(&backup.join(LOG_DIR), &log_to, &mut copied)?;
     std::fs::File::open(&log_to)?.sync_all()?;
     std::fs::File::open(data_dir)?.sync_all()?;
-    Ok(())
+    Ok(report)
+}
+
+/// The unrevoked keys of a key store: (id, name, shop or `*`, role).
+fn active_keys(path: &Path) -> anyhow::Result<Vec<(String, String, String, String)>> {
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let mut stmt = conn.prepare(
+        "SELECT id, name, COALESCE(shop, '*'), role FROM keys WHERE revoked_at IS NULL ORDER BY id",
+    )?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
 }

@@ -249,6 +249,9 @@ async fn open(
         }
         None => {
             let path = data_dir.join(CHECKS_FILE);
+            // It holds the shops' signing secrets: owner-only.
+            crate::secret_file::prepare(&path)
+                .with_context(|| format!("data_dir: cannot create {}", path.display()))?;
             let conn = Connection::open(&path)
                 .with_context(|| format!("data_dir: cannot open {}", path.display()))?;
             conn.execute_batch(

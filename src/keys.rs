@@ -130,6 +130,18 @@ impl KeyStore {
     /// Call inside the tokio runtime the store will be used on (MongoDB's client keeps
     /// its background tasks there).
     pub async fn open(data_dir: &Path, mongo_uri: Option<&str>) -> anyhow::Result<KeyStore> {
+        KeyStore::open_with(data_dir, mongo_uri, true).await
+    }
+
+    /// Opens the store as [`KeyStore::open`] does, but with `create` false an embedded
+    /// store that does not exist is an error and nothing is created: `nrtxn keys list`
+    /// or `revoke` on a mistyped `--data-dir` must say so, not answer with an empty list
+    /// (nor leave a new folder behind).
+    pub async fn open_with(
+        data_dir: &Path,
+        mongo_uri: Option<&str>,
+        create: bool,
+    ) -> anyhow::Result<KeyStore> {
         match mongo_uri {
             Some(uri) => {
                 let shown = redact_uri(uri);
@@ -149,8 +161,21 @@ impl KeyStore {
             }
             None => {
                 let path = data_dir.join(KEYS_FILE);
+                if !create && !path.exists() {
+                    let why = if data_dir.exists() {
+                        format!("it holds no {KEYS_FILE}: no server or key was ever made there")
+                    } else {
+                        "it does not exist".to_string()
+                    };
+                    anyhow::bail!(
+                        "data_dir: no key store in {} ({why}); is --data-dir (or NRTXN_DATA_DIR) right?",
+                        data_dir.display()
+                    );
+                }
                 std::fs::create_dir_all(data_dir)
                     .with_context(|| format!("data_dir: cannot create {}", data_dir.display()))?;
+                crate::secret_file::prepare(&path)
+                    .with_context(|| format!("data_dir: cannot create {}", path.display()))?;
                 let conn = open_sqlite(&path)
                     .with_context(|| format!("data_dir: cannot open {}", path.display()))?;
                 Ok(KeyStore::Sqlite(conn))

@@ -80,6 +80,12 @@ enum MainCommand {
         /// The new data dir (it must not exist, or be empty).
         #[arg(long, env = "NRTXN_DATA_DIR")]
         data_dir: std::path::PathBuf,
+        /// Where the access keys come from: `none` (the default: the restored server has
+        /// no key until one is created), `backup` (the backup's keys, printed; a key
+        /// revoked after the backup was taken is active again) or the path of a data dir
+        /// whose keys to copy as they are now (the one being replaced).
+        #[arg(long, default_value = "none")]
+        keys_from: nrtxn::backup::KeysFrom,
     },
 }
 
@@ -291,15 +297,31 @@ fn main() -> ExitCode {
                 );
             })
         }
-        MainCommand::Restore { from, data_dir } => {
-            nrtxn::backup::restore(&from, &data_dir).map(|()| {
+        MainCommand::Restore {
+            from,
+            data_dir,
+            keys_from,
+        } => nrtxn::backup::restore(&from, &data_dir, &keys_from).map(|report| {
+            for (id, name, shop, role) in &report.keys {
+                eprintln!("nrtxn: restored key {id} ({name}, shop {shop}, {role})");
+            }
+            if report.keys_left_out > 0 {
                 eprintln!(
-                    "nrtxn: {} restored into {}; start the server on it",
-                    from.display(),
-                    data_dir.display()
+                    "nrtxn: the backup's {} active keys were not restored (a key revoked since \
+                     the backup must not come back); create keys with `nrtxn keys create`, \
+                     or restore again with --keys-from backup or --keys-from OLD_DATA_DIR",
+                    report.keys_left_out
                 );
-            })
-        }
+            }
+            if report.checks {
+                eprintln!("nrtxn: the shops' check-back settings were restored");
+            }
+            eprintln!(
+                "nrtxn: {} restored into {}; start the server on it",
+                from.display(),
+                data_dir.display()
+            );
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -319,11 +341,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// `nrtxn keys`: stdout carries only what a script reads (the secret, the list); every
 /// message goes to stderr.
 async fn keys(command: KeysCommand) -> anyhow::Result<()> {
-    let open = |store: &KeyStoreArgs| {
+    // Only `create` makes a store; `list` and `revoke` need one that exists.
+    let open = |store: &KeyStoreArgs, create: bool| {
         let store = store.clone();
         async move {
             let (data_dir, mongo_uri) = store.resolve()?;
-            KeyStore::open(&data_dir, mongo_uri.as_deref()).await
+            KeyStore::open_with(&data_dir, mongo_uri.as_deref(), create).await
         }
     };
     let mut out = std::io::stdout().lock();
@@ -336,7 +359,7 @@ async fn keys(command: KeysCommand) -> anyhow::Result<()> {
         } => {
             let role = role.parse().map_err(|e| anyhow::anyhow!("--role: {e}"))?;
             let key = generate(name.as_deref(), shop.as_deref(), role)?;
-            let store = open(&store).await?;
+            let store = open(&store, true).await?;
             store.insert(&key.record).await?;
             let k = &key.record.key;
             eprintln!(
@@ -352,7 +375,7 @@ async fn keys(command: KeysCommand) -> anyhow::Result<()> {
             writeln!(out, "{}", key.secret).context("stdout")?;
         }
         KeysCommand::List { all, store } => {
-            let store = open(&store).await?;
+            let store = open(&store, false).await?;
             for r in store.list(all).await? {
                 let k = &r.key;
                 let shop = k.shop.as_deref().unwrap_or("*");
@@ -370,7 +393,7 @@ async fn keys(command: KeysCommand) -> anyhow::Result<()> {
             }
         }
         KeysCommand::Revoke { id, store } => {
-            let store = open(&store).await?;
+            let store = open(&store, false).await?;
             match store.revoke(&id, nrtxn_actors::now_ms()).await? {
                 Revoked::Now => {
                     eprintln!("nrtxn keys: revoked {id}; running servers refuse it within 5 s")

@@ -271,6 +271,9 @@ impl MongoJournal {
             if let Some(weaker) = durable_write_concern(&mut options) {
                 tracing::warn!("{weaker}");
             }
+            if let Some(weaker) = durable_read_concern(&mut options) {
+                tracing::warn!("{weaker}");
+            }
             let client = mongodb::Client::with_options(options).map_err(storage)?;
             let db = client
                 .default_database()
@@ -496,6 +499,34 @@ pub fn durable_write_concern(options: &mut mongodb::options::ClientOptions) -> O
              answered decision can be lost if the primary fails over. Leave w and journal \
              out of the URI (nrtxn then asks for w=majority, journal=true) unless the \
              replica set has one member"
+        )
+    })
+}
+
+/// Sets the client's read concern to `majority` unless the URI names one (`readConcernLevel`),
+/// and returns what a weaker one gives up, to be said at start. Why: what nrtxn answers
+/// from a read (a poll's outcome, an item's stock, what a node taking over a partition
+/// rebuilds from) must not be rolled back by a failover. A `local` read on a primary can
+/// see a write that a majority does not hold yet; if that primary then fails over, the
+/// write is rolled back, and the answer (or the takeover's state) names a decision that
+/// never happened. Every read of the journal's client inherits this setting, inside
+/// transactions too.
+pub fn durable_read_concern(options: &mut mongodb::options::ClientOptions) -> Option<String> {
+    use mongodb::options::{ReadConcern, ReadConcernLevel};
+    let Some(given) = &options.read_concern else {
+        options.read_concern = Some(ReadConcern::majority());
+        return None;
+    };
+    let durable = matches!(
+        given.level,
+        ReadConcernLevel::Majority | ReadConcernLevel::Linearizable
+    );
+    (!durable).then(|| {
+        format!(
+            "the MongoDB URI asks for read concern {:?}: polls, item reads and a takeover \
+             may then see a write that a failover rolls back. Leave readConcernLevel out of \
+             the URI (nrtxn then reads with majority)",
+            given.level
         )
     })
 }
@@ -1642,8 +1673,8 @@ impl Lifecycle for MongoJournal {
 
 #[cfg(test)]
 mod tests {
-    use super::durable_write_concern;
-    use mongodb::options::{Acknowledgment, ClientOptions};
+    use super::{durable_read_concern, durable_write_concern};
+    use mongodb::options::{Acknowledgment, ClientOptions, ReadConcernLevel};
 
     async fn parsed(uri: &str) -> (ClientOptions, Option<String>) {
         let mut options = ClientOptions::parse(uri).await.unwrap();
@@ -1681,5 +1712,26 @@ mod tests {
             Some(Acknowledgment::Majority)
         );
         assert_eq!(warning, None);
+    }
+
+    #[tokio::test]
+    async fn reads_ask_for_majority_unless_the_uri_names_a_level_which_is_kept_and_said() {
+        let mut options = ClientOptions::parse("mongodb://127.0.0.1:1/nrtxn")
+            .await
+            .unwrap();
+        assert_eq!(durable_read_concern(&mut options), None);
+        assert_eq!(
+            options.read_concern.expect("set").level,
+            ReadConcernLevel::Majority
+        );
+        let mut options = ClientOptions::parse("mongodb://127.0.0.1:1/?readConcernLevel=local")
+            .await
+            .unwrap();
+        let warning = durable_read_concern(&mut options).expect("a warning");
+        assert!(warning.contains("rolls back"), "{warning}");
+        assert_eq!(
+            options.read_concern.expect("kept").level,
+            ReadConcernLevel::Local
+        );
     }
 }

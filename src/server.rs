@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::middleware::from_fn;
+use actix_web::middleware::{from_fn, Condition};
 use actix_web::{web, App, HttpServer};
 use anyhow::{bail, Context};
 use nrtxn_actors::{Engine, Journal, Leases, Lifecycle, Metrics, RequestLog};
@@ -21,17 +21,37 @@ use crate::mongo::MongoJournal;
 use crate::sqlite::SqliteStore;
 use nrtxn_kafka::{EventsRelay, KafkaLog};
 
-/// Whether every address `listen` names is a loopback one (what protected mode allows to
-/// serve without keys). A name that does not resolve is an error naming the option.
-fn is_loopback(listen: &str) -> anyhow::Result<bool> {
+/// The addresses `listen` names, resolved once: the server binds exactly these, so what
+/// protected mode checked is what is bound (a name resolved twice could answer another
+/// address the second time). A name that does not resolve is an error naming the option.
+fn resolve(option: &str, listen: &str) -> anyhow::Result<Vec<SocketAddr>> {
     let addrs: Vec<SocketAddr> = listen
         .to_socket_addrs()
-        .with_context(|| format!("listen: cannot resolve {listen}"))?
+        .with_context(|| format!("{option}: cannot resolve {listen}"))?
         .collect();
     if addrs.is_empty() {
-        bail!("listen: {listen} names no address");
+        bail!("{option}: {listen} names no address");
     }
-    Ok(addrs.iter().all(|a| a.ip().is_loopback()))
+    Ok(addrs)
+}
+
+/// Whether every address is a loopback one (what protected mode allows to serve without
+/// keys).
+fn all_loopback(addrs: &[SocketAddr]) -> bool {
+    addrs.iter().all(|a| a.ip().is_loopback())
+}
+
+/// `/metrics` on `--metrics-listen` needs no key, so it follows protected mode: on an
+/// address other machines can reach, only with `--insecure-no-auth`.
+fn check_metrics_listen(addrs: &[SocketAddr], edge: &EdgeSettings) -> anyhow::Result<()> {
+    if all_loopback(addrs) || edge.insecure_no_auth {
+        return Ok(());
+    }
+    bail!(
+        "metrics_listen: {addrs:?} is not a loopback address, and /metrics there needs no \
+         key: anyone who reaches it reads every shop's figures. Listen on a loopback address \
+         (a scraper on this machine or behind a proxy), or pass --insecure-no-auth to allow it"
+    )
 }
 
 /// Protected mode, as in Redis: with no unrevoked key, serve without authentication only
@@ -39,10 +59,10 @@ fn is_loopback(listen: &str) -> anyhow::Result<bool> {
 /// are checked until the process stops, whatever is revoked. Says at start which it is.
 fn open_when_no_key(
     listen: &str,
+    loopback: bool,
     edge: &EdgeSettings,
     keys: &KeySet,
 ) -> anyhow::Result<OpenWhenNoKey> {
-    let loopback = is_loopback(listen)?;
     let open = if loopback || edge.insecure_no_auth {
         OpenWhenNoKey::UntilAKeyIsSeen
     } else {
@@ -121,7 +141,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     // spends a recovery.
     let (keys, reloader) = KeyReloader::start(&settings.data_dir, settings.mongo_uri.as_deref())
         .context("cannot read the access keys")?;
-    let open = open_when_no_key(&settings.listen, &settings.edge, &keys)?;
+    let listen_addrs = resolve("listen", &settings.listen)?;
+    let loopback = all_loopback(&listen_addrs);
+    let open = open_when_no_key(&settings.listen, loopback, &settings.edge, &keys)?;
+    let metrics_addrs = match &settings.edge.metrics_listen {
+        Some(addr) => {
+            let addrs = resolve("metrics_listen", addr)?;
+            check_metrics_listen(&addrs, &settings.edge)?;
+            Some(addrs)
+        }
+        None => None,
+    };
     let tls = match &settings.edge.tls {
         Some((cert, key)) => Some(tls_config(cert, key)?),
         None => None,
@@ -239,19 +269,26 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     // `/metrics` without a key, on an address of its own (a scraper on a private
     // network); bound before the main address is announced, so that once a caller reads
     // that line this one is there too.
-    let metrics_server = match &settings.edge.metrics_listen {
+    let metrics_server = match metrics_addrs {
         None => None,
-        Some(addr) => {
+        Some(addrs) => {
             let state = state.clone();
+            // Keyless here always: on loopback, only for names of this machine (see
+            // `nrtxn_api::host`); the guard reads no gate, so it counts as open.
+            let on_loopback = all_loopback(&addrs);
             let server = HttpServer::new(move || {
                 App::new()
                     .app_data(state.clone())
+                    .wrap(Condition::new(
+                        on_loopback,
+                        from_fn(nrtxn_api::host::loopback_host_only),
+                    ))
                     .route("/metrics", web::get().to(nrtxn_api::health::metrics))
             })
             .workers(1)
             .disable_signals()
-            .bind(addr)
-            .with_context(|| format!("metrics_listen: cannot bind {addr}"))?;
+            .bind(addrs.as_slice())
+            .with_context(|| format!("metrics_listen: cannot bind {addrs:?}"))?;
             for addr in server.addrs() {
                 println!("nrtxn metrics on http://{addr}/metrics");
             }
@@ -277,6 +314,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             // The access check runs inside the counting, so refusals are counted too,
             // and after the path check, so it reads shop names that decode to UTF-8.
             .wrap(from_fn(nrtxn_api::auth::check))
+            // Without keys on loopback, only requests for this machine's names.
+            .wrap(Condition::new(
+                loopback,
+                from_fn(nrtxn_api::host::loopback_host_only),
+            ))
             .wrap(from_fn(utf8_paths))
             .wrap(from_fn(count_requests))
             // Outermost: every line logged while a request is served, refusals included,
@@ -296,8 +338,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .max_connections(settings.connections_max.div_ceil(settings.http_workers))
     .shutdown_timeout(grace_secs);
     let (server, scheme) = match tls {
-        Some(tls) => (server.bind_rustls_0_23(&settings.listen, tls), "https"),
-        None => (server.bind(&settings.listen), "http"),
+        Some(tls) => (
+            server.bind_rustls_0_23(listen_addrs.as_slice(), tls),
+            "https",
+        ),
+        None => (server.bind(listen_addrs.as_slice()), "http"),
     };
     let server = server.with_context(|| format!("listen: cannot bind {}", settings.listen))?;
     for addr in server.addrs() {

@@ -103,15 +103,29 @@ async fn the_contract_has_every_route_the_server_serves() {
     );
     assert_eq!(doc["paths"]["/healthz"]["get"]["x-nrtxn-role"], "open");
 
-    let page = c
-        .get(server.url("/docs"))
-        .send()
-        .await
+    // `/docs` runs under the dashboard's Content-Security-Policy: its script is a file of
+    // this server's, nothing inline, and no type is sniffed.
+    let res = c.get(server.url("/docs")).send().await.unwrap();
+    let csp = res.headers()["content-security-policy"]
+        .to_str()
         .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(page.contains("/openapi.json") && page.contains("<script>"));
+        .to_string();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert_eq!(res.headers()["x-content-type-options"], "nosniff");
+    let page = res.text().await.unwrap();
+    assert!(page.contains("/openapi.json") && page.contains(r#"<script src="/docs.js">"#));
+    assert!(
+        !page.contains("<script>") && !page.contains("<style>"),
+        "nothing inline"
+    );
+    for asset in ["/docs.js", "/docs.css"] {
+        let res = c.get(server.url(asset)).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 200, "{asset}");
+        assert_eq!(res.headers()["x-content-type-options"], "nosniff");
+    }
 
     // A path served with other methods answers 405 and says which; an unknown one 404.
     let res = c

@@ -108,6 +108,8 @@ pub const OPEN_PATHS: &[&str] = &[
     "/readyz",
     "/openapi.json",
     "/docs",
+    "/docs.js",
+    "/docs.css",
     "/",
     "/dashboard.js",
     "/dashboard.css",

@@ -14,7 +14,8 @@ const STYLE: &str = include_str!("../assets/dashboard.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 connect-src 'self'; img-src 'self' data:; form-action 'none'; frame-ancestors 'none'";
 
-fn asset(content_type: &str, body: &'static str) -> HttpResponse {
+/// An embedded file, served under [`CSP`] and `nosniff` (the dashboard's and `/docs`'s).
+pub(crate) fn asset(content_type: &str, body: &'static str) -> HttpResponse {
     HttpResponse::Ok()
         .content_type(content_type)
         .insert_header((header::CONTENT_SECURITY_POLICY, CSP))

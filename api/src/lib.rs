@@ -16,6 +16,7 @@ pub mod error;
 pub mod events;
 pub mod health;
 pub mod holds;
+pub mod host;
 pub mod items;
 pub mod openapi;
 pub mod orders;
@@ -50,6 +51,8 @@ macro_rules! routes {
             $( cfg.service(traced($path, stringify!($method), web::$method().to($handler))); )*
             cfg.service(traced("/openapi.json", "get", web::get().to(openapi::serve_json)))
                 .service(traced("/docs", "get", web::get().to(openapi::serve_docs)))
+                .service(traced("/docs.js", "get", web::get().to(openapi::serve_docs_script)))
+                .service(traced("/docs.css", "get", web::get().to(openapi::serve_docs_style)))
                 .service(traced("/", "get", web::get().to(dashboard::page)))
                 .service(traced("/dashboard.js", "get", web::get().to(dashboard::script)))
                 .service(traced("/dashboard.css", "get", web::get().to(dashboard::style)))

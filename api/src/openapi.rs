@@ -18,14 +18,29 @@ pub fn document() -> &'static Value {
 }
 
 pub async fn serve_json() -> HttpResponse {
-    HttpResponse::Ok().json(document())
+    HttpResponse::Ok()
+        .insert_header((actix_web::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .json(document())
 }
 
+/// `GET /docs`: a page of the operations of `/openapi.json`, grouped by path, with their
+/// role and bodies' schemas. Its script and style are files of their own so that the
+/// page runs under the dashboard's Content-Security-Policy (no inline script).
 pub async fn serve_docs() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        .body(DOCS_PAGE)
+    crate::dashboard::asset("text/html; charset=utf-8", DOCS_PAGE)
 }
+
+pub async fn serve_docs_script() -> HttpResponse {
+    crate::dashboard::asset("text/javascript; charset=utf-8", DOCS_SCRIPT)
+}
+
+pub async fn serve_docs_style() -> HttpResponse {
+    crate::dashboard::asset("text/css; charset=utf-8", DOCS_STYLE)
+}
+
+const DOCS_PAGE: &str = include_str!("../assets/docs.html");
+const DOCS_SCRIPT: &str = include_str!("../assets/docs.js");
+const DOCS_STYLE: &str = include_str!("../assets/docs.css");
 
 /// The role a route needs, as the access-key gate reads [`SHOP_ROUTES`].
 fn role_of(method: &str, path: &str) -> &'static str {
@@ -371,46 +386,3 @@ fn schemas() -> Value {
                 "attempts": s("integer"), "at": s("integer") } } } } },
     })
 }
-
-/// The docs page: the operations of `/openapi.json`, grouped by path, with their role
-/// and bodies' schemas. Self-contained (no script or style from elsewhere).
-const DOCS_PAGE: &str = r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>nrtxn API</title>
-<style>
-body{font:15px/1.45 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
-h1{font-size:1.6rem} .op{border:1px solid #ddd;border-radius:6px;margin:.6rem 0;padding:.5rem .8rem}
-.m{display:inline-block;min-width:3.6rem;font-weight:700;text-transform:uppercase}
-.get{color:#0a6} .post{color:#06c} .put{color:#a60} .role{float:right;color:#777;font-size:.85rem}
-code{background:#f4f4f4;padding:0 .2rem} pre{background:#f7f7f7;padding:.5rem;overflow:auto;font-size:.8rem}
-</style></head><body>
-<h1>nrtxn API</h1>
-<p>The contract as JSON: <a href="/openapi.json">/openapi.json</a> (OpenAPI 3). Calls carry
-<code>Authorization: Bearer &lt;access key&gt;</code> when the server has keys.</p>
-<div id="ops">Loading…</div>
-<script>
-fetch('/openapi.json').then(r => r.json()).then(doc => {
-  const ops = document.getElementById('ops'); ops.textContent = '';
-  const schema = s => s && s.$ref ? doc.components.schemas[s.$ref.split('/').pop()] : s;
-  for (const [path, item] of Object.entries(doc.paths)) {
-    for (const [method, op] of Object.entries(item)) {
-      const d = document.createElement('details'); d.className = 'op';
-      const s = document.createElement('summary');
-      s.innerHTML = '<span class="m ' + method + '">' + method + '</span> <code></code> <span class="role"></span><div class="sum"></div>';
-      s.querySelector('code').textContent = path;
-      s.querySelector('.role').textContent = op['x-nrtxn-role'];
-      s.querySelector('.sum').textContent = op.summary;
-      d.appendChild(s);
-      const body = op.requestBody && schema(op.requestBody.content['application/json'].schema);
-      const ok = schema(op.responses['200'].content['application/json'].schema);
-      for (const [label, v] of [['request body', body], ['200', ok]]) {
-        if (!v) continue;
-        const p = document.createElement('pre');
-        p.textContent = label + ': ' + JSON.stringify(v, null, 1);
-        d.appendChild(p);
-      }
-      ops.appendChild(d);
-    }
-  }
-});
-</script></body></html>
-"#;
