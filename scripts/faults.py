@@ -557,8 +557,9 @@ CASES = {
     "memory": ("faults_memory", "memory_bounds"),
     "overload": (None, "case_overload"),
     "cluster": ("faults_cluster", "cluster"),
+    "burst": ("faults_burst", "repeated_burst"),
 }
-FULL = ["sigkill", "sigterm", "corruption", "disk-full", "overload", "memory", "cluster"]
+FULL = ["sigkill", "sigterm", "corruption", "disk-full", "overload", "burst", "memory", "cluster"]
 QUICK = ["sigkill", "sigterm", "corruption", "disk-full", "memory", "cluster"]
 
 

@@ -120,6 +120,11 @@ pub struct RunArgs {
     /// Entries per call of the batch scenario (1 to 1,000).
     #[arg(long, default_value_t = 1_000)]
     pub batch_size: usize,
+    /// The batch scenario's entries are fire-and-forget (`respond: false`: each call is
+    /// answered once its entries are accepted), as a caller loading work in bulk sends
+    /// them; the repeated-burst case of the fault campaign uses it.
+    #[arg(long)]
+    pub batch_fire_and_forget: bool,
     /// Open loop: jobs due but waiting for a free connection, at most; beyond it a job
     /// is counted as `dropped_by_client` instead of queued.
     #[arg(long, default_value_t = 10_000)]
@@ -303,6 +308,8 @@ struct Shared {
     dist: ItemDist,
     books: Vec<ItemBooks>,
     batch_size: usize,
+    /// Batch entries with `respond: false`.
+    batch_fire_and_forget: bool,
     /// The server answered 501 to a hold: it does not implement holds, and the mixed
     /// scenario then goes on with decrements and increments only.
     holds_unsupported: AtomicBool,
@@ -606,7 +613,14 @@ impl Worker {
             if i > 0 {
                 body.push(',');
             }
-            body.push_str(&txn_json(&self.shared.item_names[item], op, 1, &key, true));
+            let respond = !self.shared.batch_fire_and_forget;
+            body.push_str(&txn_json(
+                &self.shared.item_names[item],
+                op,
+                1,
+                &key,
+                respond,
+            ));
             entries.push(Tracked {
                 key,
                 item: item as u32,
@@ -923,6 +937,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
         item_names,
         dist,
         batch_size: args.batch_size,
+        batch_fire_and_forget: args.batch_fire_and_forget,
         holds_unsupported: AtomicBool::new(false),
         answers: AtomicU64::new(0),
         keys_per_worker: (args.keys_max / args.connections).max(1),
