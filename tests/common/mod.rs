@@ -50,6 +50,11 @@ impl Server {
         Server::spawn(dir, "127.0.0.1:0", &[], extra, &[])
     }
 
+    /// [`Server::start_strict`] with these environment variables set.
+    pub fn start_strict_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::spawn(dir, "127.0.0.1:0", &[], extra, env)
+    }
+
     fn spawn(
         dir: &Path,
         listen: &str,
