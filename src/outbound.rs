@@ -586,6 +586,36 @@ mod tests {
         assert!(open.check_url("http://10.0.0.1/c").is_err());
     }
 
+    #[tokio::test]
+    async fn turns_are_bounded_per_shop_and_per_node_and_given_back() {
+        let out = Outbound::new(OutboundPolicy::default()).unwrap();
+        let wait = Duration::from_millis(50);
+        let mut held = Vec::new();
+        for _ in 0..IN_FLIGHT_PER_SHOP {
+            held.push(out.turn("a").await);
+        }
+        assert!(
+            tokio::time::timeout(wait, out.turn("a")).await.is_err(),
+            "past the shop's bound a call waits"
+        );
+        for i in IN_FLIGHT_PER_SHOP..IN_FLIGHT_PER_NODE {
+            held.push(out.turn(&format!("shop-{i}")).await);
+        }
+        assert!(
+            tokio::time::timeout(wait, out.turn("b")).await.is_err(),
+            "past the node's bound a call waits"
+        );
+        held.pop();
+        let b = tokio::time::timeout(wait, out.turn("b")).await;
+        assert!(b.is_ok(), "a turn given back is taken");
+        drop(b);
+        held.clear();
+        assert!(
+            out.shops.lock().unwrap().is_empty(),
+            "idle shops leave the map"
+        );
+    }
+
     #[test]
     fn reasons_are_cut_to_their_bound() {
         let long = CallError::new("é".repeat(REASON_BYTES_MAX));
