@@ -312,7 +312,14 @@ impl Inner {
         let body = serde_json::to_vec(&call).unwrap_or_default();
         // Waits for a turn before the attempts and their time budget start: a shop's
         // check-backs, and the node's, are bounded in flight.
+        let used = |bound: &str| self.metrics.bound_used.with_label_values(&[bound]);
+        let waiting = used("checks_waiting");
+        waiting.inc();
         let _turn = self.outbound.turn(&call.shop).await;
+        waiting.dec();
+        let in_flight = used("checks_in_flight");
+        in_flight.inc();
+        let _in_flight = OnDrop(move || in_flight.dec());
         let per = Duration::from_millis(s.check_timeout_ms);
         let attempts = s.check_retries + 1;
         let started = Instant::now();
@@ -380,6 +387,15 @@ impl Inner {
             }
         }
         default
+    }
+}
+
+/// Runs its closure when dropped: on every way out of a function.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
     }
 }
 

@@ -773,6 +773,26 @@ async fn a_shops_check_backs_in_flight_are_bounded_and_the_rest_wait_their_turn(
         }
     });
     futures::future::join_all(holds).await;
+    // Meanwhile `nrtxn_bound_used` shows the calls in flight and those waiting.
+    let (mut in_flight_seen, mut waiting_seen) = (0, 0);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) && waiting_seen == 0 {
+        let text = metrics_text(&c, &server).await;
+        let value = |bound: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!("nrtxn_bound_used{{bound=\"{bound}\"}} "))?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or(0)
+        };
+        in_flight_seen = in_flight_seen.max(value("checks_in_flight"));
+        waiting_seen = waiting_seen.max(value("checks_waiting"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(waiting_seen > 0, "no check-back seen waiting its turn");
+    assert!(in_flight_seen <= 4, "{in_flight_seen} in flight");
     for i in 0..HOLDS {
         let done = ended(&c, &server, &format!("h-{i}"), Duration::from_secs(15)).await;
         assert_eq!(done["status"], "confirmed", "h-{i}: {done}");
@@ -780,6 +800,10 @@ async fn a_shops_check_backs_in_flight_are_bounded_and_the_rest_wait_their_turn(
     let most = shop.in_flight_max.load(Ordering::SeqCst);
     assert!((2..=4).contains(&most), "{most} calls at once");
     assert!(dead_letters(&c, &server, "s").await.is_empty());
+    for bound in ["checks_in_flight", "checks_waiting"] {
+        let name = format!("nrtxn_bound_used{{bound=\"{bound}\"}}");
+        assert_eq!(metric(&c, &server, &name).await, 0, "{name}");
+    }
 }
 
 /// The Python receiver of docs/examples (run with `NRTXN_TEST_PYTHON`, else `python3`)
