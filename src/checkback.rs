@@ -300,6 +300,17 @@ impl Inner {
     }
 
     async fn ask(&self, call: CheckCall) -> CheckAction {
+        // Waits for a turn before the attempts and their time budget start, and
+        // before the settings are read (they may change meanwhile): a shop's
+        // check-backs, and the node's, are bounded in flight.
+        let used = |bound: &str| self.metrics.bound_used.with_label_values(&[bound]);
+        let waiting = used("checks_waiting");
+        waiting.inc();
+        let _turn = self.outbound.turn(&call.shop).await;
+        waiting.dec();
+        let in_flight = used("checks_in_flight");
+        in_flight.inc();
+        let _in_flight = OnDrop(move || in_flight.dec());
         let Some(check) = self.shop(&call.shop) else {
             return CheckAction::Release;
         };
@@ -310,16 +321,6 @@ impl Inner {
             CheckAction::Release
         };
         let body = serde_json::to_vec(&call).unwrap_or_default();
-        // Waits for a turn before the attempts and their time budget start: a shop's
-        // check-backs, and the node's, are bounded in flight.
-        let used = |bound: &str| self.metrics.bound_used.with_label_values(&[bound]);
-        let waiting = used("checks_waiting");
-        waiting.inc();
-        let _turn = self.outbound.turn(&call.shop).await;
-        waiting.dec();
-        let in_flight = used("checks_in_flight");
-        in_flight.inc();
-        let _in_flight = OnDrop(move || in_flight.dec());
         let per = Duration::from_millis(s.check_timeout_ms);
         let attempts = s.check_retries + 1;
         let started = Instant::now();
