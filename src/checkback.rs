@@ -8,12 +8,17 @@
 //! - A shop's signing secret is kept as it is (it must sign every call); it is shown once,
 //!   by the settings call that makes it.
 //! - A call is `POST check_url` with the JSON body of [`CheckCall`] and the header
-//!   `X-Nrtxn-Signature: sha256=<hex HMAC-SHA256 of the body, keyed by the secret>`.
+//!   `X-Nrtxn-Signature: t=<unix ms>,v1=<hex HMAC-SHA256 of "{t}.{body}", keyed by the
+//!   secret>`: the time is signed with the body, so a receiver can refuse a replay.
+//!   Calls go through [`crate::outbound`] (no inside address, https only, no redirect,
+//!   answers up to 64 KiB, bounded in flight per shop and per node: a call waits its
+//!   turn before its attempts start).
 //!   Failures (an error status, an answer that is not one of the actions, no answer
 //!   within `check_timeout_ms`) are tried again with a backoff, up to `check_retries`
 //!   times; the whole check ends within `check_timeout_ms × (check_retries + 1)` plus
 //!   2 s. Then the shop's `check_default` applies, and the case is kept as a dead letter
-//!   (the latest [`DEAD_LETTERS_PER_SHOP`] per shop, in this node's memory) and counted.
+//!   (the latest [`DEAD_LETTERS_PER_SHOP`] per shop, in this node's memory) and counted,
+//!   with a short reason that holds neither the answer nor the URL.
 //! - The calls run on a small runtime of their own, never on a processor or an HTTP
 //!   worker.
 
@@ -32,6 +37,8 @@ use nrtxn_actors::checkback::{
 use nrtxn_actors::{now_ms, Metrics, HOLD_TTL_MAX_MS};
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::Sha256;
+
+use crate::outbound::{Outbound, OutboundPolicy};
 
 /// How often every node reads the shops' settings again.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
@@ -159,7 +166,7 @@ struct Inner {
     store: Store,
     shops: RwLock<HashMap<String, Arc<ShopCheck>>>,
     dead: Mutex<HashMap<String, VecDeque<DeadLetter>>>,
-    client: reqwest::Client,
+    outbound: Outbound,
     metrics: Arc<Metrics>,
 }
 
@@ -176,6 +183,7 @@ impl HttpCheckBack {
         data_dir: &Path,
         mongo_uri: Option<&str>,
         metrics: Arc<Metrics>,
+        policy: OutboundPolicy,
     ) -> anyhow::Result<HttpCheckBack> {
         let (data_dir, mongo_uri) = (data_dir.to_path_buf(), mongo_uri.map(str::to_string));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -198,7 +206,7 @@ impl HttpCheckBack {
                         return;
                     }
                 };
-                let opened = runtime.block_on(open(data_dir, mongo_uri, metrics));
+                let opened = runtime.block_on(open(data_dir, mongo_uri, metrics, policy));
                 let ok = opened.is_ok();
                 let _ = tx.send(opened.map(|inner| (inner, runtime.handle().clone())));
                 if ok {
@@ -236,6 +244,7 @@ async fn open(
     data_dir: std::path::PathBuf,
     mongo_uri: Option<String>,
     metrics: Arc<Metrics>,
+    policy: OutboundPolicy,
 ) -> anyhow::Result<Arc<Inner>> {
     let store = match mongo_uri {
         Some(uri) => {
@@ -266,14 +275,12 @@ async fn open(
             Store::Sqlite(Mutex::new(conn))
         }
     };
-    let client = reqwest::Client::builder()
-        .build()
-        .context("check-backs: cannot make the HTTP client")?;
+    let outbound = Outbound::new(policy).context("check-backs")?;
     let inner = Arc::new(Inner {
         store,
         shops: RwLock::new(HashMap::new()),
         dead: Mutex::new(HashMap::new()),
-        client,
+        outbound,
         metrics,
     });
     inner.reload().await?;
@@ -296,6 +303,17 @@ impl Inner {
     }
 
     async fn ask(&self, call: CheckCall) -> CheckAction {
+        // Waits for a turn before the attempts and their time budget start, and
+        // before the settings are read (they may change meanwhile): a shop's
+        // check-backs, and the node's, are bounded in flight.
+        let used = |bound: &str| self.metrics.bound_used.with_label_values(&[bound]);
+        let waiting = used("checks_waiting");
+        waiting.inc();
+        let _turn = self.outbound.turn(&call.shop).await;
+        waiting.dec();
+        let in_flight = used("checks_in_flight");
+        in_flight.inc();
+        let _in_flight = OnDrop(move || in_flight.dec());
         let Some(check) = self.shop(&call.shop) else {
             return CheckAction::Release;
         };
@@ -306,7 +324,6 @@ impl Inner {
             CheckAction::Release
         };
         let body = serde_json::to_vec(&call).unwrap_or_default();
-        let signature = format!("sha256={}", hex::encode(sign(&check.secret, &body)));
         let per = Duration::from_millis(s.check_timeout_ms);
         let attempts = s.check_retries + 1;
         let started = Instant::now();
@@ -323,26 +340,23 @@ impl Inner {
                 tokio::time::sleep(backoff).await;
             }
             tried += 1;
-            let sent = self
-                .client
-                .post(&s.check_url)
-                .timeout(per)
-                .header("content-type", "application/json")
-                .header("x-nrtxn-signature", &signature)
-                .body(body.clone())
-                .send()
-                .await;
-            let answer = match sent {
-                Ok(res) if res.status().is_success() => match res.bytes().await {
-                    Ok(b) => parse_answer(&b),
-                    Err(e) => Err(format!("the answer could not be read: {e}")),
-                },
-                Ok(res) => Err(format!("{} answered {}", s.check_url, res.status())),
-                Err(e) if e.is_timeout() => Err(format!(
-                    "{} did not answer within {} ms",
-                    s.check_url, s.check_timeout_ms
-                )),
-                Err(e) => Err(format!("{} could not be called: {e}", s.check_url)),
+            // Signed again at each attempt, with its own time.
+            let signature = signature_header(&check.secret, now_ms(), &body);
+            let answer = match self
+                .outbound
+                .post_bounded(
+                    &s.check_url,
+                    &[
+                        ("content-type", "application/json"),
+                        ("x-nrtxn-signature", &signature),
+                    ],
+                    body.clone(),
+                    per,
+                )
+                .await
+            {
+                Ok(b) => parse_answer(&b),
+                Err(e) => Err(e.into_reason()),
             };
             match answer {
                 Ok(action) => {
@@ -380,6 +394,23 @@ impl Inner {
     }
 }
 
+/// Runs its closure when dropped: on every way out of a function.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
+/// The `X-Nrtxn-Signature` header of a call sent at `t_ms`: `t=<t_ms>,v1=<hex
+/// HMAC-SHA256 of "{t_ms}.{body}">`.
+pub fn signature_header(secret: &str, t_ms: i64, body: &[u8]) -> String {
+    let mut signed = format!("{t_ms}.").into_bytes();
+    signed.extend_from_slice(body);
+    format!("t={t_ms},v1={}", hex::encode(sign(secret, &signed)))
+}
+
 /// HMAC-SHA256 of `body` keyed by `secret`'s bytes.
 pub fn sign(secret: &str, body: &[u8]) -> Vec<u8> {
     let mut mac =
@@ -389,10 +420,11 @@ pub fn sign(secret: &str, body: &[u8]) -> Vec<u8> {
 }
 
 /// A shop's answer: `{"action":"confirm"}`, `{"action":"release"}` or
-/// `{"action":"extend","ttl_ms":N}`.
+/// `{"action":"extend","ttl_ms":N}`. The reason of a refusal quotes nothing of the
+/// answer (the operator reads it, and the answer may come from anywhere).
 fn parse_answer(body: &[u8]) -> Result<CheckAction, String> {
     let v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
+        serde_json::from_slice(body).map_err(|_| "answer not JSON".to_string())?;
     match v.get("action").and_then(|a| a.as_str()) {
         Some("confirm") => Ok(CheckAction::Confirm),
         Some("release") => Ok(CheckAction::Release),
@@ -401,12 +433,10 @@ fn parse_answer(body: &[u8]) -> Result<CheckAction, String> {
                 Ok(CheckAction::Extend { ttl_ms })
             }
             _ => Err(format!(
-                "extend needs a ttl_ms from 1 to {HOLD_TTL_MAX_MS}, the answer was {v}"
+                "answer extend without a ttl_ms from 1 to {HOLD_TTL_MAX_MS}"
             )),
         },
-        _ => Err(format!(
-            "the answer has no action confirm, release or extend: {v}"
-        )),
+        _ => Err("answer without an action confirm, release or extend".to_string()),
     }
 }
 
@@ -480,6 +510,10 @@ impl CheckBack for HttpCheckBack {
         })
     }
 
+    fn check_url(&self, url: &str) -> Result<(), String> {
+        self.inner.outbound.policy().check_url(url)
+    }
+
     fn dead_letters(&self, shop: &str) -> Vec<DeadLetter> {
         self.inner
             .dead
@@ -509,6 +543,17 @@ mod tests {
             .contains("ttl_ms"));
         assert!(parse_answer(br#"{"action":"maybe"}"#).is_err());
         assert!(parse_answer(b"ok").unwrap_err().contains("not JSON"));
+        // Nothing of the answer is quoted.
+        assert!(!parse_answer(br#"{"action":"maybe","x":"inside"}"#)
+            .unwrap_err()
+            .contains("inside"));
+    }
+
+    #[test]
+    fn the_signature_covers_the_time_and_the_body() {
+        let header = signature_header("s3cret", 1_700_000_000_000, br#"{"id":"h"}"#);
+        let expected = hex::encode(sign("s3cret", br#"1700000000000.{"id":"h"}"#));
+        assert_eq!(header, format!("t=1700000000000,v1={expected}"));
     }
 
     #[test]

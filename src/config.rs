@@ -190,6 +190,15 @@ pub struct ServeArgs {
     /// shop, item, request key) [default: text]. `RUST_LOG` chooses what is logged.
     #[arg(long, env = "NRTXN_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// A network (CIDR, like 10.0.0.0/8 or fd00::/8) shops' check-backs may reach although
+    /// it is inside (loopback, private, link-local...), which they never do otherwise.
+    /// Repeatable; comma-separated in the environment variable [default: none].
+    #[arg(long, env = "NRTXN_CHECK_ALLOW_NET", value_delimiter = ',')]
+    pub check_allow_net: Option<Vec<String>>,
+    /// Allow shops' check-backs to plain `http://` URLs (`https://` only otherwise).
+    #[arg(long, env = "NRTXN_CHECK_ALLOW_HTTP")]
+    #[serde(default)]
+    pub check_allow_http: bool,
 }
 
 /// How the server writes its log lines.
@@ -293,6 +302,8 @@ pub struct Settings {
     pub engine: EngineConfig,
     pub edge: EdgeSettings,
     pub log_format: LogFormat,
+    /// What the shops' check-backs (every call made on a shop's behalf) may reach.
+    pub outbound: crate::outbound::OutboundPolicy,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<ServeArgs> {
@@ -493,6 +504,15 @@ impl ServeArgs {
             engine,
             edge: self.edge(&file)?,
             log_format: pick!(log_format, LogFormat::default()),
+            outbound: crate::outbound::OutboundPolicy {
+                allow_nets: pick!(check_allow_net, Vec::new())
+                    .iter()
+                    .filter(|n| !n.trim().is_empty())
+                    .map(|n| crate::outbound::Net::parse(n))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("check_allow_net: {e}"))?,
+                allow_http: self.check_allow_http || file.check_allow_http,
+            },
         })
     }
 }
@@ -654,6 +674,46 @@ mod tests {
             ..ServeArgs::default()
         });
         assert!(err.starts_with("kafka_sasl_mechanism:"), "{err}");
+    }
+
+    #[test]
+    fn check_back_networks_and_http_come_from_the_file_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nrtxn.toml");
+        std::fs::write(
+            &path,
+            "check_allow_net = [\"10.0.0.0/8\", \"fd00::/8\"]\ncheck_allow_http = true\n",
+        )
+        .unwrap();
+        let s = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert!(s.outbound.allow_http);
+        let nets: Vec<String> = s
+            .outbound
+            .allow_nets
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(nets, ["10.0.0.0/8", "fd00::/8"]);
+        assert_eq!(
+            ServeArgs::default().resolve().unwrap().outbound,
+            crate::outbound::OutboundPolicy::default(),
+            "nothing inside, https only, by default"
+        );
+        let err = format!(
+            "{:#}",
+            ServeArgs {
+                check_allow_net: Some(vec!["10.0.0.0/33".into()]),
+                ..ServeArgs::default()
+            }
+            .resolve()
+            .unwrap_err()
+        );
+        assert!(err.starts_with("check_allow_net:"), "{err}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod journal;
 pub mod keyfilter;
 pub mod keys;
 pub mod mongo;
+pub mod outbound;
 pub mod secret_file;
 pub mod server;
 pub mod space;

@@ -242,6 +242,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         &settings.data_dir,
         settings.mongo_uri.as_deref(),
         engine.metrics().clone(),
+        settings.outbound.clone(),
     ) {
         Ok(checks) => engine.attach_checkback(Arc::new(checks)),
         Err(e) => {

@@ -1,12 +1,15 @@
 //! A shop's check-back before its holds and orders expire (issue 15), against the real
 //! binary and a real small HTTP server of the shop's (on loopback, in this test): it
-//! answers confirm, release, extend, errors and silence, and checks every call's
+//! answers confirm, release, extend, errors, silence, redirects and answers too large,
+//! and checks every call's signature. The server's rules on where a check-back may go
+//! (issue 25) are checked here too, and a Python receiver (docs/examples) verifies the
 //! signature.
 
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +25,18 @@ enum Answer {
     Json(Value),
     Status(u16),
     Silence,
+    /// `302` to this location.
+    Redirect(String),
+    /// `200` with this many bytes of JSON (a confirm, padded), without a length (read to
+    /// the end of the connection), once this many calls are being answered at once (or
+    /// after 5 s).
+    Big(usize, usize),
+    /// This JSON after this long.
+    Slow(Duration, Value),
 }
+
+/// Text in the shop server's answers that must never reach a dead letter.
+const INSIDE_TEXT: &str = "inside-data";
 
 /// The shop's check-back server: one thread, one connection at a time.
 struct ShopServer {
@@ -30,6 +44,8 @@ struct ShopServer {
     answer: Arc<Mutex<Answer>>,
     /// Every call: its signature header and body.
     calls: Arc<Mutex<Vec<(String, String)>>>,
+    /// The most calls being answered at once.
+    in_flight_max: Arc<AtomicUsize>,
 }
 
 impl ShopServer {
@@ -38,11 +54,15 @@ impl ShopServer {
         let url = format!("http://{}/check", listener.local_addr().unwrap());
         let answer = Arc::new(Mutex::new(Answer::Json(json!({"action": "release"}))));
         let calls: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let in_flight: Arc<AtomicUsize> = Arc::default();
+        let in_flight_max: Arc<AtomicUsize> = Arc::default();
         let (a, c) = (answer.clone(), calls.clone());
+        let (now, most) = (in_flight.clone(), in_flight_max.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
                 let (a, c) = (a.clone(), c.clone());
+                let (now, most) = (now.clone(), most.clone());
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().unwrap());
                     let (mut len, mut signature) = (0usize, String::new());
@@ -70,23 +90,19 @@ impl ShopServer {
                         .unwrap()
                         .push((signature, String::from_utf8(body).unwrap()));
                     let answer = a.lock().unwrap().clone();
-                    let (status, body) = match answer {
-                        Answer::Json(v) => (200, v.to_string()),
-                        Answer::Status(s) => (s, "{}".to_string()),
-                        Answer::Silence => {
-                            std::thread::sleep(Duration::from_secs(5));
-                            return;
-                        }
-                    };
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
+                    let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(at_once, Ordering::SeqCst);
+                    answer_with(&mut stream, answer, &now);
+                    now.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
-        ShopServer { url, answer, calls }
+        ShopServer {
+            url,
+            answer,
+            calls,
+            in_flight_max,
+        }
     }
 
     fn answer(&self, a: Answer) {
@@ -98,10 +114,66 @@ impl ShopServer {
     }
 }
 
-fn signature(secret: &str, body: &str) -> String {
+/// Writes `answer` on `stream` (write errors, such as the caller hanging up, ignored).
+fn answer_with(stream: &mut std::net::TcpStream, answer: Answer, in_flight: &AtomicUsize) {
+    let (status, extra, body) = match answer {
+        Answer::Json(v) => (200, String::new(), v.to_string()),
+        Answer::Slow(wait, v) => {
+            std::thread::sleep(wait);
+            (200, String::new(), v.to_string())
+        }
+        Answer::Status(s) => (
+            s,
+            String::new(),
+            json!({ "detail": INSIDE_TEXT }).to_string(),
+        ),
+        Answer::Silence => {
+            std::thread::sleep(Duration::from_secs(5));
+            return;
+        }
+        Answer::Redirect(to) => (302, format!("location: {to}\r\n"), String::new()),
+        Answer::Big(len, at_once) => {
+            let waited = Instant::now();
+            while in_flight.load(Ordering::SeqCst) < at_once
+                && waited.elapsed() < Duration::from_secs(5)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{{\"action\":\"confirm\",\"pad\":\""
+            );
+            let chunk = INSIDE_TEXT.repeat(64 * 1024 / INSIDE_TEXT.len());
+            let mut sent = 0;
+            while sent < len {
+                if stream.write_all(chunk.as_bytes()).is_err() {
+                    return;
+                }
+                sent += chunk.len();
+            }
+            let _ = stream.write_all(b"\"}");
+            return;
+        }
+    };
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// The HMAC of a call's `X-Nrtxn-Signature` (`t=MS,v1=HEX` over `{t}.{body}`) holds, and
+/// its time is now.
+fn assert_signed(secret: &str, header: &str, body: &str) {
+    let (t, v1) = header
+        .strip_prefix("t=")
+        .and_then(|h| h.split_once(",v1="))
+        .unwrap_or_else(|| panic!("signature header {header:?}"));
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(body.as_bytes());
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    mac.update(format!("{t}.{body}").as_bytes());
+    assert_eq!(v1, hex::encode(mac.finalize().into_bytes()), "{header}");
+    let t: i64 = t.parse().unwrap();
+    assert!((now_ms() - t).abs() < 60_000, "signed at {t}");
 }
 
 async fn put_settings(c: &reqwest::Client, server: &Server, body: Value) -> (u16, Value) {
@@ -174,7 +246,7 @@ async fn a_check_back_decides_each_due_hold_and_every_call_is_signed() {
     assert_eq!(done["status"], "confirmed", "{done}");
     let calls = shop.calls();
     let (sig, body) = calls.last().unwrap();
-    assert_eq!(sig, &signature(&secret, body));
+    assert_signed(&secret, sig, body);
     let sent: Value = serde_json::from_str(body).unwrap();
     assert_eq!(
         sent,
@@ -234,7 +306,10 @@ async fn an_unanswered_check_back_applies_the_default_and_is_a_dead_letter() {
     for (id, answer) in [
         ("h-error", Answer::Status(503)),
         ("h-silent", Answer::Silence),
-        ("h-garbage", Answer::Json(json!({"action": "maybe"}))),
+        (
+            "h-garbage",
+            Answer::Json(json!({"action": "maybe", "detail": INSIDE_TEXT})),
+        ),
     ] {
         shop.answer(answer);
         let before = shop.calls().len();
@@ -258,13 +333,19 @@ async fn an_unanswered_check_back_applies_the_default_and_is_a_dead_letter() {
     assert_eq!(ids, ["h-error", "h-silent", "h-garbage"], "{dead}");
     assert_eq!(dead["dead_letters"][0]["applied"], "confirm");
     assert_eq!(dead["dead_letters"][0]["attempts"], 3);
+    assert_eq!(dead["dead_letters"][0]["error"], "status 503", "{dead}");
     assert!(
         dead["dead_letters"][1]["error"]
             .as_str()
             .unwrap()
-            .contains("did not answer"),
+            .starts_with("timeout"),
         "{dead}"
     );
+    // Short reasons: nothing of the answers, nothing of the URL.
+    let text = dead.to_string();
+    for leak in [INSIDE_TEXT, "127.0.0.1", "/check"] {
+        assert!(!text.contains(leak), "{leak} in {dead}");
+    }
     assert_eq!(
         metric(&c, &server, "nrtxn_check_dead_letters_total").await,
         3
@@ -404,6 +485,443 @@ async fn check_back_settings_on_mongodb_survive_a_restart() {
     let done = ended(&c, &server, "h-1", Duration::from_secs(10)).await;
     assert_eq!(done["status"], "confirmed", "{done}");
     let (sig, body) = shop.calls().last().unwrap().clone();
-    assert_eq!(sig, signature(&secret, &body));
+    assert_signed(&secret, &sig, &body);
     drop_database(&uri).await;
+}
+
+async fn put_shop_settings(
+    c: &reqwest::Client,
+    server: &Server,
+    shop: &str,
+    body: Value,
+) -> (u16, Value) {
+    call(
+        c,
+        reqwest::Method::PUT,
+        &server.url(&format!("/v1/shops/{shop}/settings")),
+        Some(body.to_string()),
+    )
+    .await
+}
+
+async fn dead_letters(c: &reqwest::Client, server: &Server, shop: &str) -> Vec<Value> {
+    let (_, dead) = get(c, &server.url(&format!("/v1/shops/{shop}/dead-letters"))).await;
+    dead["dead_letters"].as_array().cloned().unwrap_or_default()
+}
+
+/// Kilobytes of a process's memory line (`VmRSS`, `VmHWM`) in /proc/PID/status.
+fn memory_kb(pid: u32, line: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(line)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {line} in /proc/{pid}/status"))
+}
+
+/// With the server's own defaults, a `check_url` whose host is an inside address (an IP
+/// literal in any of its spellings, or `localhost`) or a plain `http` one is refused at
+/// the settings call, naming the field; `--check-allow-http` lets `http` through, not
+/// inside addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inside_addresses_and_plain_http_are_refused_in_the_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let strict = Server::start_strict(dir.path(), &[]);
+    let c = client();
+    for url in [
+        "https://127.0.0.1:9/c",
+        "https://[::1]/c",
+        "https://[::ffff:169.254.169.254]/c",
+        "https://169.254.169.254/latest/meta-data",
+        "https://10.1.2.3/c",
+        "https://192.168.0.1/c",
+        "https://[fd00::1]/c",
+        "https://2130706433/c",
+        "https://0.0.0.0/c",
+        "https://localhost:8443/c",
+        "http://shop.example/c",
+    ] {
+        let (code, answer) = put_settings(&c, &strict, json!({ "check_url": url })).await;
+        assert_eq!(code, 400, "{url} -> {answer}");
+        let detail = answer["detail"].as_str().unwrap();
+        assert!(detail.starts_with("check_url:"), "{url} -> {answer}");
+    }
+    let (_, answer) =
+        put_settings(&c, &strict, json!({"check_url": "http://shop.example/c"})).await;
+    assert!(
+        answer["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--check-allow-http"),
+        "{answer}"
+    );
+    let (code, answer) =
+        put_settings(&c, &strict, json!({"check_url": "https://shop.example/c"})).await;
+    assert_eq!(code, 200, "{answer}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Server::start_strict(dir.path(), &["--check-allow-http"]);
+    let (code, answer) =
+        put_settings(&c, &plain, json!({"check_url": "http://shop.example/c"})).await;
+    assert_eq!(code, 200, "{answer}");
+    for url in ["http://127.0.0.1:9/c", "http://localhost:9/c"] {
+        let (code, answer) = put_settings(&c, &plain, json!({ "check_url": url })).await;
+        assert_eq!(code, 400, "{url} -> {answer}");
+        assert!(answer["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--check-allow-net"));
+    }
+
+    // The operator's networks, from the environment (comma-separated).
+    let dir = tempfile::tempdir().unwrap();
+    let nets = Server::start_strict_env(
+        dir.path(),
+        &[],
+        &[
+            ("NRTXN_CHECK_ALLOW_NET", "10.0.0.0/8,192.168.0.0/16"),
+            ("NRTXN_CHECK_ALLOW_HTTP", "true"),
+        ],
+    );
+    for (url, expected) in [
+        ("http://10.1.2.3/c", 200),
+        ("http://192.168.1.1/c", 200),
+        ("http://[::ffff:10.0.0.1]/c", 200),
+        ("http://127.0.0.1/c", 400),
+        ("http://172.16.0.1/c", 400),
+    ] {
+        let (code, answer) = put_settings(&c, &nets, json!({ "check_url": url })).await;
+        assert_eq!(code, expected, "{url} -> {answer}");
+    }
+    // A network that is not one is refused at start, naming the option.
+    let dir = tempfile::tempdir().unwrap();
+    let (status, stderr) = serve_expecting_exit(dir.path(), &["--check-allow-net", "10.0.0.0/33"]);
+    assert!(!status.success());
+    assert!(stderr.contains("check_allow_net:"), "{stderr}");
+}
+
+/// The check is made on what a name resolves to, at each call: `localhost`, saved while
+/// the operator allowed loopback, is refused once they no longer do, also with plain
+/// `http` allowed; the shop's local server is never contacted, and the dead letter says
+/// why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_resolving_inside_is_refused_at_call_time_even_with_plain_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let shop = ShopServer::start();
+    shop.answer(Answer::Json(json!({"action": "confirm"})));
+    let url = shop.url.replace("127.0.0.1", "localhost");
+    let c = client();
+    let mut allowed = Server::start(dir.path(), &[]);
+    let (code, set) = put_settings(
+        &c,
+        &allowed,
+        json!({"check_url": url, "check_timeout_ms": 300, "check_retries": 1}),
+    )
+    .await;
+    assert_eq!(code, 200, "{set}");
+    allowed.kill();
+
+    let server = Server::start_strict(dir.path(), &["--check-allow-http"]);
+    load(&c, &server, "s", &[("a", 10)]).await;
+    hold(&c, &server, "h-local", 100).await;
+    let done = ended(&c, &server, "h-local", Duration::from_secs(10)).await;
+    assert_eq!(done["status"], "expired", "{done}");
+    let dead = dead_letters(&c, &server, "s").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["error"], "address not allowed", "{dead:?}");
+    assert_eq!(dead[0]["attempts"], 2);
+    assert!(shop.calls().is_empty(), "the local server was called");
+}
+
+/// A `3xx` is a failed attempt: its target is never called, and the dead letter names the
+/// redirect, not where it pointed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let target = ShopServer::start();
+    target.answer(Answer::Json(json!({"action": "confirm"})));
+    let shop = ShopServer::start();
+    shop.answer(Answer::Redirect(format!("{}?token=t0ps3cret", target.url)));
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    let (code, set) = put_settings(
+        &c,
+        &server,
+        json!({"check_url": shop.url, "check_timeout_ms": 500, "check_retries": 1}),
+    )
+    .await;
+    assert_eq!(code, 200, "{set}");
+    hold(&c, &server, "h-redirect", 100).await;
+    let done = ended(&c, &server, "h-redirect", Duration::from_secs(10)).await;
+    assert_eq!(done["status"], "expired", "{done}");
+    assert_eq!(shop.calls().len(), 2, "both attempts went to the shop");
+    assert!(target.calls().is_empty(), "the redirect was followed");
+    let dead = dead_letters(&c, &server, "s").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let error = dead[0]["error"].as_str().unwrap();
+    assert!(error.contains("redirect 302"), "{error}");
+    for leak in ["t0ps3cret", "127.0.0.1", "/check"] {
+        assert!(!error.contains(leak), "{error}");
+    }
+}
+
+/// Twenty shops' check-backs answered at once with 8 MiB each: each is read up to 64 KiB
+/// and then fails (the default applies; the dead letter quotes nothing of the answer),
+/// and the server's peak memory grows by less than 20 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn answers_too_large_fail_and_twenty_at_once_stay_in_bounded_memory() {
+    const SHOPS: usize = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let shop = ShopServer::start();
+    shop.answer(Answer::Big(8 << 20, SHOPS));
+    let c = client();
+    for i in 0..SHOPS {
+        let name = format!("s{i}");
+        load(&c, &server, &name, &[("a", 10)]).await;
+        let (code, set) = put_shop_settings(
+            &c,
+            &server,
+            &name,
+            json!({"check_url": shop.url, "check_timeout_ms": 10_000, "check_retries": 0}),
+        )
+        .await;
+        assert_eq!(code, 200, "{set}");
+    }
+    let rss_before_kb = memory_kb(server.pid(), "VmRSS");
+    let holds = (0..SHOPS).map(|i| {
+        let (c, url) = (c.clone(), server.url(&format!("/v1/shops/s{i}/holds")));
+        async move {
+            let (code, body) = post(
+                &c,
+                &url,
+                json!({"request_id": "h-big", "item": "a", "qty": 1, "ttl_ms": 300}),
+            )
+            .await;
+            assert_eq!((code, &body["status"]), (200, &json!("held")), "{body}");
+        }
+    });
+    futures::future::join_all(holds).await;
+    let mut ends = Vec::new();
+    for i in 0..SHOPS {
+        let url = server.url(&format!("/v1/shops/s{i}/holds/h-big"));
+        let started = Instant::now();
+        ends.push(loop {
+            let (_, h) = get(&c, &url).await;
+            if h["status"] != "held" || started.elapsed() > Duration::from_secs(20) {
+                break h;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+    }
+    let peak_kb = memory_kb(server.pid(), "VmHWM");
+    assert!(
+        shop.in_flight_max.load(Ordering::SeqCst) >= SHOPS / 2,
+        "the answers were not at once"
+    );
+    let grown_kb = peak_kb.saturating_sub(rss_before_kb);
+    eprintln!("RSS {rss_before_kb} kB before, peak {peak_kb} kB after");
+    assert!(grown_kb < 20 * 1024, "peak RSS grew by {grown_kb} kB");
+    for (i, h) in ends.iter().enumerate() {
+        assert_eq!(h["status"], "expired", "s{i}: {h}");
+    }
+    for i in 0..SHOPS {
+        let dead = dead_letters(&c, &server, &format!("s{i}")).await;
+        assert_eq!(dead.len(), 1, "s{i}: {dead:?}");
+        let error = dead[0]["error"].as_str().unwrap();
+        assert!(error.starts_with("answer too large"), "{error}");
+        assert!(
+            !error.contains(INSIDE_TEXT) && error.len() <= 200,
+            "{error}"
+        );
+    }
+}
+
+/// A shop's check-backs in flight are bounded (4 per shop): eight holds due at once are
+/// all decided by the shop, at most four calls at a time, the others waiting their turn
+/// (not failing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shops_check_backs_in_flight_are_bounded_and_the_rest_wait_their_turn() {
+    const HOLDS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let shop = ShopServer::start();
+    shop.answer(Answer::Slow(
+        Duration::from_millis(300),
+        json!({"action": "confirm"}),
+    ));
+    let c = client();
+    load(&c, &server, "s", &[("a", 100)]).await;
+    let (code, set) = put_settings(
+        &c,
+        &server,
+        json!({"check_url": shop.url, "check_timeout_ms": 1_000, "check_retries": 0}),
+    )
+    .await;
+    assert_eq!(code, 200, "{set}");
+    let holds = (0..HOLDS).map(|i| {
+        let (c, url) = (c.clone(), server.url("/v1/shops/s/holds"));
+        async move {
+            let (code, body) = post(
+                &c,
+                &url,
+                json!({"request_id": format!("h-{i}"), "item": "a", "qty": 1, "ttl_ms": 200}),
+            )
+            .await;
+            assert_eq!((code, &body["status"]), (200, &json!("held")), "{body}");
+        }
+    });
+    futures::future::join_all(holds).await;
+    // Meanwhile `nrtxn_bound_used` shows the calls in flight and those waiting.
+    let (mut in_flight_seen, mut waiting_seen) = (0, 0);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) && waiting_seen == 0 {
+        let text = metrics_text(&c, &server).await;
+        let value = |bound: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!("nrtxn_bound_used{{bound=\"{bound}\"}} "))?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or(0)
+        };
+        in_flight_seen = in_flight_seen.max(value("checks_in_flight"));
+        waiting_seen = waiting_seen.max(value("checks_waiting"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(waiting_seen > 0, "no check-back seen waiting its turn");
+    assert!(in_flight_seen <= 4, "{in_flight_seen} in flight");
+    for i in 0..HOLDS {
+        let done = ended(&c, &server, &format!("h-{i}"), Duration::from_secs(15)).await;
+        assert_eq!(done["status"], "confirmed", "h-{i}: {done}");
+    }
+    let most = shop.in_flight_max.load(Ordering::SeqCst);
+    assert!((2..=4).contains(&most), "{most} calls at once");
+    assert!(dead_letters(&c, &server, "s").await.is_empty());
+    for bound in ["checks_in_flight", "checks_waiting"] {
+        let name = format!("nrtxn_bound_used{{bound=\"{bound}\"}}");
+        assert_eq!(metric(&c, &server, &name).await, 0, "{name}");
+    }
+}
+
+/// The Python receiver of docs/examples (run with `NRTXN_TEST_PYTHON`, else `python3`)
+/// verifies the signature and confirms a hold through it; a replayed call, a tampered
+/// one and an old one are refused by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_receiver_verifies_the_signature_and_refuses_replays() {
+    struct Receiver(std::process::Child);
+    impl Drop for Receiver {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let python = std::env::var("NRTXN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("check_secret");
+    std::fs::write(&secret_file, "").unwrap();
+    let mut child = std::process::Command::new(&python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/examples/checkback_receiver.py"
+        ))
+        .arg("--secret-file")
+        .arg(&secret_file)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let _receiver = Receiver(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let first = lines.next().unwrap().unwrap();
+    let port: u16 = first
+        .strip_prefix("listening on ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let into = seen.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            into.lock()
+                .unwrap()
+                .push(serde_json::from_str(&line).unwrap());
+        }
+    });
+
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    let url = format!("http://127.0.0.1:{port}/check");
+    let (code, set) = put_settings(&c, &server, json!({ "check_url": url })).await;
+    assert_eq!(code, 200, "{set}");
+    let secret = set["check_secret"].as_str().unwrap().to_string();
+    std::fs::write(&secret_file, &secret).unwrap();
+    hold(&c, &server, "h-py", 100).await;
+    let done = ended(&c, &server, "h-py", Duration::from_secs(10)).await;
+    assert_eq!(
+        done["status"],
+        "confirmed",
+        "{done} {:?}",
+        seen.lock().unwrap()
+    );
+    let accepted = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l["accepted"] == true)
+        .cloned()
+        .unwrap();
+    let (signature, body) = (
+        accepted["signature"].as_str().unwrap().to_string(),
+        accepted["body"].as_str().unwrap().to_string(),
+    );
+    assert!(body.contains("h-py"), "{body}");
+
+    let send = |signature: String, body: String| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            c.post(&url)
+                .header("content-type", "application/json")
+                .header("x-nrtxn-signature", signature)
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let sign_at = |t: i64, body: &str| {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(format!("{t}.{body}").as_bytes());
+        format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+    };
+    assert_eq!(send(signature.clone(), body.clone()).await, 409, "replayed");
+    let tampered = body.replace("\"qty\":1", "\"qty\":9");
+    assert_ne!(tampered, body);
+    assert_eq!(send(signature.clone(), tampered).await, 401, "tampered");
+    let (t, _) = signature
+        .strip_prefix("t=")
+        .and_then(|s| s.split_once(','))
+        .unwrap();
+    let later = format!(
+        "t={},{}",
+        t.parse::<i64>().unwrap() + 1,
+        signature.split_once(',').unwrap().1
+    );
+    assert_eq!(
+        send(later, body.clone()).await,
+        401,
+        "another time, same MAC"
+    );
+    let old = now_ms() - 6 * 60 * 1000;
+    assert_eq!(send(sign_at(old, &body), body.clone()).await, 401, "old");
+    assert_eq!(
+        send(sign_at(now_ms(), &body), body.clone()).await,
+        200,
+        "fresh"
+    );
 }

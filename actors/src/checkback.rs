@@ -87,6 +87,9 @@ pub trait CheckBack: Send + Sync + 'static {
         settings: Option<CheckSettings>,
         rotate: bool,
     ) -> CheckFuture<Result<Option<String>, String>>;
+    /// Whether `url` may be a shop's `check_url` under the server operator's rules (no
+    /// inside address, https unless allowed); the reason names no field.
+    fn check_url(&self, url: &str) -> Result<(), String>;
     /// The shop's latest dead letters, oldest first.
     fn dead_letters(&self, shop: &str) -> Vec<DeadLetter>;
 }

@@ -97,12 +97,18 @@ pub async fn put_settings(
     let shop = path_segment(&path, "shop")?;
     let body = json_object(&http, payload, SETTINGS_BODY_MAX).await?;
     let settings = settings_of(&body)?;
+    let checks = checkback(&state)?;
+    if let Some(s) = &settings {
+        // The server operator's rules on where a shop's calls may go.
+        checks
+            .check_url(&s.check_url)
+            .map_err(|e| ApiError::invalid(format!("check_url: {e}")))?;
+    }
     let rotate = match body.get("rotate_secret") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::invalid("rotate_secret: must be true or false")),
     };
-    let checks = checkback(&state)?;
     let secret = checks
         .set_settings(&shop, settings.clone(), rotate)
         .await

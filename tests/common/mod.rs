@@ -23,6 +23,11 @@ pub struct Server {
     pub stdout: Arc<Mutex<Vec<String>>>,
 }
 
+/// Flags every test server gets (but [`Server::start_strict`]'s): the shops' check-backs
+/// may reach the tests' own small servers, on loopback over plain http, which a server
+/// refuses by default.
+pub const CHECKS_ON_LOOPBACK: &[&str] = &["--check-allow-http", "--check-allow-net", "127.0.0.0/8"];
+
 impl Server {
     /// Starts `nrtxn serve` on `dir` and waits until it prints its address.
     pub fn start(dir: &Path, extra: &[&str]) -> Server {
@@ -31,15 +36,32 @@ impl Server {
 
     /// [`Server::start`] with these environment variables set (faults to inject).
     pub fn start_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        Server::spawn(dir, "127.0.0.1:0", extra, env)
+        Server::spawn(dir, "127.0.0.1:0", CHECKS_ON_LOOPBACK, extra, env)
     }
 
     /// [`Server::start`] listening on `listen`.
     pub fn start_on(dir: &Path, listen: &str, extra: &[&str]) -> Server {
-        Server::spawn(dir, listen, extra, &[])
+        Server::spawn(dir, listen, CHECKS_ON_LOOPBACK, extra, &[])
     }
 
-    fn spawn(dir: &Path, listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    /// [`Server::start`] with the server's own defaults for check-backs (https only,
+    /// nothing inside), not [`CHECKS_ON_LOOPBACK`].
+    pub fn start_strict(dir: &Path, extra: &[&str]) -> Server {
+        Server::spawn(dir, "127.0.0.1:0", &[], extra, &[])
+    }
+
+    /// [`Server::start_strict`] with these environment variables set.
+    pub fn start_strict_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::spawn(dir, "127.0.0.1:0", &[], extra, env)
+    }
+
+    fn spawn(
+        dir: &Path,
+        listen: &str,
+        checks: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -48,6 +70,7 @@ impl Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nrtxn"))
             .args(["serve", "--listen", listen, "--data-dir"])
             .arg(dir.join("data"))
+            .args(checks)
             .args(extra)
             .env("RUST_LOG", "warn,nrtxn=info")
             .envs(env.iter().copied())
