@@ -125,12 +125,14 @@ async fn hold(c: &reqwest::Client, server: &Server, id: &str, ttl_ms: i64) -> Va
     body
 }
 
-/// Polls hold `id` until it is no longer `held` (up to `within`), and returns it.
+/// Polls hold `id` until it is no longer `held` or `checking` (past its expiry, while
+/// the shop is asked) (up to `within`), and returns it.
 async fn ended(c: &reqwest::Client, server: &Server, id: &str, within: Duration) -> Value {
     let started = Instant::now();
     loop {
         let (_, h) = get(c, &server.url(&format!("/v1/shops/s/holds/{id}"))).await;
-        if h["status"] != "held" || started.elapsed() > within {
+        let pending = h["status"] == "held" || h["status"] == "checking";
+        if !pending || started.elapsed() > within {
             return h;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
