@@ -206,8 +206,10 @@ impl Store {
                     .try_collect()
                     .await?;
                 if !older.is_empty() {
-                    let ids: Vec<mongodb::bson::Bson> =
-                        older.into_iter().filter_map(|d| d.get("_id").cloned()).collect();
+                    let ids: Vec<mongodb::bson::Bson> = older
+                        .into_iter()
+                        .filter_map(|d| d.get("_id").cloned())
+                        .collect();
                     dead.delete_many(doc! { "_id": { "$in": ids } }).await?;
                 }
             }
@@ -486,7 +488,7 @@ impl Inner {
                 Err(e) => error = e,
             }
         }
-        tracing::warn!(shop = %call.shop, id = %call.id, error = %error, default = %s.check_default, retry = call.retry, "check-back unanswered; the shop's default applies");
+        tracing::warn!(shop = %call.shop, id = %call.id, error = %error, default = %s.check_default, "check-back unanswered; the shop's default applies");
         self.metrics.checks.with_label_values(&["default"]).inc();
         self.dead_letter(&call, s, error, tried).await;
         default
@@ -570,9 +572,7 @@ fn schedule_total(schedule: &[u64]) -> Duration {
 fn wait_before(schedule: &[u64], attempt: u32) -> Duration {
     match schedule.get(attempt as usize - 1) {
         Some(ms) => Duration::from_millis(*ms),
-        None => {
-            (Duration::from_millis(100) * 2u32.saturating_pow(attempt - 1)).min(BACKOFF_MAX)
-        }
+        None => (Duration::from_millis(100) * 2u32.saturating_pow(attempt - 1)).min(BACKOFF_MAX),
     }
 }
 
@@ -695,11 +695,7 @@ impl CheckBack for HttpCheckBack {
         Box::pin(async move { found.await.unwrap_or_else(|| Err(RUNTIME_STOPPED.into())) })
     }
 
-    fn dead_letter(
-        &self,
-        shop: &str,
-        id: &str,
-    ) -> CheckFuture<Result<Option<DeadLetter>, String>> {
+    fn dead_letter(&self, shop: &str, id: &str) -> CheckFuture<Result<Option<DeadLetter>, String>> {
         let (inner, shop, id) = (self.inner.clone(), shop.to_string(), id.to_string());
         let found = self.on_runtime(async move {
             inner
@@ -755,6 +751,92 @@ mod tests {
             .contains("ttl_ms"));
         assert!(parse_answer(br#"{"action":"maybe"}"#).is_err());
         assert!(parse_answer(b"ok").unwrap_err().contains("not JSON"));
+    }
+
+    fn letter(id: &str, at: i64) -> DeadLetter {
+        DeadLetter {
+            id: id.into(),
+            kind: nrtxn_actors::checkback::CheckKind::Hold,
+            applied: "ask".into(),
+            error: "503".into(),
+            attempts: 1,
+            at,
+            expires_at: at - 1,
+            resolved: None,
+        }
+    }
+
+    /// A shop keeps its latest 100 letters: older ones are dropped as new ones come,
+    /// another shop's are not touched, and a letter written again replaces its own.
+    #[tokio::test]
+    async fn dead_letters_are_bounded_per_shop_and_kept_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join(CHECKS_FILE)).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE dead_letters (shop TEXT NOT NULL, id TEXT NOT NULL,
+                 at INTEGER NOT NULL, letter TEXT NOT NULL, PRIMARY KEY (shop, id));",
+        )
+        .unwrap();
+        let store = Store::Sqlite(Mutex::new(conn));
+        store.put_dead("other", &letter("o", 1)).await.unwrap();
+        for i in 0..(DEAD_LETTERS_PER_SHOP as i64 + 5) {
+            store
+                .put_dead("s", &letter(&format!("h{i}"), 1_000 + i))
+                .await
+                .unwrap();
+        }
+        let kept = store.dead("s", None).await.unwrap();
+        assert_eq!(kept.len(), DEAD_LETTERS_PER_SHOP);
+        assert_eq!(&*kept[0].id, "h5", "the 5 oldest dropped");
+        assert_eq!(&*kept[DEAD_LETTERS_PER_SHOP - 1].id, "h104");
+        assert_eq!(store.dead("other", None).await.unwrap().len(), 1);
+        let mut again = letter("h5", 5_000);
+        again.attempts = 7;
+        store.put_dead("s", &again).await.unwrap();
+        let kept = store.dead("s", None).await.unwrap();
+        assert_eq!(kept.len(), DEAD_LETTERS_PER_SHOP);
+        assert_eq!(kept.last(), Some(&again), "newest now");
+        assert_eq!(store.dead_one("s", "h5").await.unwrap(), Some(again));
+        assert_eq!(store.dead_one("s", "h0").await.unwrap(), None);
+    }
+
+    #[test]
+    fn a_schedule_sets_the_attempts_and_their_waits() {
+        let mut s = CheckSettings {
+            check_url: "http://x/c".into(),
+            check_timeout_ms: 100,
+            check_retries: 3,
+            check_default: "ask".into(),
+            check_retry_schedule_ms: vec![1_000, 60_000, 300_000],
+        };
+        let mut call = CheckCall {
+            shop: "s".into(),
+            kind: nrtxn_actors::checkback::CheckKind::Hold,
+            id: "h".into(),
+            lines: Vec::new(),
+            expires_at: 0,
+            life_ends_at: i64::MAX,
+            retry: false,
+        };
+        let schedule = schedule_of(&s, &call);
+        assert_eq!(attempts_of(&s, schedule), 4);
+        assert_eq!(wait_before(schedule, 2), Duration::from_secs(60));
+        assert_eq!(schedule_total(schedule), Duration::from_millis(361_000));
+        assert_eq!(default_of(&s, &call), CheckAction::Ask);
+        // Near the end of the hold's life, no attempt past it.
+        call.life_ends_at = now_ms() + 30_000;
+        assert!(past_life(&call, Duration::from_secs(60)));
+        assert!(!past_life(&call, Duration::from_secs(1)));
+        // An operator's retry: quick retries now, and no default.
+        call.retry = true;
+        s.check_default = "release".into();
+        let quick = schedule_of(&s, &call);
+        assert_eq!(attempts_of(&s, quick), 4);
+        assert_eq!(wait_before(quick, 1), Duration::from_millis(100));
+        assert_eq!(default_of(&s, &call), CheckAction::Ask);
+        // The body the shop gets is unchanged.
+        let body: serde_json::Value = serde_json::to_value(&call).unwrap();
+        assert!(body.get("retry").is_none() && body.get("life_ends_at").is_none());
     }
 
     #[test]

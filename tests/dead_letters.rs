@@ -128,7 +128,9 @@ async fn hold(c: &reqwest::Client, server: &Server, id: &str, qty: i64, ttl_ms: 
 }
 
 async fn hold_status(c: &reqwest::Client, server: &Server, id: &str) -> Value {
-    get(c, &server.url(&format!("/v1/shops/s/holds/{id}"))).await.1
+    get(c, &server.url(&format!("/v1/shops/s/holds/{id}")))
+        .await
+        .1
 }
 
 /// Polls `url` until its `status` is `want` (up to `within`), and returns it.
@@ -161,7 +163,13 @@ async fn wait_letter(c: &reqwest::Client, server: &Server, id: &str) -> Value {
     panic!("no dead letter for {id}");
 }
 
-async fn act(c: &reqwest::Client, server: &Server, id: &str, what: &str, body: Value) -> (u16, Value) {
+async fn act(
+    c: &reqwest::Client,
+    server: &Server,
+    id: &str,
+    what: &str,
+    body: Value,
+) -> (u16, Value) {
     post(
         c,
         &server.url(&format!("/v1/shops/s/dead-letters/{id}/{what}")),
@@ -261,13 +269,27 @@ async fn ask_keeps_a_hold_checking_until_an_operator_resolves_it() {
     // The engine looks again every 5 s: the letter stands, the shop is not asked again.
     tokio::time::sleep(Duration::from_millis(5_500)).await;
     assert_eq!(shop.calls().len(), asked);
-    assert_eq!(hold_status(&c, &server, "h-sold").await["status"], "checking");
+    assert_eq!(
+        hold_status(&c, &server, "h-sold").await["status"],
+        "checking"
+    );
     let (_, order) = get(&c, &server.url("/v1/shops/s/orders/o-1")).await;
     assert_eq!(order["status"], "checking", "{order}");
     assert_eq!(item_state(&c, &server, "s", "a").await, (94, 6));
 
-    let (code, done) = act(&c, &server, "h-sold", "resolve", json!({"action": "confirm"})).await;
-    assert_eq!((code, &done["status"]), (200, &json!("confirmed")), "{done}");
+    let (code, done) = act(
+        &c,
+        &server,
+        "h-sold",
+        "resolve",
+        json!({"action": "confirm"}),
+    )
+    .await;
+    assert_eq!(
+        (code, &done["status"]),
+        (200, &json!("confirmed")),
+        "{done}"
+    );
     let resolved = &done["dead_letter"]["resolved"];
     assert_eq!(
         (&resolved["action"], &resolved["by"]),
@@ -275,7 +297,14 @@ async fn ask_keeps_a_hold_checking_until_an_operator_resolves_it() {
         "{done}"
     );
     assert!(resolved["at"].as_i64().unwrap() > 0, "{done}");
-    let (code, done) = act(&c, &server, "h-back", "resolve", json!({"action": "release"})).await;
+    let (code, done) = act(
+        &c,
+        &server,
+        "h-back",
+        "resolve",
+        json!({"action": "release"}),
+    )
+    .await;
     assert_eq!((code, &done["status"]), (200, &json!("released")), "{done}");
     let (code, done) = act(&c, &server, "o-1", "resolve", json!({"action": "release"})).await;
     assert_eq!((code, &done["status"]), (200, &json!("released")), "{done}");
@@ -291,23 +320,39 @@ async fn ask_keeps_a_hold_checking_until_an_operator_resolves_it() {
     // Sold 2; 3 and the order's units back (`stock` is what is available).
     assert_eq!(item_state(&c, &server, "s", "a").await, (98, 0));
     assert_eq!(item_state(&c, &server, "s", "b").await, (10, 0));
-    assert_eq!(hold_status(&c, &server, "h-sold").await["status"], "confirmed");
+    assert_eq!(
+        hold_status(&c, &server, "h-sold").await["status"],
+        "confirmed"
+    );
 
     // Ended: 409 with the reason; the letter keeps how it was resolved.
-    let (code, again) = act(&c, &server, "h-sold", "resolve", json!({"action": "release"})).await;
+    let (code, again) = act(
+        &c,
+        &server,
+        "h-sold",
+        "resolve",
+        json!({"action": "release"}),
+    )
+    .await;
     assert_eq!(code, 409, "{again}");
     assert!(
         again["detail"].as_str().unwrap().contains("already ended"),
         "{again}"
     );
-    assert_eq!(again["dead_letter"]["resolved"]["action"], "confirm", "{again}");
+    assert_eq!(
+        again["dead_letter"]["resolved"]["action"], "confirm",
+        "{again}"
+    );
     let (code, _) = act(&c, &server, "h-sold", "retry", json!({})).await;
     assert_eq!(code, 409);
     let (code, none) = act(&c, &server, "nope", "resolve", json!({"action": "confirm"})).await;
     assert_eq!(code, 404, "{none}");
     let (code, bad) = act(&c, &server, "h-back", "resolve", json!({"action": "maybe"})).await;
     assert_eq!(code, 400, "{bad}");
-    assert!(bad["detail"].as_str().unwrap().starts_with("action:"), "{bad}");
+    assert!(
+        bad["detail"].as_str().unwrap().starts_with("action:"),
+        "{bad}"
+    );
     assert_eq!(shop.calls().len(), asked, "resolving asks nobody");
 }
 
@@ -359,19 +404,30 @@ async fn dead_letters_survive_a_restart_and_a_retry_asks_the_shop_again() {
     // The restart re-arms the due hold; its letter stands: nobody is asked.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(shop.calls().len(), asked);
-    assert_eq!(hold_status(&c, &server, "h-wait").await["status"], "checking");
+    assert_eq!(
+        hold_status(&c, &server, "h-wait").await["status"],
+        "checking"
+    );
     assert_eq!(item_state(&c, &server, "s", "a").await, (96, 4));
 
     // Unanswered: the hold waits on, the letter counts the attempt.
     let (code, tried) = act(&c, &server, "h-wait", "retry", json!({})).await;
-    assert_eq!((code, &tried["status"]), (200, &json!("checking")), "{tried}");
+    assert_eq!(
+        (code, &tried["status"]),
+        (200, &json!("checking")),
+        "{tried}"
+    );
     assert_eq!(tried["dead_letter"]["attempts"], 2, "{tried}");
     assert_eq!(tried["dead_letter"]["resolved"], Value::Null, "{tried}");
     assert_eq!(shop.calls().len(), asked + 1);
     // Answered: applied, and the letter says so.
     shop.then(200, json!({"action": "confirm"}));
     let (code, done) = act(&c, &server, "h-wait", "retry", json!({})).await;
-    assert_eq!((code, &done["status"]), (200, &json!("confirmed")), "{done}");
+    assert_eq!(
+        (code, &done["status"]),
+        (200, &json!("confirmed")),
+        "{done}"
+    );
     assert_eq!(
         (
             &done["dead_letter"]["resolved"]["action"],
@@ -428,7 +484,10 @@ async fn a_bad_retry_schedule_is_refused_naming_the_field() {
     )
     .await;
     assert_eq!(code, 400, "{answer}");
-    assert!(answer["detail"].as_str().unwrap().contains("\"ask\""), "{answer}");
+    assert!(
+        answer["detail"].as_str().unwrap().contains("\"ask\""),
+        "{answer}"
+    );
     let (code, ok) = put_settings(
         &c,
         &server,
@@ -473,12 +532,13 @@ async fn dead_letters_on_mongodb_are_seen_by_another_node() {
         "checking"
     );
     let (code, done) = act(&c, &node1, "h-m", "resolve", json!({"action": "confirm"})).await;
-    assert_eq!((code, &done["status"]), (200, &json!("confirmed")), "{done}");
-    assert_eq!(item_state(&c, &node1, "s", "a").await, (95, 0));
     assert_eq!(
-        letters(&c, &node1).await[0]["resolved"]["by"],
-        "operator"
+        (code, &done["status"]),
+        (200, &json!("confirmed")),
+        "{done}"
     );
+    assert_eq!(item_state(&c, &node1, "s", "a").await, (95, 0));
+    assert_eq!(letters(&c, &node1).await[0]["resolved"]["by"], "operator");
     drop(node1);
     drop_database(&uri).await;
 }

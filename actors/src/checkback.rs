@@ -146,8 +146,7 @@ pub trait CheckBack: Send + Sync + 'static {
     /// The shop's latest dead letters, oldest first.
     fn dead_letters(&self, shop: &str) -> CheckFuture<Result<Vec<DeadLetter>, String>>;
     /// The dead letter of hold (or order) `id`, `None` if it has none.
-    fn dead_letter(&self, shop: &str, id: &str)
-        -> CheckFuture<Result<Option<DeadLetter>, String>>;
+    fn dead_letter(&self, shop: &str, id: &str) -> CheckFuture<Result<Option<DeadLetter>, String>>;
     /// Records how dead letter `id` was resolved, unless it already was; the letter as it
     /// stands after (`None`: there is none).
     fn resolve(

@@ -65,8 +65,14 @@ impl Drop for Slot<'_> {
 
 /// A dead letter's hold or order, pending.
 enum Pending {
-    Hold { h: HoldView, made_at: Millis },
-    Order { record: HoldView, outcome: Arc<Outcome> },
+    Hold {
+        h: HoldView,
+        made_at: Millis,
+    },
+    Order {
+        record: HoldView,
+        outcome: Arc<Outcome>,
+    },
 }
 
 fn kind_name(kind: CheckKind) -> &'static str {
@@ -99,6 +105,14 @@ impl Engine {
             Ok(found) => found,
             Err(acted) => return Ok(acted),
         };
+        if !c.enabled(shop) {
+            // Nobody to ask (and the adapter would answer `release` for a shop without
+            // settings): an operator resolves it instead.
+            return Ok(Acted::Refused(
+                format!("shop {shop} has no check-back set: resolve the dead letter instead"),
+                letter,
+            ));
+        }
         let (lines, expires_at, made_at) = match &pending {
             Pending::Hold { h, made_at } => (
                 vec![OrderLine {
@@ -140,9 +154,7 @@ impl Engine {
                 by: "retry".to_string(),
                 at: now_ms(),
             };
-            c.resolve(shop, id, resolution)
-                .await
-                .map_err(store_error)?;
+            c.resolve(shop, id, resolution).await.map_err(store_error)?;
         }
         let letter = c
             .dead_letter(shop, id)

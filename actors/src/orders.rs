@@ -146,7 +146,11 @@ pub(crate) fn lines_of(record: &Outcome) -> Vec<OrderLine> {
 
 impl Engine {
     /// Submits one request that waits for its outcome; `Timeout` if none comes in time.
-    pub(crate) async fn decide_one(&self, shop: &Arc<str>, req: Request) -> Result<Arc<Outcome>, EngineError> {
+    pub(crate) async fn decide_one(
+        &self,
+        shop: &Arc<str>,
+        req: Request,
+    ) -> Result<Arc<Outcome>, EngineError> {
         let answers = self.submit(shop, vec![(req, true)]).await?;
         match answers.replies.into_iter().next() {
             Some(Reply::Repeat(o) | Reply::Decided(o)) => Ok(o),

@@ -203,8 +203,7 @@ pub async fn get_hold(
         Some(h) => Ok(HttpResponse::Ok().json(HoldBody {
             hold_id: &h.hold_id,
             // Pending past its expiry while its shop is asked (or an operator decides).
-            status: if h.status == HoldStatus::Held && state.engine.checking(&shop, h.expires_at)
-            {
+            status: if h.status == HoldStatus::Held && state.engine.checking(&shop, h.expires_at) {
                 "checking"
             } else {
                 h.status.as_str()
