@@ -255,6 +255,10 @@ impl Engine {
                 letter,
             )));
         };
+        // Read again in the slot: an act that held it may have resolved it meanwhile.
+        let Some(letter) = c.dead_letter(shop, id).await.map_err(store_error)? else {
+            return Ok(Err(Acted::Unknown));
+        };
         let found = self.holds_of(shop, vec![id.clone()]).await?.pop().flatten();
         let Some(h) = found else {
             return Ok(Err(Acted::Refused(
