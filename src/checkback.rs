@@ -16,13 +16,20 @@
 //!   Failures (an error status, an answer that is not one of the actions, no answer
 //!   within `check_timeout_ms`) are tried again with a backoff, up to `check_retries`
 //!   times; the whole check ends within `check_timeout_ms × (check_retries + 1)` plus
-//!   2 s. Then the shop's `check_default` applies, and the case is kept as a dead letter
-//!   (the latest [`DEAD_LETTERS_PER_SHOP`] per shop, in this node's memory) and counted,
-//!   with a short reason that holds neither the answer nor the URL.
+//!   2 s. With a `check_retry_schedule_ms` the shop is asked again after each of its
+//!   waits instead (minutes to hours), within the 7-day life of the hold. Then the
+//!   shop's `check_default` applies (`ask`: none, an operator decides), and the case is
+//!   kept as a dead letter and counted, with a short reason that holds neither the
+//!   answer nor the URL.
+//! - Dead letters are kept beside the settings (the table `dead_letters` of
+//!   `checks.sqlite`, the collection `check_dead_letters` with MongoDB): one per hold or
+//!   order, the latest [`DEAD_LETTERS_PER_SHOP`] per shop (older ones are dropped when a
+//!   new one is written), read from the store on every call, so every node sees them and
+//!   they survive a restart.
 //! - The calls run on a small runtime of their own, never on a processor or an HTTP
 //!   worker.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -32,7 +39,7 @@ use futures::TryStreamExt;
 use hmac::{Hmac, KeyInit, Mac};
 use mongodb::bson::{doc, Document};
 use nrtxn_actors::checkback::{
-    CheckAction, CheckBack, CheckCall, CheckFuture, CheckSettings, DeadLetter,
+    CheckAction, CheckBack, CheckCall, CheckFuture, CheckSettings, DeadLetter, Resolution,
 };
 use nrtxn_actors::{now_ms, Metrics, HOLD_TTL_MAX_MS};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -42,10 +49,10 @@ use crate::outbound::{Outbound, OutboundPolicy};
 
 /// How often every node reads the shops' settings again.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
-/// Dead letters kept per shop (the latest).
+/// Dead letters kept per shop (the latest; older ones are dropped when one is written).
 pub const DEAD_LETTERS_PER_SHOP: usize = 100;
-/// Shops whose dead letters are kept; past it a new shop's are only counted.
-const DEAD_LETTER_SHOPS_MAX: usize = 10_000;
+/// The MongoDB collection of the dead letters, beside `shop_checks`.
+const DEAD_LETTERS_COLLECTION: &str = "check_dead_letters";
 /// Slack of a whole check beyond its attempts' timeouts (the issue's 2 s): the backoffs
 /// between attempts come out of it.
 const CHECK_SLACK: Duration = Duration::from_secs(2);
@@ -55,6 +62,8 @@ const BACKOFF_MAX: Duration = Duration::from_millis(500);
 pub const CHECKS_FILE: &str = "checks.sqlite";
 /// Prefix of a signing secret.
 const SECRET_PREFIX: &str = "nrtxn_chk_";
+/// The error of a call whose runtime is gone (the process is stopping).
+const RUNTIME_STOPPED: &str = "the check-backs' runtime stopped";
 
 /// A shop's settings and secret.
 #[derive(Clone, Debug)]
@@ -160,12 +169,123 @@ impl Store {
         }
         Ok(())
     }
+
+    /// Writes dead letter `letter` of `shop` (replacing the one of the same id), then
+    /// drops the shop's oldest beyond [`DEAD_LETTERS_PER_SHOP`].
+    async fn put_dead(&self, shop: &str, letter: &DeadLetter) -> anyhow::Result<()> {
+        let json = serde_json::to_string(letter)?;
+        match self {
+            Store::Sqlite(conn) => {
+                let conn = conn
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
+                conn.execute(
+                    "INSERT INTO dead_letters (shop, id, at, letter) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (shop, id) DO UPDATE SET at = ?3, letter = ?4",
+                    params![shop, &*letter.id, letter.at, json],
+                )?;
+                conn.execute(
+                    "DELETE FROM dead_letters WHERE shop = ?1 AND id IN (
+                         SELECT id FROM dead_letters WHERE shop = ?1
+                         ORDER BY at DESC, id DESC LIMIT -1 OFFSET ?2)",
+                    params![shop, DEAD_LETTERS_PER_SHOP as i64],
+                )?;
+            }
+            Store::Mongo(c) => {
+                let dead = dead_letters_of(c);
+                dead.replace_one(
+                    doc! { "_id": dead_id(shop, &letter.id) },
+                    doc! {
+                        "_id": dead_id(shop, &letter.id),
+                        "shop": shop,
+                        "at": letter.at,
+                        "letter": json,
+                    },
+                )
+                .upsert(true)
+                .await?;
+                let older: Vec<Document> = dead
+                    .find(doc! { "shop": shop })
+                    .sort(doc! { "at": -1, "_id": -1 })
+                    .skip(DEAD_LETTERS_PER_SHOP as u64)
+                    .projection(doc! { "_id": 1 })
+                    .await?
+                    .try_collect()
+                    .await?;
+                if !older.is_empty() {
+                    let ids: Vec<mongodb::bson::Bson> = older
+                        .into_iter()
+                        .filter_map(|d| d.get("_id").cloned())
+                        .collect();
+                    dead.delete_many(doc! { "_id": { "$in": ids } }).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The dead letters of `shop`, oldest first; only `id`'s when it is given.
+    async fn dead(&self, shop: &str, id: Option<&str>) -> anyhow::Result<Vec<DeadLetter>> {
+        let rows: Vec<String> = match self {
+            Store::Sqlite(conn) => {
+                let conn = conn
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
+                let mut stmt = conn.prepare_cached(
+                    "SELECT letter FROM dead_letters WHERE shop = ?1 AND (?2 IS NULL OR id = ?2)
+                     ORDER BY at, id",
+                )?;
+                let rows = stmt
+                    .query_map(params![shop, id], |r| r.get(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                rows
+            }
+            Store::Mongo(c) => {
+                let filter = match id {
+                    Some(id) => doc! { "_id": dead_id(shop, id) },
+                    None => doc! { "shop": shop },
+                };
+                let docs: Vec<Document> = dead_letters_of(c)
+                    .find(filter)
+                    .sort(doc! { "at": 1, "_id": 1 })
+                    .await?
+                    .try_collect()
+                    .await?;
+                docs.iter()
+                    .map(|d| Ok(d.get_str("letter")?.to_string()))
+                    .collect::<anyhow::Result<Vec<_>>>()?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                serde_json::from_str(r)
+                    .with_context(|| format!("dead_letters: a letter of {shop} is damaged"))
+            })
+            .collect()
+    }
+
+    /// Dead letter `id` of `shop`, `None` if it has none.
+    async fn dead_one(&self, shop: &str, id: &str) -> anyhow::Result<Option<DeadLetter>> {
+        Ok(self.dead(shop, Some(id)).await?.pop())
+    }
+}
+
+/// The dead letters' collection, in the database of `checks` (`shop_checks`).
+fn dead_letters_of(checks: &mongodb::Collection<Document>) -> mongodb::Collection<Document> {
+    checks
+        .client()
+        .database(&checks.namespace().db)
+        .collection(DEAD_LETTERS_COLLECTION)
+}
+
+/// A dead letter's `_id`: names have no `/`, so the shop's and the id's part are plain.
+fn dead_id(shop: &str, id: &str) -> String {
+    format!("{shop}/{id}")
 }
 
 struct Inner {
     store: Store,
     shops: RwLock<HashMap<String, Arc<ShopCheck>>>,
-    dead: Mutex<HashMap<String, VecDeque<DeadLetter>>>,
     outbound: Outbound,
     metrics: Arc<Metrics>,
 }
@@ -254,7 +374,17 @@ async fn open(
             let db = client
                 .default_database()
                 .unwrap_or_else(|| client.database("nrtxn"));
-            Store::Mongo(db.collection("shop_checks"))
+            let checks = db.collection("shop_checks");
+            // The dead letters are read by shop, oldest first, and trimmed newest first.
+            dead_letters_of(&checks)
+                .create_index(
+                    mongodb::IndexModel::builder()
+                        .keys(doc! { "shop": 1, "at": 1 })
+                        .build(),
+                )
+                .await
+                .context("mongo_uri: cannot index the check-backs' dead letters")?;
+            Store::Mongo(checks)
         }
         None => {
             let path = data_dir.join(CHECKS_FILE);
@@ -269,7 +399,15 @@ async fn open(
                      shop     TEXT PRIMARY KEY,
                      settings TEXT NOT NULL,
                      secret   TEXT NOT NULL
-                 );",
+                 );
+                 CREATE TABLE IF NOT EXISTS dead_letters (
+                     shop   TEXT NOT NULL,
+                     id     TEXT NOT NULL,
+                     at     INTEGER NOT NULL,
+                     letter TEXT NOT NULL,
+                     PRIMARY KEY (shop, id)
+                 );
+                 CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters (shop, at);",
             )
             .with_context(|| format!("data_dir: cannot set up {}", path.display()))?;
             Store::Sqlite(Mutex::new(conn))
@@ -279,7 +417,6 @@ async fn open(
     let inner = Arc::new(Inner {
         store,
         shops: RwLock::new(HashMap::new()),
-        dead: Mutex::new(HashMap::new()),
         outbound,
         metrics,
     });
@@ -306,38 +443,35 @@ impl Inner {
         // Waits for a turn before the attempts and their time budget start, and
         // before the settings are read (they may change meanwhile): a shop's
         // check-backs, and the node's, are bounded in flight.
-        let used = |bound: &str| self.metrics.bound_used.with_label_values(&[bound]);
-        let waiting = used("checks_waiting");
-        waiting.inc();
-        let _turn = self.outbound.turn(&call.shop).await;
-        waiting.dec();
-        let in_flight = used("checks_in_flight");
-        in_flight.inc();
-        let _in_flight = OnDrop(move || in_flight.dec());
+        let mut turn = Some(self.turn(&call.shop).await);
         let Some(check) = self.shop(&call.shop) else {
             return CheckAction::Release;
         };
         let s = &check.settings;
-        let default = if s.check_default == "confirm" {
-            CheckAction::Confirm
-        } else {
-            CheckAction::Release
-        };
+        let default = default_of(s, &call);
         let body = serde_json::to_vec(&call).unwrap_or_default();
         let per = Duration::from_millis(s.check_timeout_ms);
-        let attempts = s.check_retries + 1;
+        let schedule = schedule_of(s, &call);
+        let attempts = attempts_of(s, schedule);
         let started = Instant::now();
-        let whole = per * attempts + CHECK_SLACK;
+        let whole = per * attempts + CHECK_SLACK + schedule_total(schedule);
         let mut error = String::new();
         let mut tried = 0;
         for attempt in 0..attempts {
             if attempt > 0 {
-                let backoff = (Duration::from_millis(100) * 2u32.saturating_pow(attempt - 1))
-                    .min(BACKOFF_MAX);
-                if started.elapsed() + backoff + per > whole {
+                let backoff = wait_before(schedule, attempt);
+                if started.elapsed() + backoff + per > whole || past_life(&call, backoff) {
                     break;
                 }
+                if !schedule.is_empty() {
+                    // A schedule's waits last minutes to hours: the turn is given back
+                    // for them, or a few slow shops' holds would keep every turn.
+                    turn = None;
+                }
                 tokio::time::sleep(backoff).await;
+            }
+            if turn.is_none() {
+                turn = Some(self.turn(&call.shop).await);
             }
             tried += 1;
             // Signed again at each attempt, with its own time.
@@ -364,6 +498,7 @@ impl Inner {
                         CheckAction::Confirm => "confirm",
                         CheckAction::Release => "release",
                         CheckAction::Extend { .. } => "extend",
+                        CheckAction::Ask => "ask",
                     };
                     self.metrics.checks.with_label_values(&[result]).inc();
                     return action;
@@ -373,25 +508,110 @@ impl Inner {
         }
         tracing::warn!(shop = %call.shop, id = %call.id, error = %error, default = %s.check_default, "check-back unanswered; the shop's default applies");
         self.metrics.checks.with_label_values(&["default"]).inc();
-        self.metrics.check_dead_letters.inc();
-        if let Ok(mut dead) = self.dead.lock() {
-            if dead.len() < DEAD_LETTER_SHOPS_MAX || dead.contains_key(&*call.shop) {
-                let list = dead.entry(call.shop.to_string()).or_default();
-                if list.len() >= DEAD_LETTERS_PER_SHOP {
-                    list.pop_front();
-                }
-                list.push_back(DeadLetter {
-                    kind: call.kind,
-                    id: call.id.clone(),
-                    applied: s.check_default.clone(),
-                    error,
-                    attempts: tried,
-                    at: now_ms(),
-                });
-            }
-        }
+        self.dead_letter(&call, s, error, tried).await;
         default
     }
+
+    /// A turn to call `shop` (waiting for it, counted in `checks_waiting`), counted in
+    /// `checks_in_flight` while it is held.
+    async fn turn(&self, shop: &str) -> (crate::outbound::Turn, OnDrop<impl FnMut()>) {
+        let used = |bound: &str| self.metrics.bound_used.with_label_values(&[bound]);
+        let waiting = used("checks_waiting");
+        waiting.inc();
+        let turn = self.outbound.turn(shop).await;
+        waiting.dec();
+        let in_flight = used("checks_in_flight");
+        in_flight.inc();
+        (turn, OnDrop(move || in_flight.dec()))
+    }
+
+    /// Keeps unanswered check `call` as its hold's dead letter (`tried` attempts, the
+    /// last failing with `error`). An operator's retry adds to the letter it retried,
+    /// whose default stands; a check of the engine's makes it anew.
+    async fn dead_letter(&self, call: &CheckCall, s: &CheckSettings, error: String, tried: u32) {
+        let before = if call.retry {
+            match self.store.dead_one(&call.shop, &call.id).await {
+                Ok(found) => found,
+                Err(e) => {
+                    tracing::error!(shop = %call.shop, id = %call.id, error = %e, "dead letter not read; the retry's attempts are counted alone");
+                    None
+                }
+            }
+        } else {
+            self.metrics.check_dead_letters.inc();
+            None
+        };
+        let letter = DeadLetter {
+            id: call.id.clone(),
+            kind: call.kind,
+            applied: match &before {
+                Some(b) => b.applied.clone(),
+                // A retry of a letter dropped meanwhile: the hold waits as it did.
+                None if call.retry => "ask".to_string(),
+                None => s.check_default.clone(),
+            },
+            error,
+            attempts: before.map_or(0, |b| b.attempts).saturating_add(tried),
+            at: now_ms(),
+            expires_at: call.expires_at,
+            resolved: None,
+        };
+        if let Err(e) = self.store.put_dead(&call.shop, &letter).await {
+            // With `ask` the hold stays pending without a letter, and is asked again at
+            // the engine's next look (5 s): the letter is written then.
+            tracing::error!(shop = %call.shop, id = %call.id, error = %e, "dead letter not written");
+        }
+    }
+}
+
+/// What applies when `call` is not answered: the shop's default; nothing (`Ask`) for
+/// `ask` and for an operator's retry.
+fn default_of(s: &CheckSettings, call: &CheckCall) -> CheckAction {
+    match s.check_default.as_str() {
+        _ if call.retry => CheckAction::Ask,
+        "confirm" => CheckAction::Confirm,
+        "ask" => CheckAction::Ask,
+        _ => CheckAction::Release,
+    }
+}
+
+/// The waits of `call`'s retry schedule: the shop's, or none (quick retries) for an
+/// operator's retry, which asks now.
+fn schedule_of<'a>(s: &'a CheckSettings, call: &CheckCall) -> &'a [u64] {
+    if call.retry {
+        &[]
+    } else {
+        &s.check_retry_schedule_ms
+    }
+}
+
+/// Attempts of a check: one, then one after each wait of the schedule, or
+/// `check_retries` quick retries without one.
+fn attempts_of(s: &CheckSettings, schedule: &[u64]) -> u32 {
+    if schedule.is_empty() {
+        s.check_retries + 1
+    } else {
+        (schedule.len() as u32).saturating_add(1)
+    }
+}
+
+fn schedule_total(schedule: &[u64]) -> Duration {
+    Duration::from_millis(schedule.iter().fold(0u64, |a, b| a.saturating_add(*b)))
+}
+
+/// The wait before attempt `attempt` (from 1): the schedule's, or a short backoff.
+fn wait_before(schedule: &[u64], attempt: u32) -> Duration {
+    match schedule.get(attempt as usize - 1) {
+        Some(ms) => Duration::from_millis(*ms),
+        None => (Duration::from_millis(100) * 2u32.saturating_pow(attempt - 1)).min(BACKOFF_MAX),
+    }
+}
+
+/// Whether an attempt after waiting `wait` would come past the 7-day life of the hold:
+/// then no more attempts are made.
+fn past_life(call: &CheckCall, wait: Duration) -> bool {
+    let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+    call.life_ends_at > 0 && now_ms().saturating_add(wait_ms) >= call.life_ends_at
 }
 
 /// Runs its closure when dropped: on every way out of a function.
@@ -514,13 +734,52 @@ impl CheckBack for HttpCheckBack {
         self.inner.outbound.policy().check_url(url)
     }
 
-    fn dead_letters(&self, shop: &str) -> Vec<DeadLetter> {
-        self.inner
-            .dead
-            .lock()
-            .ok()
-            .and_then(|d| d.get(shop).map(|l| l.iter().cloned().collect()))
-            .unwrap_or_default()
+    fn dead_letters(&self, shop: &str) -> CheckFuture<Result<Vec<DeadLetter>, String>> {
+        let (inner, shop) = (self.inner.clone(), shop.to_string());
+        let found = self.on_runtime(async move {
+            inner
+                .store
+                .dead(&shop, None)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        });
+        Box::pin(async move { found.await.unwrap_or_else(|| Err(RUNTIME_STOPPED.into())) })
+    }
+
+    fn dead_letter(&self, shop: &str, id: &str) -> CheckFuture<Result<Option<DeadLetter>, String>> {
+        let (inner, shop, id) = (self.inner.clone(), shop.to_string(), id.to_string());
+        let found = self.on_runtime(async move {
+            inner
+                .store
+                .dead_one(&shop, &id)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        });
+        Box::pin(async move { found.await.unwrap_or_else(|| Err(RUNTIME_STOPPED.into())) })
+    }
+
+    fn resolve(
+        &self,
+        shop: &str,
+        id: &str,
+        resolution: Resolution,
+    ) -> CheckFuture<Result<Option<DeadLetter>, String>> {
+        let (inner, shop, id) = (self.inner.clone(), shop.to_string(), id.to_string());
+        let done = self.on_runtime(async move {
+            let result: anyhow::Result<Option<DeadLetter>> = async {
+                let Some(mut letter) = inner.store.dead_one(&shop, &id).await? else {
+                    return Ok(None);
+                };
+                if letter.resolved.is_none() {
+                    letter.resolved = Some(resolution);
+                    inner.store.put_dead(&shop, &letter).await?;
+                }
+                Ok(Some(letter))
+            }
+            .await;
+            result.map_err(|e| format!("{e:#}"))
+        });
+        Box::pin(async move { done.await.unwrap_or_else(|| Err(RUNTIME_STOPPED.into())) })
     }
 }
 
@@ -554,6 +813,92 @@ mod tests {
         let header = signature_header("s3cret", 1_700_000_000_000, br#"{"id":"h"}"#);
         let expected = hex::encode(sign("s3cret", br#"1700000000000.{"id":"h"}"#));
         assert_eq!(header, format!("t=1700000000000,v1={expected}"));
+    }
+
+    fn letter(id: &str, at: i64) -> DeadLetter {
+        DeadLetter {
+            id: id.into(),
+            kind: nrtxn_actors::checkback::CheckKind::Hold,
+            applied: "ask".into(),
+            error: "503".into(),
+            attempts: 1,
+            at,
+            expires_at: at - 1,
+            resolved: None,
+        }
+    }
+
+    /// A shop keeps its latest 100 letters: older ones are dropped as new ones come,
+    /// another shop's are not touched, and a letter written again replaces its own.
+    #[tokio::test]
+    async fn dead_letters_are_bounded_per_shop_and_kept_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join(CHECKS_FILE)).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE dead_letters (shop TEXT NOT NULL, id TEXT NOT NULL,
+                 at INTEGER NOT NULL, letter TEXT NOT NULL, PRIMARY KEY (shop, id));",
+        )
+        .unwrap();
+        let store = Store::Sqlite(Mutex::new(conn));
+        store.put_dead("other", &letter("o", 1)).await.unwrap();
+        for i in 0..(DEAD_LETTERS_PER_SHOP as i64 + 5) {
+            store
+                .put_dead("s", &letter(&format!("h{i}"), 1_000 + i))
+                .await
+                .unwrap();
+        }
+        let kept = store.dead("s", None).await.unwrap();
+        assert_eq!(kept.len(), DEAD_LETTERS_PER_SHOP);
+        assert_eq!(&*kept[0].id, "h5", "the 5 oldest dropped");
+        assert_eq!(&*kept[DEAD_LETTERS_PER_SHOP - 1].id, "h104");
+        assert_eq!(store.dead("other", None).await.unwrap().len(), 1);
+        let mut again = letter("h5", 5_000);
+        again.attempts = 7;
+        store.put_dead("s", &again).await.unwrap();
+        let kept = store.dead("s", None).await.unwrap();
+        assert_eq!(kept.len(), DEAD_LETTERS_PER_SHOP);
+        assert_eq!(kept.last(), Some(&again), "newest now");
+        assert_eq!(store.dead_one("s", "h5").await.unwrap(), Some(again));
+        assert_eq!(store.dead_one("s", "h0").await.unwrap(), None);
+    }
+
+    #[test]
+    fn a_schedule_sets_the_attempts_and_their_waits() {
+        let mut s = CheckSettings {
+            check_url: "http://x/c".into(),
+            check_timeout_ms: 100,
+            check_retries: 3,
+            check_default: "ask".into(),
+            check_retry_schedule_ms: vec![1_000, 60_000, 300_000],
+        };
+        let mut call = CheckCall {
+            shop: "s".into(),
+            kind: nrtxn_actors::checkback::CheckKind::Hold,
+            id: "h".into(),
+            lines: Vec::new(),
+            expires_at: 0,
+            life_ends_at: i64::MAX,
+            retry: false,
+        };
+        let schedule = schedule_of(&s, &call);
+        assert_eq!(attempts_of(&s, schedule), 4);
+        assert_eq!(wait_before(schedule, 2), Duration::from_secs(60));
+        assert_eq!(schedule_total(schedule), Duration::from_millis(361_000));
+        assert_eq!(default_of(&s, &call), CheckAction::Ask);
+        // Near the end of the hold's life, no attempt past it.
+        call.life_ends_at = now_ms() + 30_000;
+        assert!(past_life(&call, Duration::from_secs(60)));
+        assert!(!past_life(&call, Duration::from_secs(1)));
+        // An operator's retry: quick retries now, and no default.
+        call.retry = true;
+        s.check_default = "release".into();
+        let quick = schedule_of(&s, &call);
+        assert_eq!(attempts_of(&s, quick), 4);
+        assert_eq!(wait_before(quick, 1), Duration::from_millis(100));
+        assert_eq!(default_of(&s, &call), CheckAction::Ask);
+        // The body the shop gets is unchanged.
+        let body: serde_json::Value = serde_json::to_value(&call).unwrap();
+        assert!(body.get("retry").is_none() && body.get("life_ends_at").is_none());
     }
 
     #[test]

@@ -202,7 +202,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let kafka = settings.kafka.clone();
     let stages = metrics.stage.clone();
     let mut log_error = None;
-    let engine = Engine::start(
+    // Shops' check-backs before an expiry: their settings, and the calls to the shops.
+    // Attached as the engine starts, before any hold it recovers can come due.
+    let checks = crate::checkback::HttpCheckBack::start(
+        &settings.data_dir,
+        settings.mongo_uri.as_deref(),
+        metrics.clone(),
+        settings.outbound.clone(),
+    )?;
+    let engine = Engine::start_with_checkback(
         settings.engine.clone(),
         journal,
         |dispatcher, _recovered| match kafka {
@@ -220,6 +228,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             }
         },
         metrics,
+        Some(Arc::new(checks)),
     )
     .context("recovery failed")?;
     if let Some(e) = log_error {
@@ -237,19 +246,6 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             }
         },
     };
-    // Shops' check-backs before an expiry: their settings, and the calls to the shops.
-    match crate::checkback::HttpCheckBack::start(
-        &settings.data_dir,
-        settings.mongo_uri.as_deref(),
-        engine.metrics().clone(),
-        settings.outbound.clone(),
-    ) {
-        Ok(checks) => engine.attach_checkback(Arc::new(checks)),
-        Err(e) => {
-            engine.shutdown().await;
-            return Err(e);
-        }
-    }
     // The push stream reads the events topic with several nodes (each node's relay
     // writes its own events there), else this node's journal in commit order.
     let feed: Arc<dyn nrtxn_actors::EventFeed> = match &settings.kafka {

@@ -3,6 +3,11 @@
 //! keeps the shops' settings, calls the shop, retries, and falls back to the shop's
 //! default; the engine turns its answer into a confirm, an expiry or an extension,
 //! journaled like any other decision. Nothing here runs on a processor.
+//!
+//! A check the shop does not answer is a dead letter, kept in the adapter's store (so
+//! every node sees it, and it survives a restart). With the default `ask` nothing is
+//! applied: the hold stays pending (reported `checking`) until an operator resolves its
+//! dead letter, or the 7-day life of a hold ends it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,6 +34,15 @@ pub struct CheckCall {
     pub id: Arc<str>,
     pub lines: Vec<OrderLine>,
     pub expires_at: Millis,
+    /// When the 7-day life of the hold (or order) ends: no attempt of a retry schedule
+    /// is made past it. Not sent to the shop.
+    #[serde(skip)]
+    pub life_ends_at: Millis,
+    /// An operator's retry of a dead letter: one round of quick retries, not the
+    /// schedule, and no default applied when unanswered (the hold keeps its state).
+    /// Not sent to the shop.
+    #[serde(skip)]
+    pub retry: bool,
 }
 
 /// What a shop answered (or its default, when it did not answer in time).
@@ -40,6 +54,21 @@ pub enum CheckAction {
     Release,
     /// Waits this much longer (within the 7-day life of a hold).
     Extend { ttl_ms: i64 },
+    /// Unanswered, and nothing is applied: the shop's default is `ask` (an operator
+    /// resolves its dead letter), or an operator's retry found no answer.
+    Ask,
+}
+
+impl CheckAction {
+    /// The action's name, as the shop's answer and a dead letter's resolution have it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckAction::Confirm => "confirm",
+            CheckAction::Release => "release",
+            CheckAction::Extend { .. } => "extend",
+            CheckAction::Ask => "ask",
+        }
+    }
 }
 
 /// The boxed future of a port call.
@@ -51,20 +80,47 @@ pub struct CheckSettings {
     pub check_url: String,
     pub check_timeout_ms: u64,
     pub check_retries: u32,
-    /// `release` or `confirm`: what applies when the shop does not answer.
+    /// `release`, `confirm` or `ask`: what applies when the shop does not answer.
     pub check_default: String,
+    /// The waits before each attempt after the first, when set: the shop is asked
+    /// `1 + len` times over minutes to hours, each attempt within `check_timeout_ms`,
+    /// and `check_retries` does not apply. Empty: `check_retries` quick retries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub check_retry_schedule_ms: Vec<u64>,
 }
 
-/// A check-back that found no answer: the default applied.
+/// A check-back that found no answer. One per hold (or order): its `id` is theirs, and
+/// an operator's retry that finds no answer either updates it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter {
-    pub kind: CheckKind,
+    /// The hold's or the order's id (they share a shop's key space).
     pub id: Arc<str>,
-    /// The default that applied: `release` or `confirm`.
+    pub kind: CheckKind,
+    /// The default that applied: `release`, `confirm`, or `ask` (nothing: an operator
+    /// decides).
     pub applied: String,
     /// The last failure (a timeout, a status, an answer that could not be read).
     pub error: String,
+    /// Attempts made, an operator's retries' included.
     pub attempts: u32,
+    /// When the last attempt failed.
+    pub at: Millis,
+    /// The hold's (or order's) `expires_at` the shop was asked about.
+    #[serde(default)]
+    pub expires_at: Millis,
+    /// How it was resolved, once it was (`null` while open).
+    #[serde(default)]
+    pub resolved: Option<Resolution>,
+}
+
+/// How and when a dead letter was resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resolution {
+    /// `confirm`, `release` or `extend`.
+    pub action: String,
+    /// `operator` (resolve), `retry` (the shop answered an operator's retry), or
+    /// `life_end` (the 7-day life of the hold ended it as `release` would).
+    pub by: String,
     pub at: Millis,
 }
 
@@ -73,8 +129,8 @@ pub trait CheckBack: Send + Sync + 'static {
     /// Whether `shop` has a check-back set: from memory, called on a processor's thread.
     fn enabled(&self, shop: &str) -> bool;
     /// Calls the shop (retrying as its settings say) and resolves to what to do; never
-    /// fails: past its attempts the shop's default applies, and the case is kept as a
-    /// dead letter.
+    /// fails: past its attempts the shop's default applies (`Ask` for `ask`, and for an
+    /// operator's retry), and the case is kept as a dead letter.
     fn ask(&self, call: CheckCall) -> CheckFuture<CheckAction>;
     /// The shop's settings, `None` if it has none.
     fn settings(&self, shop: &str) -> CheckFuture<Result<Option<CheckSettings>, String>>;
@@ -91,5 +147,15 @@ pub trait CheckBack: Send + Sync + 'static {
     /// inside address, https unless allowed); the reason names no field.
     fn check_url(&self, url: &str) -> Result<(), String>;
     /// The shop's latest dead letters, oldest first.
-    fn dead_letters(&self, shop: &str) -> Vec<DeadLetter>;
+    fn dead_letters(&self, shop: &str) -> CheckFuture<Result<Vec<DeadLetter>, String>>;
+    /// The dead letter of hold (or order) `id`, `None` if it has none.
+    fn dead_letter(&self, shop: &str, id: &str) -> CheckFuture<Result<Option<DeadLetter>, String>>;
+    /// Records how dead letter `id` was resolved, unless it already was; the letter as it
+    /// stands after (`None`: there is none).
+    fn resolve(
+        &self,
+        shop: &str,
+        id: &str,
+        resolution: Resolution,
+    ) -> CheckFuture<Result<Option<DeadLetter>, String>>;
 }

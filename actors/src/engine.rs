@@ -266,6 +266,23 @@ impl Engine {
     where
         F: FnOnce(Dispatcher, &Recovered) -> Arc<dyn RequestLog>,
     {
+        Engine::start_with_checkback(cfg, journal, make_log, metrics, None)
+    }
+
+    /// [`Engine::start`] with the shops' check-backs attached before any hold is armed:
+    /// a hold found past its expiry at the start (one being checked, or waiting for an
+    /// operator, when the node stopped) is then asked about (or left to its dead
+    /// letter), never expired as it would be without a check-back.
+    pub fn start_with_checkback<F>(
+        cfg: EngineConfig,
+        journal: Arc<dyn Journal>,
+        make_log: F,
+        metrics: Arc<Metrics>,
+        attached: Option<Arc<dyn CheckBack>>,
+    ) -> Result<Arc<Engine>, StoreError>
+    where
+        F: FnOnce(Dispatcher, &Recovered) -> Arc<dyn RequestLog>,
+    {
         let mut recovered = journal.recover()?;
         let owned: Vec<Arbiter> = (0..cfg.arbiters.max(1)).map(|_| Arbiter::new()).collect();
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
@@ -293,6 +310,9 @@ impl Engine {
         let log_made: Arc<OnceLock<()>> = Arc::new(OnceLock::new());
         let order_hook: Arc<OnceLock<OrderHook>> = Arc::new(OnceLock::new());
         let checkback: Arc<OnceLock<Arc<dyn CheckBack>>> = Arc::new(OnceLock::new());
+        if let Some(c) = attached {
+            let _ = checkback.set(c);
+        }
         let shards: Vec<Addr<Processor>> = initial
             .into_iter()
             .enumerate()

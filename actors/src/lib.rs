@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod checkback;
+pub mod dead_letters;
 pub mod engine;
 pub mod ledger;
 pub mod mailbox;

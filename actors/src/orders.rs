@@ -30,8 +30,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::checkback::{CheckAction, CheckCall, CheckKind};
+use crate::checkback::{CheckAction, CheckBack, CheckCall, CheckKind, Resolution};
 use crate::engine::{Engine, EngineError};
+use crate::ports::StoreError;
 use crate::processor::{Nudge, OrderNudge};
 use crate::reply::Reply;
 use crate::types::{
@@ -134,7 +135,7 @@ struct SettlingSet {
 impl Settling {
     /// Whether `key` may settle now: not already settling, and (`check`: a due one of a
     /// shop with a check-back) within the bounds of checks settling.
-    fn take(&self, key: &(Arc<str>, Arc<str>), check: bool) -> bool {
+    pub(crate) fn take(&self, key: &(Arc<str>, Arc<str>), check: bool) -> bool {
         let Ok(mut s) = self.0.lock() else {
             return false;
         };
@@ -153,7 +154,7 @@ impl Settling {
         true
     }
 
-    fn done(&self, key: &(Arc<str>, Arc<str>)) {
+    pub(crate) fn done(&self, key: &(Arc<str>, Arc<str>)) {
         let Ok(mut s) = self.0.lock() else {
             return;
         };
@@ -174,7 +175,7 @@ fn lines_json(lines: &[OrderLine]) -> String {
     serde_json::to_string(lines).unwrap_or_default()
 }
 
-fn lines_of(record: &Outcome) -> Vec<OrderLine> {
+pub(crate) fn lines_of(record: &Outcome) -> Vec<OrderLine> {
     record
         .reason
         .as_deref()
@@ -184,7 +185,11 @@ fn lines_of(record: &Outcome) -> Vec<OrderLine> {
 
 impl Engine {
     /// Submits one request that waits for its outcome; `Timeout` if none comes in time.
-    async fn decide_one(&self, shop: &Arc<str>, req: Request) -> Result<Arc<Outcome>, EngineError> {
+    pub(crate) async fn decide_one(
+        &self,
+        shop: &Arc<str>,
+        req: Request,
+    ) -> Result<Arc<Outcome>, EngineError> {
         let answers = self.submit(shop, vec![(req, true)]).await?;
         match answers.replies.into_iter().next() {
             Some(Reply::Repeat(o) | Reply::Decided(o)) => Ok(o),
@@ -435,7 +440,7 @@ impl Engine {
 
     /// [`Engine::end_order_lines`], with the outcomes of the lines' endings; `by_check`:
     /// the shop's check-back decided it, so a confirm stands past the order's expiry.
-    async fn end_order_lines_with(
+    pub(crate) async fn end_order_lines_with(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
@@ -558,7 +563,7 @@ impl Engine {
     }
 
     /// The record of `order_id` (its `order` outcome), `None` if the key made no order.
-    async fn order_record(
+    pub(crate) async fn order_record(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
@@ -591,7 +596,12 @@ impl Engine {
         let mut keys: Vec<Arc<str>> = vec![order_id.clone()];
         keys.extend((0..lines.len()).map(|i| line_key(order_id, i)));
         let mut holds = self.holds_of(shop, keys).await?.into_iter();
-        let state = holds.next().flatten().map(|h| h.status);
+        let record_hold = holds.next().flatten();
+        let state = record_hold.as_ref().map(|h| h.status);
+        // Pending past its expiry while its shop is asked (or an operator decides).
+        let checking = record_hold
+            .as_ref()
+            .is_some_and(|h| self.checking(shop, h.expires_at));
         let line_holds: Vec<Option<HoldView>> = holds.collect();
         let all_held = line_holds
             .iter()
@@ -614,6 +624,7 @@ impl Engine {
             reason: None,
         };
         view.status = match state {
+            Some(HoldStatus::Held) if all_held && checking => "checking".into(),
             Some(HoldStatus::Held) if all_held => "held".into(),
             Some(HoldStatus::Held) | None => "reserving".into(),
             Some(HoldStatus::Confirmed) => "confirmed".into(),
@@ -731,14 +742,44 @@ impl Engine {
         let Some(outcome) = self.order_record(shop, order_id).await? else {
             return Ok(());
         };
-        let call = CheckCall {
-            shop: shop.clone(),
-            kind: CheckKind::Order,
-            id: order_id.clone(),
-            lines: lines_of(&outcome),
-            expires_at: record.expires_at,
+        let life_ends_at = outcome.completed_at.saturating_add(HOLD_TTL_MAX_MS);
+        let standing = self
+            .standing(&checkback, shop, order_id, record.expires_at, life_ends_at)
+            .await?;
+        let action = match standing {
+            Standing::Wait => return Ok(()),
+            Standing::Apply { action, .. } => action,
+            Standing::Ask => {
+                let call = CheckCall {
+                    shop: shop.clone(),
+                    kind: CheckKind::Order,
+                    id: order_id.clone(),
+                    lines: lines_of(&outcome),
+                    expires_at: record.expires_at,
+                    life_ends_at,
+                    retry: false,
+                };
+                checkback.ask(call).await
+            }
         };
-        match checkback.ask(call).await {
+        self.act_on_order(shop, order_id, record, &outcome, action)
+            .await?;
+        self.life_ended(&checkback, shop, order_id, &standing).await;
+        Ok(())
+    }
+
+    /// Applies a check-back's `action` to pending order `order_id` (`record`: its
+    /// record's hold, `outcome`: the record's outcome). `Ask` leaves it pending.
+    pub(crate) async fn act_on_order(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        record: HoldView,
+        outcome: &Outcome,
+        action: CheckAction,
+    ) -> Result<(), EngineError> {
+        match action {
+            CheckAction::Ask => {}
             CheckAction::Confirm => {
                 self.end_order_lines_with(shop, order_id, Op::Confirm, None, None, true)
                     .await?;
@@ -757,7 +798,7 @@ impl Engine {
                 }
                 let mut holds = vec![record];
                 holds.extend(
-                    self.line_holds(shop, order_id, lines_of(&outcome).len())
+                    self.line_holds(shop, order_id, lines_of(outcome).len())
                         .await?
                         .into_iter()
                         .flatten()
@@ -774,7 +815,7 @@ impl Engine {
     }
 
     /// A hold of a shop with a check-back is past its expiry: the shop decides whether
-    /// it is sold, expires, or waits longer.
+    /// it is sold, expires, or waits longer; or, once it is a dead letter, an operator.
     async fn check_hold(&self, shop: &Arc<str>, hold_id: &Arc<str>) -> Result<(), EngineError> {
         let Some(h) = self
             .holds_of(shop, vec![hold_id.clone()])
@@ -791,8 +832,20 @@ impl Engine {
             PollResult::Decided(o) => o.completed_at,
             _ => h.expires_at,
         };
-        let action = match self.checkback().filter(|c| c.enabled(shop)) {
-            Some(c) => {
+        let life_ends_at = made_at.saturating_add(HOLD_TTL_MAX_MS);
+        let Some(c) = self.checkback().filter(|c| c.enabled(shop)) else {
+            // Switched off meanwhile: it expires as without one.
+            self.act_on_hold(shop, &h, made_at, CheckAction::Release)
+                .await?;
+            return Ok(());
+        };
+        let standing = self
+            .standing(&c, shop, hold_id, h.expires_at, life_ends_at)
+            .await?;
+        let action = match standing {
+            Standing::Wait => return Ok(()),
+            Standing::Apply { action, .. } => action,
+            Standing::Ask => {
                 c.ask(CheckCall {
                     shop: shop.clone(),
                     kind: CheckKind::Hold,
@@ -802,16 +855,32 @@ impl Engine {
                         qty: h.qty,
                     }],
                     expires_at: h.expires_at,
+                    life_ends_at,
+                    retry: false,
                 })
                 .await
             }
-            // Switched off meanwhile: it expires as without one.
-            None => CheckAction::Release,
         };
+        self.act_on_hold(shop, &h, made_at, action).await?;
+        self.life_ended(&c, shop, hold_id, &standing).await;
+        Ok(())
+    }
+
+    /// Applies a check-back's `action` to pending hold `h` (made at `made_at`): the
+    /// ending's outcome, `None` for `Ask` (it stays pending).
+    pub(crate) async fn act_on_hold(
+        &self,
+        shop: &Arc<str>,
+        h: &HoldView,
+        made_at: Millis,
+        action: CheckAction,
+    ) -> Result<Option<Arc<Outcome>>, EngineError> {
+        let hold_id = &h.hold_id;
         let now = now_ms();
         let req = match action {
+            CheckAction::Ask => return Ok(None),
             CheckAction::Extend { ttl_ms } if extended_until(now, ttl_ms, made_at) > now => {
-                extension(shop, &h, now, extended_until(now, ttl_ms, made_at))
+                extension(shop, h, now, extended_until(now, ttl_ms, made_at))
             }
             CheckAction::Confirm => Request {
                 hold_id: Some(hold_id.clone()),
@@ -837,9 +906,81 @@ impl Engine {
                 )
             },
         };
-        self.decide_one(shop, req).await?;
-        Ok(())
+        Ok(Some(self.decide_one(shop, req).await?))
     }
+
+    /// What a due hold's (or order's) dead letter says before its shop is asked.
+    async fn standing(
+        &self,
+        c: &Arc<dyn CheckBack>,
+        shop: &Arc<str>,
+        id: &Arc<str>,
+        expires_at: Millis,
+        life_ends_at: Millis,
+    ) -> Result<Standing, EngineError> {
+        if now_ms() >= life_ends_at {
+            return Ok(Standing::Apply {
+                action: CheckAction::Release,
+                life_end: true,
+            });
+        }
+        let letter = c
+            .dead_letter(shop, id)
+            .await
+            .map_err(|e| EngineError::Store(StoreError::Storage(e)))?;
+        Ok(match letter {
+            // A letter of this expiry (not of an earlier one, or of an earlier hold of
+            // the same id), still open: the check ran out and its default stands.
+            Some(l) if l.resolved.is_none() && l.expires_at == expires_at => {
+                match l.applied.as_str() {
+                    "ask" => Standing::Wait,
+                    // The default was applied but its ending did not land (the node
+                    // stopped, say): applied again, without asking the shop again.
+                    "confirm" => Standing::Apply {
+                        action: CheckAction::Confirm,
+                        life_end: false,
+                    },
+                    _ => Standing::Apply {
+                        action: CheckAction::Release,
+                        life_end: false,
+                    },
+                }
+            }
+            _ => Standing::Ask,
+        })
+    }
+
+    /// Once the 7-day life of a hold (or order) ended it, its open dead letter says so.
+    async fn life_ended(
+        &self,
+        c: &Arc<dyn CheckBack>,
+        shop: &Arc<str>,
+        id: &Arc<str>,
+        standing: &Standing,
+    ) {
+        if !matches!(standing, Standing::Apply { life_end: true, .. }) {
+            return;
+        }
+        let resolution = Resolution {
+            action: CheckAction::Release.name().to_string(),
+            by: "life_end".to_string(),
+            at: now_ms(),
+        };
+        if let Err(e) = c.resolve(shop, id, resolution).await {
+            tracing::warn!(%shop, %id, error = %e, "dead letter not marked resolved at the end of its hold's life");
+        }
+    }
+}
+
+/// What a due hold's (or order's) dead letter says before its shop is asked.
+enum Standing {
+    /// No open dead letter of this expiry: the shop is asked.
+    Ask,
+    /// An operator decides (an open dead letter whose default is `ask`): nothing now.
+    Wait,
+    /// Applied without asking: the default an open dead letter recorded, or a release
+    /// at the end of the 7-day life of the hold (`life_end`).
+    Apply { action: CheckAction, life_end: bool },
 }
 
 /// When a hold made at `made_at` expires if extended by `ttl_ms` from `now`: within the

@@ -669,6 +669,15 @@ mod tests {
             need_of(Method::GET, "/v1/shops/acme/dead-letters"),
             shop("acme", Role::Operator)
         );
+        for act in ["retry", "resolve"] {
+            assert_eq!(
+                need_of(
+                    Method::POST,
+                    &format!("/v1/shops/acme/dead-letters/h/{act}")
+                ),
+                shop("acme", Role::Operator)
+            );
+        }
         assert_eq!(
             need_of(Method::GET, "/v1/shops/acme/items/sku"),
             shop("acme", Role::Seller)

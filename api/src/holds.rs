@@ -202,7 +202,12 @@ pub async fn get_hold(
     match state.engine.hold(&shop, &hold_id).await? {
         Some(h) => Ok(HttpResponse::Ok().json(HoldBody {
             hold_id: &h.hold_id,
-            status: h.status.as_str(),
+            // Pending past its expiry while its shop is asked (or an operator decides).
+            status: if h.status == HoldStatus::Held && state.engine.checking(&shop, h.expires_at) {
+                "checking"
+            } else {
+                h.status.as_str()
+            },
             item: &h.item,
             qty: h.qty,
             expires_at: Some(h.expires_at),

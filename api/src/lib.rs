@@ -87,6 +87,8 @@ routes! {
     put "/v1/shops/{shop}/settings" => settings::put_settings, "putSettings", "Set the shop's check-back (operators)";
     get "/v1/shops/{shop}/settings" => settings::get_settings, "getSettings", "The shop's check-back settings (operators)";
     get "/v1/shops/{shop}/dead-letters" => settings::get_dead_letters, "getDeadLetters", "Check-backs that found no answer (operators)";
+    post "/v1/shops/{shop}/dead-letters/{id}/retry" => settings::retry_dead_letter, "retryDeadLetter", "Ask the shop again now about a dead letter's hold or order (operators)";
+    post "/v1/shops/{shop}/dead-letters/{id}/resolve" => settings::resolve_dead_letter, "resolveDeadLetter", "End a dead letter's hold or order: confirm or release (operators)";
     get "/v1/shops/{shop}/stats" => stats::get_stats, "getStats", "This node's live figures of the shop: decisions/s, p99, statuses, last refused (operators)";
 }
 

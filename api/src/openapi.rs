@@ -124,6 +124,8 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
         "putSettings" => (Some("Settings"), r("SettingsAnswer")),
         "getSettings" => (None, r("SettingsAnswer")),
         "getDeadLetters" => (None, r("DeadLetters")),
+        "retryDeadLetter" => (None, r("DeadLetterAnswer")),
+        "resolveDeadLetter" => (Some("Resolve"), r("DeadLetterAnswer")),
         "getStats" => (None, r("Stats")),
         "whoami" => (None, r("Whoami")),
         _ => (None, json!({ "type": "object" })),
@@ -238,6 +240,7 @@ fn build() -> Value {
     let mut all_schemas = schemas();
     if let Value::Object(m) = &mut all_schemas {
         m.extend(dashboard_schemas());
+        m.extend(check_schemas());
     }
     json!({
         "openapi": "3.0.3",
@@ -353,7 +356,7 @@ fn schemas() -> Value {
             "seller": name(), "buyer": name() } },
         "Hold": { "type": "object", "properties": {
             "hold_id": s("string"),
-            "status": { "type": "string", "enum": ["held", "confirmed", "released", "expired",
+            "status": { "type": "string", "enum": ["held", "checking", "confirmed", "released", "expired",
                 "insufficient_stock", "unknown_item", "buyer_limit", "limit_exceeded"] },
             "item": s("string"), "qty": s("integer"), "expires_at": { "type": "integer", "nullable": true },
             "seq": { "type": "integer", "nullable": true }, "reason": s("string") } },
@@ -368,21 +371,56 @@ fn schemas() -> Value {
                 "status": s("string") } } },
             "expires_at": { "type": "integer", "nullable": true },
             "failed_line": s("integer"), "reason": s("string") } },
+    })
+}
+
+/// The schemas of the check-back's routes (settings, dead letters): a third `json!`, for
+/// the same reason as [`dashboard_schemas`].
+fn check_schemas() -> Map<String, Value> {
+    let s = |t: &str| json!({ "type": t });
+    let schedule = json!({ "type": "array", "maxItems": 20, "default": [],
+        "items": { "type": "integer", "minimum": 1, "maximum": 604_800_000i64 },
+        "description": "waits in ms before each attempt after the first (together at most 7 days, the life of a hold); \
+            while it runs the hold stays pending past expires_at, `checking`. Empty: check_retries quick retries" });
+    let Value::Object(m) = json!({
         "Settings": { "type": "object", "additionalProperties": false, "required": ["check_url"], "properties": {
             "check_url": { "type": "string", "nullable": true, "maxLength": 2048,
                            "pattern": "^https?://[^/\\s\\u0000-\\u001f\\u007f-\\u009f]+(/[^\\s\\u0000-\\u001f\\u007f-\\u009f]*)?$" },
             "check_timeout_ms": { "type": "integer", "minimum": 100, "maximum": 60000, "default": 2000 },
             "check_retries": { "type": "integer", "minimum": 0, "maximum": 10, "default": 3 },
-            "check_default": { "type": "string", "enum": ["release", "confirm"], "default": "release" },
+            "check_retry_schedule_ms": schedule,
+            "check_default": { "type": "string", "enum": ["release", "confirm", "ask"], "default": "release",
+                "description": "what applies when the shop does not answer; ask: nothing, the hold stays checking until an operator resolves its dead letter (or its 7-day life ends it as release would)" },
             "rotate_secret": s("boolean") } },
         "SettingsAnswer": { "type": "object", "properties": {
             "shop": s("string"), "check_url": { "type": "string", "nullable": true },
             "check_timeout_ms": s("integer"), "check_retries": s("integer"),
+            "check_retry_schedule_ms": { "type": "array", "items": s("integer") },
             "check_default": s("string"),
             "check_secret": { "type": "string", "description": "shown once, when made" } } },
+        "DeadLetter": { "type": "object", "properties": {
+            "id": { "type": "string", "description": "the hold's or the order's id" },
+            "kind": { "type": "string", "enum": ["hold", "order"] },
+            "applied": { "type": "string", "enum": ["release", "confirm", "ask"],
+                         "description": "the default that applied; ask: none, an operator decides" },
+            "error": s("string"), "attempts": s("integer"),
+            "at": { "type": "integer", "description": "when the last attempt failed (ms since the epoch)" },
+            "expires_at": { "type": "integer", "description": "the expiry the shop was asked about" },
+            "resolved": { "type": "object", "nullable": true, "properties": {
+                "action": { "type": "string", "enum": ["confirm", "release", "extend"] },
+                "by": { "type": "string", "enum": ["operator", "retry", "life_end"] },
+                "at": s("integer") } } } },
         "DeadLetters": { "type": "object", "properties": {
-            "shop": s("string"), "dead_letters": { "type": "array", "items": { "type": "object", "properties": {
-                "kind": s("string"), "id": s("string"), "applied": s("string"), "error": s("string"),
-                "attempts": s("integer"), "at": s("integer") } } } } },
-    })
+            "shop": s("string"),
+            "dead_letters": { "type": "array", "maxItems": 100, "items": schema_ref("DeadLetter"),
+                              "description": "the latest 100 of the shop, oldest first" } } },
+        "Resolve": { "type": "object", "additionalProperties": false, "required": ["action"], "properties": {
+            "action": { "type": "string", "enum": ["confirm", "release"] } } },
+        "DeadLetterAnswer": { "type": "object", "properties": {
+            "shop": s("string"), "dead_letter": schema_ref("DeadLetter"),
+            "status": { "type": "string", "description": "the hold's or order's status after (checking while still pending past its expiry)" } } },
+    }) else {
+        unreachable!("a JSON object literal")
+    };
+    m
 }

@@ -1,9 +1,13 @@
 //! `PUT /v1/shops/{shop}/settings`, `GET /v1/shops/{shop}/settings`,
-//! `GET /v1/shops/{shop}/dead-letters`: a shop's check-back before its holds and orders
-//! expire ([`nrtxn_actors::checkback`]). Operators only.
+//! `GET /v1/shops/{shop}/dead-letters`, `POST .../dead-letters/{id}/retry` and
+//! `POST .../dead-letters/{id}/resolve`: a shop's check-back before its holds and orders
+//! expire ([`nrtxn_actors::checkback`]), and the checks it did not answer
+//! ([`nrtxn_actors::dead_letters`]). Operators only.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use nrtxn_actors::checkback::{CheckBack, CheckSettings};
+use nrtxn_actors::checkback::{CheckBack, CheckSettings, DeadLetter};
+use nrtxn_actors::dead_letters::{Acted, LetterAction};
+use nrtxn_actors::HOLD_TTL_MAX_MS;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -17,6 +21,10 @@ pub const CHECK_URL_LEN_MAX: usize = 2_048;
 /// Defaults of a check-back's settings.
 pub const CHECK_TIMEOUT_MS_DEFAULT: i64 = 2_000;
 pub const CHECK_RETRIES_DEFAULT: i64 = 3;
+/// Most waits of a retry schedule.
+pub const CHECK_RETRY_SCHEDULE_LEN_MAX: usize = 20;
+/// Largest body of a dead letter's resolve call: one short field.
+pub const RESOLVE_BODY_MAX: usize = 1024;
 
 fn checkback(state: &AppState) -> Result<std::sync::Arc<dyn CheckBack>, ApiError> {
     state
@@ -60,10 +68,10 @@ fn settings_of(body: &Map<String, Value>) -> Result<Option<CheckSettings>, ApiEr
     };
     let default = match body.get("check_default") {
         None | Some(Value::Null) => "release".to_string(),
-        Some(Value::String(d)) if d == "release" || d == "confirm" => d.clone(),
+        Some(Value::String(d)) if d == "release" || d == "confirm" || d == "ask" => d.clone(),
         Some(_) => {
             return Err(ApiError::invalid(
-                "check_default: must be \"release\" or \"confirm\"",
+                "check_default: must be \"release\", \"confirm\" or \"ask\"",
             ))
         }
     };
@@ -72,7 +80,51 @@ fn settings_of(body: &Map<String, Value>) -> Result<Option<CheckSettings>, ApiEr
         check_timeout_ms: timeout as u64,
         check_retries: retries as u32,
         check_default: default,
+        check_retry_schedule_ms: schedule_of(body)?,
     }))
+}
+
+/// `check_retry_schedule_ms`: the waits before each attempt after the first, at most
+/// [`CHECK_RETRY_SCHEDULE_LEN_MAX`] of at least 1 ms, together within the 7-day life of
+/// a hold (a check cannot outlive its hold). Absent, `null` or `[]`: quick retries.
+fn schedule_of(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
+    const FIELD: &str = "check_retry_schedule_ms";
+    let waits = match body.get(FIELD) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{FIELD}: must be an array of waits in milliseconds"
+            )))
+        }
+    };
+    if waits.len() > CHECK_RETRY_SCHEDULE_LEN_MAX {
+        return Err(ApiError::invalid(format!(
+            "{FIELD}: at most {CHECK_RETRY_SCHEDULE_LEN_MAX} waits, got {}",
+            waits.len()
+        )));
+    }
+    let mut total_ms: i64 = 0;
+    let mut out = Vec::with_capacity(waits.len());
+    for (i, w) in waits.iter().enumerate() {
+        let ms = match w.as_i64() {
+            Some(ms) if (1..=HOLD_TTL_MAX_MS).contains(&ms) => ms,
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "{FIELD}[{i}]: must be an integer from 1 to {HOLD_TTL_MAX_MS}, got {w}"
+                )))
+            }
+        };
+        total_ms = total_ms.saturating_add(ms);
+        out.push(ms as u64);
+    }
+    if total_ms > HOLD_TTL_MAX_MS {
+        return Err(ApiError::invalid(format!(
+            "{FIELD}: the waits add up to {total_ms} ms, past the 7-day life of a hold \
+             ({HOLD_TTL_MAX_MS} ms)"
+        )));
+    }
+    Ok(out)
 }
 
 fn body_of(shop: &str, settings: Option<&CheckSettings>) -> Value {
@@ -83,6 +135,7 @@ fn body_of(shop: &str, settings: Option<&CheckSettings>) -> Value {
             "check_timeout_ms": s.check_timeout_ms,
             "check_retries": s.check_retries,
             "check_default": s.check_default,
+            "check_retry_schedule_ms": s.check_retry_schedule_ms,
         }),
         None => json!({ "shop": shop, "check_url": null }),
     }
@@ -138,6 +191,66 @@ pub async fn get_dead_letters(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let dead = checkback(&state)?.dead_letters(&shop);
+    let dead = checkback(&state)?
+        .dead_letters(&shop)
+        .await
+        .map_err(ApiError::store)?;
     Ok(HttpResponse::Ok().json(json!({ "shop": &*shop, "dead_letters": dead })))
+}
+
+/// Asks the shop again now about a dead letter's hold or order: its answer applies.
+pub async fn retry_dead_letter(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, id) = path.into_inner();
+    let (shop, id) = (path_segment(&shop, "shop")?, path_segment(&id, "id")?);
+    checkback(&state)?;
+    let acted = state.engine.retry_dead_letter(&shop, &id).await?;
+    answer_of(&shop, &id, acted)
+}
+
+/// Ends a dead letter's hold or order as the operator says: `{"action": "confirm"}` or
+/// `{"action": "release"}`.
+pub async fn resolve_dead_letter(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    http: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, id) = path.into_inner();
+    let (shop, id) = (path_segment(&shop, "shop")?, path_segment(&id, "id")?);
+    let body = json_object(&http, payload, RESOLVE_BODY_MAX).await?;
+    let action = match body.get("action").and_then(Value::as_str) {
+        Some("confirm") => LetterAction::Confirm,
+        Some("release") => LetterAction::Release,
+        _ => {
+            return Err(ApiError::invalid(
+                "action: required, \"confirm\" or \"release\"",
+            ))
+        }
+    };
+    checkback(&state)?;
+    let acted = state.engine.resolve_dead_letter(&shop, &id, action).await?;
+    answer_of(&shop, &id, acted)
+}
+
+/// The answer of an act on a dead letter: the letter and its hold's or order's status;
+/// `409` with the reason (and the letter) when nothing was done.
+fn answer_of(shop: &str, id: &str, acted: Acted) -> Result<HttpResponse, ApiError> {
+    let letter = |l: &DeadLetter| serde_json::to_value(l).unwrap_or(Value::Null);
+    match acted {
+        Acted::Unknown => Err(ApiError::NotFound(format!(
+            "id: no dead letter {id} in shop {shop}"
+        ))),
+        Acted::Refused(why, l) => Err(ApiError::Conflict(
+            format!("id: {why}"),
+            json!({ "shop": shop, "dead_letter": letter(&l) }),
+        )),
+        Acted::Done { letter: l, status } => Ok(HttpResponse::Ok().json(json!({
+            "shop": shop,
+            "dead_letter": letter(&l),
+            "status": status,
+        }))),
+    }
 }
