@@ -37,10 +37,10 @@ use mongodb::error::ErrorKind;
 use mongodb::options::IndexOptions;
 use mongodb::{ClientSession, Collection, Database, IndexModel};
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::ports::{
     ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
 };
+use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Leases, Metrics, Outcome, Recovered,

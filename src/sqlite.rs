@@ -29,10 +29,10 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::ports::{
     ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
 };
+use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Metrics, Op, Outcome,
@@ -1190,8 +1190,9 @@ fn read_sales(
                 reserved_after, seq, prev_seq, rowsum
          FROM journal WHERE shop = ?1 AND request_key = ?2",
     )?;
-    let mut pruned =
-        conn.prepare_cached("SELECT item, sold, sold_at FROM sales WHERE shop = ?1 AND sale_key = ?2")?;
+    let mut pruned = conn.prepare_cached(
+        "SELECT item, sold, sold_at FROM sales WHERE shop = ?1 AND sale_key = ?2",
+    )?;
     let mut returned = conn
         .prepare_cached("SELECT units, sold_at FROM returned WHERE shop = ?1 AND sale_key = ?2")?;
     let mut out = Vec::with_capacity(keys.len());
@@ -1947,7 +1948,11 @@ impl Writer {
                              WHERE id IN ({PRUNED}) AND op = 'decrement' AND status = 'ok'
                                AND request_key IS NOT NULL AND completed_at >= ?3"
                         ))?
-                        .execute(params![before, *max as i64, returnable_from])?;
+                        .execute(params![
+                            before,
+                            *max as i64,
+                            returnable_from
+                        ])?;
                         self.pruned = tx
                             .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({PRUNED})"))?
                             .execute(params![before, *max as i64])?;

@@ -70,10 +70,7 @@ impl SaleRecord {
             ));
         }
         if *self.item != *item {
-            return Some(format!(
-                "sale {sale} sold item {}, not {item}",
-                self.item
-            ));
+            return Some(format!("sale {sale} sold item {}, not {item}", self.item));
         }
         let age_ms = now.saturating_sub(self.decided_at);
         if age_ms > window_ms {

@@ -476,6 +476,30 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             )))
         }
     };
+    let return_of = match obj.get("return_of") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(k)) => {
+            let field = format!("{prefix}return_of");
+            check_name(k, &field, KEY_LEN_MAX)?;
+            if k.starts_with('~') {
+                return Err(ApiError::invalid(format!(
+                    "{field}: must be the request key of a sale, which never starts with '~'"
+                )));
+            }
+            if op != Op::Increment {
+                return Err(ApiError::invalid(format!(
+                    "{field}: only an increment (a return) names the sale it returns, \
+                     not a decrement"
+                )));
+            }
+            Some(Arc::<str>::from(k.as_str()))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}return_of: must be a string, the request key of the sale returned"
+            )))
+        }
+    };
     let key: Arc<str> = match (request_id, req_time) {
         (Some(id), _) => id,
         (None, Some(t)) => format!("{seller}:{item}:{t}").into(),
@@ -490,6 +514,7 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             seller: Some(seller),
             buyer,
             remarks,
+            return_of,
             ..Request::new(shop.clone(), item, key, op, qty, now_ms())
         },
         respond,
