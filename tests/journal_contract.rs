@@ -170,6 +170,73 @@ fn contract(name: &str, open: Open) {
     let found = journal.outcomes("s", &["k1"]).unwrap();
     assert_eq!(found[0].as_ref().map(|o| o.seq), Some(Some(2)), "{name}");
     assert_eq!(journal.relay_cursor().unwrap(), first.next, "{name}");
+
+    // Returns (issue 25): what a sale sold and the units returned against it, as the
+    // journal holds them, also after a close and a reopen.
+    let b: Arc<str> = "b".into();
+    let mut state_b = ItemState::default();
+    let on_b = |key: &str, op: Op, qty: i64| Request {
+        item: b.clone(),
+        ..req(key, op, qty)
+    };
+    let load_b = apply_load(&mut state_b, &shop, &b, 10, NOW);
+    let sale_b = apply(
+        Some(&mut state_b),
+        &on_b("kb", Op::Decrement, 3),
+        NOW,
+        30_000,
+    );
+    let returned = Request {
+        return_of: Some("kb".into()),
+        ..on_b("r1", Op::Increment, 2)
+    };
+    let returned = apply(Some(&mut state_b), &returned, NOW, 30_000);
+    assert_eq!(returned.return_of.as_deref(), Some("kb"));
+    let refused = nrtxn_actors::apply::reject(
+        &mut state_b,
+        &Request {
+            return_of: Some("kb".into()),
+            ..on_b("r2", Op::Increment, 2)
+        },
+        NOW,
+        Status::ReturnRefused,
+        "sale kb sold 3 and 2 were returned already".into(),
+    );
+    append(&journal, vec![load_b, sale_b, returned, refused]);
+    let summary = |journal: &Arc<dyn Journal>| -> Vec<Option<(String, Op, Status, i64, i64)>> {
+        journal
+            .sales("s", &["kb", "k1", "k2", "nope", "r1"])
+            .unwrap()
+            .into_iter()
+            .map(|r| r.map(|r| (r.item.to_string(), r.op, r.status, r.sold, r.returned)))
+            .collect()
+    };
+    let expected = vec![
+        Some(("b".to_string(), Op::Decrement, Status::Ok, 3, 2)),
+        Some(("a".to_string(), Op::Decrement, Status::Ok, 3, 0)),
+        Some((
+            "a".to_string(),
+            Op::Decrement,
+            Status::InsufficientStock,
+            100,
+            0,
+        )),
+        None,
+        Some(("b".to_string(), Op::Increment, Status::Ok, 2, 0)),
+    ];
+    assert_eq!(summary(&journal), expected, "{name}: sales");
+    assert_eq!(
+        journal.outcomes("s", &["r2"]).unwrap()[0]
+            .as_ref()
+            .map(|o| o.status),
+        Some(Status::ReturnRefused),
+        "{name}: a refused return is journaled"
+    );
+    journal.close();
+    drop(journal);
+    let journal = open();
+    journal.recover().unwrap();
+    assert_eq!(summary(&journal), expected, "{name}: sales after a reopen");
     journal.close();
 }
 

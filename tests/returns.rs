@@ -284,3 +284,41 @@ async fn returns_through_kafka_and_mongo_are_bounded_by_the_sale() {
     drop(server);
     drop_database(&uri).await;
 }
+
+/// A sale stays returnable after its key leaves the embedded journal's key window (here
+/// 1 s): the views keep the sales they prune, and their returned units, for the return
+/// window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_stays_returnable_after_its_key_is_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--key-window-secs", "1"];
+    let mut server = Server::start(dir.path(), &flags);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    let (status, body) = post_txn(&c, &server, None, txn("sale-1", "a", 5, None)).await;
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    let (status, body) = post_txn(&c, &server, None, txn("ret-1", "a", 2, Some("sale-1"))).await;
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    // A restart writes the snapshot that lets the entries be pruned.
+    assert!(server.terminate().success());
+    let server = Server::start(dir.path(), &flags);
+    let forgotten = std::time::Instant::now();
+    loop {
+        let (status, _) = get(&c, &server.url("/v1/shops/s/txns/sale-1")).await;
+        if status == 404 {
+            break;
+        }
+        assert!(
+            forgotten.elapsed() < std::time::Duration::from_secs(20),
+            "sale-1 was never pruned"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (status, body) = post_txn(&c, &server, None, txn("ret-2", "a", 4, Some("sale-1"))).await;
+    assert_refused(status, &body, "3 left to return, 4 asked");
+    let (status, body) = post_txn(&c, &server, None, txn("ret-3", "a", 3, Some("sale-1"))).await;
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    let (status, body) = post_txn(&c, &server, None, txn("ret-4", "a", 1, Some("sale-1"))).await;
+    assert_refused(status, &body, "0 left to return, 1 asked");
+    assert_eq!(stock(&c, &server, None, "a").await, 10);
+}
