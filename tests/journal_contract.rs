@@ -38,6 +38,9 @@ fn req(key: &str, op: Op, qty: i64) -> Request {
     Request::new("s".into(), "a".into(), key.into(), op, qty, NOW)
 }
 
+/// A sale as `ItemReads::sales` finds it: item, op, status, sold, returned.
+type SaleSummary = (String, Op, Status, i64, i64);
+
 /// The contract, on the adapter `open` opens.
 fn contract(name: &str, open: Open) {
     let journal = open();
@@ -203,7 +206,7 @@ fn contract(name: &str, open: Open) {
         "sale kb sold 3 and 2 were returned already".into(),
     );
     append(&journal, vec![load_b, sale_b, returned, refused]);
-    let summary = |journal: &Arc<dyn Journal>| -> Vec<Option<(String, Op, Status, i64, i64)>> {
+    let summary = |journal: &Arc<dyn Journal>| -> Vec<Option<SaleSummary>> {
         journal
             .sales("s", &["kb", "k1", "k2", "nope", "r1"])
             .unwrap()
