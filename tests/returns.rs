@@ -240,6 +240,30 @@ async fn a_seller_key_adds_stock_only_by_returning_what_a_sale_sold() {
     assert_eq!(body["results"][0]["status"], "ok", "{body}");
     assert_eq!(body["results"][1]["status"], "return_refused", "{body}");
     assert_eq!(stock(&c, &server, sk, "b").await, 9);
+    // A return in the same drain as its sale: returns go first in the mailbox, so the
+    // sale is not yet decided, and the return is refused.
+    let (status, body) = send(
+        &c,
+        Method::POST,
+        &url,
+        sk,
+        batch(vec![
+            txn("sale-3", "b", 1, None),
+            txn("ret-b3", "b", 1, Some("sale-3")),
+        ]),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["results"][0]["status"], "ok", "{body}");
+    assert_eq!(body["results"][1]["status"], "return_refused", "{body}");
+    assert!(
+        body["results"][1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not yet decided"),
+        "{body}"
+    );
+    assert_eq!(stock(&c, &server, sk, "b").await, 8);
 
     // The returned units survive a restart: 2 of sale-1 and 1 of sale-b are left.
     assert!(server.terminate().success());
