@@ -345,4 +345,26 @@ async fn a_sale_stays_returnable_after_its_key_is_forgotten() {
     let (status, body) = post_txn(&c, &server, None, txn("ret-4", "a", 1, Some("sale-1"))).await;
     assert_refused(status, &body, "0 left to return, 1 asked");
     assert_eq!(stock(&c, &server, None, "a").await, 10);
+    // The command line client names the sale too, and says when a return is refused.
+    let out = nrtxn(&[
+        "txn",
+        "submit",
+        "--item",
+        "a",
+        "--qty",
+        "1",
+        "--op",
+        "increment",
+        "--return-of",
+        "sale-1",
+        "--request-id",
+        "ret-5",
+        "--url",
+        &server.base,
+        "--shop",
+        "s",
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["status"], "return_refused", "{outcome}");
 }
