@@ -368,3 +368,34 @@ async fn a_sale_stays_returnable_after_its_key_is_forgotten() {
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["status"], "return_refused", "{outcome}");
 }
+
+/// Returns of one sale decided while earlier ones are still being written (concurrent
+/// callers: batches overlap in flight) never give back more than the sale sold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_returns_never_pass_what_the_sale_sold() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 100)]).await;
+    let (status, body) = post_txn(&c, &server, None, txn("sale-1", "a", 40, None)).await;
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    let calls = (0..100).map(|i| {
+        let (c, server) = (c.clone(), &server);
+        async move {
+            let (status, body) = post_txn(
+                &c,
+                server,
+                None,
+                txn(&format!("r{i}"), "a", 1, Some("sale-1")),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            body["status"].as_str().unwrap().to_string()
+        }
+    });
+    let statuses = futures::future::join_all(calls).await;
+    let ok = statuses.iter().filter(|s| *s == "ok").count();
+    let refused = statuses.iter().filter(|s| *s == "return_refused").count();
+    assert_eq!((ok, refused), (40, 60), "{statuses:?}");
+    assert_eq!(stock(&c, &server, None, "a").await, 100);
+}

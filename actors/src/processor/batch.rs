@@ -158,7 +158,7 @@ impl Processor {
                                 }
                             }
                             if let (Status::Ok, Some(sale)) = (entry.status, &entry.return_of) {
-                                returns.push((entry.shop.clone(), sale.clone()));
+                                returns.push(((entry.shop.clone(), sale.clone()), entry.log_pos));
                             }
                             if let (true, Some(hold_id)) = (entry.op.ends_hold(), &entry.hold_id) {
                                 if let Some(o) = entry.outcome() {

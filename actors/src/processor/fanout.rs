@@ -56,10 +56,11 @@ impl Processor {
         for key in &batch.ended {
             self.ended.remove(key);
         }
-        for key in &batch.returns {
-            // A fenced batch's returns were not written: the sale is read again from the
-            // journal by the next return (its item's partition is another node's now).
-            let last = !fenced.is_empty()
+        for (key, pos) in &batch.returns {
+            // A fenced return was not written: its sale is read again from the journal
+            // by the next return here (its item's partition is another node's now, and
+            // every batch of it in flight is fenced too).
+            let last = is_fenced(pos)
                 || self.returning.get_mut(key).is_some_and(|r| {
                     r.in_flight -= 1;
                     r.in_flight == 0

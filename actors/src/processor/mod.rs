@@ -222,8 +222,9 @@ struct BatchInFlight {
     /// Holds this batch ended, in `Processor::ended`.
     ended: Vec<(Arc<str>, Arc<str>)>,
     /// Sales (by shop and key) with an `ok` return in this batch, once per return, in
-    /// `Processor::returning`.
-    returns: Vec<(Arc<str>, Arc<str>)>,
+    /// `Processor::returning`, with the return's log position (a fenced one was not
+    /// written).
+    returns: Vec<((Arc<str>, Arc<str>), Option<LogPos>)>,
 }
 
 /// A sale with returns in batches not yet durable ([`Processor::returning`]).
