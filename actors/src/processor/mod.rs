@@ -224,8 +224,11 @@ struct BatchInFlight {
     /// Sales (by shop and key) with an `ok` return in this batch, once per return, in
     /// `Processor::returning`, with the return's log position (a fenced one was not
     /// written).
-    returns: Vec<((Arc<str>, Arc<str>), Option<LogPos>)>,
+    returns: Vec<(SaleKey, Option<LogPos>)>,
 }
+
+/// A sale by shop and request key.
+type SaleKey = (Arc<str>, Arc<str>);
 
 /// A sale with returns in batches not yet durable ([`Processor::returning`]).
 struct Returning {
@@ -325,7 +328,7 @@ pub struct Processor {
     /// fenced), so this holds at most one entry per return in flight
     /// ([`BATCHES_IN_FLIGHT_MAX`] × `batch_max`); sales are read from the journal
     /// otherwise ([`crate::returns`]).
-    returning: HashMap<(Arc<str>, Arc<str>), Returning>,
+    returning: HashMap<SaleKey, Returning>,
 }
 
 impl Processor {
