@@ -547,6 +547,37 @@ mod tests {
     }
 
     #[test]
+    fn return_of_names_a_sale_on_increments_only() {
+        let base = json!({"seller": "s", "item": "i", "qty": 1, "request_id": "r-1",
+            "op": "increment", "return_of": "s:i:17"});
+        let (r, _) = parse(base.clone()).unwrap();
+        assert_eq!(r.return_of.as_deref(), Some("s:i:17"));
+        let mut sale = base.clone();
+        sale["op"] = json!("decrement");
+        assert!(parse(sale)
+            .unwrap_err()
+            .starts_with("return_of: only an increment"));
+        let mut default_op = base.clone();
+        default_op.as_object_mut().unwrap().remove("op");
+        assert!(parse(default_op).unwrap_err().starts_with("return_of:"));
+        for bad in [
+            json!(""),
+            json!("~end:h"),
+            json!("a/b"),
+            json!(7),
+            json!("k".repeat(387)),
+        ] {
+            let mut v = base.clone();
+            v["return_of"] = bad.clone();
+            let e = parse(v).unwrap_err();
+            assert!(e.starts_with("return_of:"), "{bad}: {e}");
+        }
+        let mut none = base;
+        none["return_of"] = Value::Null;
+        assert_eq!(parse(none).unwrap().0.return_of, None);
+    }
+
+    #[test]
     fn respond_accepts_booleans_and_one_or_zero_only() {
         for (v, expected) in [
             (json!(true), true),
