@@ -7,7 +7,9 @@
 //!   `fingerprint` (of the request's op, item, quantity and TTL, checked on every
 //!   read). Unique indexes on `(shop, request_key)` for documents with a key and on
 //!   `(shop, item, seq)` for documents with a sequence, so every document is covered by
-//!   one and a retried batch can never insert twice.
+//!   one and a retried batch can never insert twice. A return carries `return_of` (the
+//!   sale it gives back), summed through the partial index `shop_return_of` on
+//!   `(shop, return_of)` ([`nrtxn_actors::returns`]).
 //! - `leases`: `{_id: partition, epoch, node, offset}` per request-log partition: the
 //!   node holding its write lease, under which epoch, and how far the log is applied.
 //! - `items`: the snapshot of each item (`shop, item, stock, reserved, seq`), unique on
