@@ -101,6 +101,10 @@ pub enum TxnCommand {
         /// The buyer (needed on items with a per-buyer limit).
         #[arg(long)]
         buyer: Option<String>,
+        /// With `--op increment`: the request key of the sale this returns (a seller
+        /// key's increment must name one).
+        #[arg(long)]
+        return_of: Option<String>,
         /// The request's id (its key): give the same to retry safely [default: a new
         /// random one, printed in the outcome].
         #[arg(long)]
@@ -649,6 +653,7 @@ pub fn txn(conn: &Conn, command: TxnCommand) -> anyhow::Result<()> {
                 op,
                 seller,
                 buyer,
+                return_of,
                 request_id,
                 no_wait,
             } => {
@@ -667,6 +672,9 @@ pub fn txn(conn: &Conn, command: TxnCommand) -> anyhow::Result<()> {
                 });
                 if let Some(b) = buyer {
                     body["buyer"] = json!(b);
+                }
+                if let Some(sale) = return_of {
+                    body["return_of"] = json!(sale);
                 }
                 let a = client
                     .call(Method::POST, &client.url(&["txns"]), Some(&body))

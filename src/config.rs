@@ -135,6 +135,11 @@ pub struct ServeArgs {
     /// [default: 604800, seven days].
     #[arg(long, env = "NRTXN_KEY_WINDOW_SECS")]
     pub key_window_secs: Option<u64>,
+    /// How long a sale stays returnable, in days: a seller's return (an increment naming
+    /// `return_of`) of an older sale is refused, also after its key's window
+    /// [default: 30].
+    #[arg(long, env = "NRTXN_RETURN_WINDOW_DAYS")]
+    pub return_window_days: Option<u64>,
     /// Size of one segment of the embedded journal's log, in MiB [default: 64].
     #[arg(long, env = "NRTXN_JOURNAL_SEGMENT_MB")]
     pub journal_segment_mb: Option<u64>,
@@ -237,6 +242,8 @@ pub mod defaults {
     pub const CONNECTIONS_MAX: usize = 10_000;
     /// Seven days, as idempotency windows go (Stripe keeps keys 24 hours).
     pub const KEY_WINDOW_SECS: u64 = 7 * 86_400;
+    /// A month, as return policies go.
+    pub const RETURN_WINDOW_DAYS: u64 = 30;
     pub const JOURNAL_SEGMENT_MB: u64 = 64;
     pub const DISK_FREE_MIN_MB: u64 = crate::space::FREE_MIN_MB_DEFAULT;
 }
@@ -389,6 +396,13 @@ impl ServeArgs {
             )?,
             holds_max: in_range("holds_max", pick!(holds_max, d.holds_max), 1, 100_000_000)?,
             items_max: in_range("items_max", pick!(items_max, d.items_max), 1, 1_000_000_000)?,
+            return_window_ms: in_range(
+                "return_window_days",
+                pick!(return_window_days, defaults::RETURN_WINDOW_DAYS),
+                1,
+                3_650,
+            )? as i64
+                * 86_400_000,
         };
         Ok(Settings {
             listen: pick!(listen, defaults::LISTEN.to_string()),
@@ -493,6 +507,7 @@ impl ServeArgs {
                     1_024,
                 )? * 1024
                     * 1024,
+                return_window_ms: engine.return_window_ms,
             },
             disk_free_min_bytes: in_range(
                 "disk_free_min_mb",

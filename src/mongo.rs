@@ -7,7 +7,9 @@
 //!   `fingerprint` (of the request's op, item, quantity and TTL, checked on every
 //!   read). Unique indexes on `(shop, request_key)` for documents with a key and on
 //!   `(shop, item, seq)` for documents with a sequence, so every document is covered by
-//!   one and a retried batch can never insert twice.
+//!   one and a retried batch can never insert twice. A return carries `return_of` (the
+//!   sale it gives back), summed through the partial index `shop_return_of` on
+//!   `(shop, return_of)` ([`nrtxn_actors::returns`]).
 //! - `leases`: `{_id: partition, epoch, node, offset}` per request-log partition: the
 //!   node holding its write lease, under which epoch, and how far the log is applied.
 //! - `items`: the snapshot of each item (`shop, item, stock, reserved, seq`), unique on
@@ -40,6 +42,7 @@ use nrtxn_actors::ledger::{self, BuyerLedger};
 use nrtxn_actors::ports::{
     ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
 };
+use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Leases, Metrics, Outcome, Recovered,
@@ -420,6 +423,17 @@ async fn create_indexes(db: &Database) -> Result<(), StoreError> {
             // Each node's outbox relay reads its own batches in order.
             IndexModel::builder()
                 .keys(doc! { "node": 1, "batch": 1 })
+                .build(),
+            // A return's sale: the units returned against it are summed through this
+            // one ([`nrtxn_actors::returns`]); only returns have the field.
+            IndexModel::builder()
+                .keys(doc! { "shop": 1, "return_of": 1 })
+                .options(
+                    IndexOptions::builder()
+                        .name("shop_return_of".to_string())
+                        .partial_filter_expression(doc! { "return_of": { "$type": "string" } })
+                        .build(),
+                )
                 .build(),
             // A node taking a log partition over learns the keys journaled for it.
             IndexModel::builder()
@@ -1288,6 +1302,65 @@ impl ItemReads for MongoJournal {
             }
             Ok(page)
         })
+    }
+
+    /// The keyed entries (this journal is never pruned, so a sale is there for as long
+    /// as it is returnable), and the units of ok returns journaled against them, summed
+    /// through the index on shop and `return_of`.
+    fn sales(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<SaleRecord>>, StoreError> {
+        let coll = journal(&self.db);
+        let shop_owned = shop.to_string();
+        let asked: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let found: HashMap<String, SaleRecord> = self.wait(async move {
+            let mut found = HashMap::new();
+            let mut cursor = coll
+                .find(doc! { "shop": &shop_owned, "request_key": { "$in": &asked } })
+                .await
+                .map_err(storage)?;
+            while let Some(d) = cursor.try_next().await.map_err(storage)? {
+                let e = from_doc(d)?;
+                if let Some(key) = &e.request_key {
+                    found.insert(
+                        key.to_string(),
+                        SaleRecord {
+                            item: e.item.clone(),
+                            op: e.op,
+                            status: e.status,
+                            sold: e.qty,
+                            decided_at: e.completed_at,
+                            returned: 0,
+                        },
+                    );
+                }
+            }
+            if found.is_empty() {
+                return Ok(found);
+            }
+            let mut sums = coll
+                .aggregate([
+                    doc! { "$match": {
+                        "shop": &shop_owned,
+                        "return_of": { "$in": &asked },
+                        "op": "increment",
+                        "status": "ok",
+                    } },
+                    doc! { "$group": { "_id": "$return_of", "units": { "$sum": "$qty" } } },
+                ])
+                .await
+                .map_err(storage)?;
+            while let Some(d) = sums.try_next().await.map_err(storage)? {
+                let units = match d.get("units") {
+                    Some(Bson::Int64(n)) => *n,
+                    Some(Bson::Int32(n)) => i64::from(*n),
+                    other => return Err(storage(format!("returned units {other:?}"))),
+                };
+                if let Some(r) = d.get_str("_id").ok().and_then(|k| found.get_mut(k)) {
+                    r.returned = units;
+                }
+            }
+            Ok(found)
+        })?;
+        Ok(keys.iter().map(|k| found.get(*k).cloned()).collect())
     }
 
     fn ledgers(

@@ -32,6 +32,7 @@ use nrtxn_actors::ledger::{self, BuyerLedger};
 use nrtxn_actors::ports::{
     ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
 };
+use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
     load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Metrics, Op, Outcome,
@@ -190,6 +191,30 @@ CREATE TABLE IF NOT EXISTS buyer_units (
     units INTEGER NOT NULL,
     PRIMARY KEY (shop, item, buyer)
 ) WITHOUT ROWID;
+-- Returns (nrtxn_actors::returns): the units returned against each sale that had a
+-- return, kept from the return entries as they are written, until the sale is past the
+-- return window. `sold_at` is the sale's decision time: a key used again after the key
+-- window names another sale, whose count starts over.
+CREATE TABLE IF NOT EXISTS returned (
+    shop     TEXT    NOT NULL,
+    sale_key TEXT    NOT NULL,
+    sold_at  INTEGER NOT NULL,
+    units    INTEGER NOT NULL,
+    PRIMARY KEY (shop, sale_key)
+);
+CREATE INDEX IF NOT EXISTS returned_sold_at ON returned (sold_at);
+-- The ok sales pruned from `journal` (past the key window) that are still within the
+-- return window: a sale stays returnable after its key is forgotten. Filled by the
+-- prune, off the commit path, so a sale costs nothing more when it is made.
+CREATE TABLE IF NOT EXISTS sales (
+    shop     TEXT    NOT NULL,
+    sale_key TEXT    NOT NULL,
+    item     TEXT    NOT NULL,
+    sold     INTEGER NOT NULL,
+    sold_at  INTEGER NOT NULL,
+    PRIMARY KEY (shop, sale_key)
+);
+CREATE INDEX IF NOT EXISTS sales_sold_at ON sales (sold_at);
 CREATE TABLE IF NOT EXISTS log_offsets (
     log_partition INTEGER PRIMARY KEY,
     log_offset    INTEGER NOT NULL
@@ -212,9 +237,10 @@ enum Command {
     Retire(Arc<str>, Vec<Arc<str>>),
     /// The outbox relay published every event up to this journal id.
     RelaySave(i64, mpsc::Sender<Result<(), StoreError>>),
-    /// Forget entries decided before this time (ms), at most this many: see
+    /// Forget entries decided before this time (ms), at most this many, keeping the ok
+    /// sales decided from the third time (ms) on as returnable: see
     /// [`SqliteStore::prune`].
-    Prune(i64, usize, mpsc::Sender<Result<usize, StoreError>>),
+    Prune(i64, usize, i64, mpsc::Sender<Result<usize, StoreError>>),
     Close(mpsc::Sender<()>),
 }
 
@@ -451,10 +477,17 @@ impl SqliteStore {
     /// Deletes up to `max` entries decided before `before_ms` (ms since the epoch) that
     /// the last item snapshot covers (and the outbox relay has published); returns how
     /// many went. Their keys are then forgotten: see `docs/decisions/journal-log.md`.
-    pub fn prune(&self, before_ms: i64, max: usize) -> Result<usize, StoreError> {
+    /// The ok sales among them decided at or after `returnable_from_ms` are kept (in
+    /// `sales`) for returns, and sales and return counts decided before it go.
+    pub fn prune(
+        &self,
+        before_ms: i64,
+        max: usize,
+        returnable_from_ms: i64,
+    ) -> Result<usize, StoreError> {
         let (ack, done) = mpsc::channel();
         self.tx
-            .send(Command::Prune(before_ms, max, ack))
+            .send(Command::Prune(before_ms, max, returnable_from_ms, ack))
             .map_err(|_| StoreError::Closed)?;
         done.recv().map_err(|_| StoreError::Closed)?
     }
@@ -1099,6 +1132,135 @@ impl<'t> LedgerStatements<'t> {
     }
 }
 
+/// When sale `sale` of shop `shop` was decided, as the views hold it: its journal entry
+/// (an ok decrement), else its row in `sales` (pruned from the journal, still
+/// returnable).
+fn sale_decided_at(
+    conn: &Connection,
+    shop: &str,
+    sale: &str,
+) -> Result<Option<i64>, rusqlite::Error> {
+    let found = conn
+        .prepare_cached(
+            "SELECT completed_at FROM journal WHERE shop = ?1 AND request_key = ?2
+             AND op = 'decrement' AND status = 'ok'",
+        )?
+        .query_row(params![shop, sale], |r| r.get(0))
+        .optional()?;
+    if found.is_some() {
+        return Ok(found);
+    }
+    conn.prepare_cached("SELECT sold_at FROM sales WHERE shop = ?1 AND sale_key = ?2")?
+        .query_row(params![shop, sale], |r| r.get(0))
+        .optional()
+}
+
+/// Adds an ok return's units to its sale's count in `returned` (a count kept for
+/// another sale under the same key, before the key window let the key be used again,
+/// starts over). Returns are few: the lookups cost the hot path nothing.
+fn count_return(conn: &Connection, e: &Entry, sale: &str) -> Result<(), rusqlite::Error> {
+    let sold_at = match sale_decided_at(conn, &e.shop, sale)? {
+        Some(at) => at,
+        None => {
+            // The processor returns only against a sale the views held; kept all the
+            // same, until the return window passes from the return itself.
+            tracing::error!(shop = %e.shop, sale, "a return of a sale the views do not hold");
+            e.completed_at
+        }
+    };
+    conn.prepare_cached(
+        "INSERT INTO returned (shop, sale_key, sold_at, units) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (shop, sale_key) DO UPDATE SET
+            units = CASE WHEN sold_at = excluded.sold_at THEN units + excluded.units
+                         ELSE excluded.units END,
+            sold_at = excluded.sold_at",
+    )?
+    .execute(params![&*e.shop, sale, sold_at, e.qty])?;
+    Ok(())
+}
+
+/// What the views hold of the request keys returns name ([`ItemReads::sales`]).
+fn read_sales(
+    conn: &Connection,
+    shop: &str,
+    keys: &[&str],
+) -> Result<Vec<Option<SaleRecord>>, rusqlite::Error> {
+    let mut in_journal = conn.prepare_cached(
+        "SELECT item, op, status, qty, completed_at, stock_before, stock_after,
+                reserved_after, seq, prev_seq, rowsum
+         FROM journal WHERE shop = ?1 AND request_key = ?2",
+    )?;
+    let mut pruned = conn.prepare_cached(
+        "SELECT item, sold, sold_at FROM sales WHERE shop = ?1 AND sale_key = ?2",
+    )?;
+    let mut returned = conn
+        .prepare_cached("SELECT units, sold_at FROM returned WHERE shop = ?1 AND sale_key = ?2")?;
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let found = in_journal
+            .query_row(params![shop, key], |row| {
+                let (item, op_text, status): (String, String, String) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?);
+                let qty: i64 = row.get(3)?;
+                check_row(
+                    &RowFields {
+                        shop,
+                        item: &item,
+                        request_key: Some(key),
+                        op: &op_text,
+                        qty,
+                        status: &status,
+                        stock_before: row.get(5)?,
+                        stock_after: row.get(6)?,
+                        reserved_after: row.get(7)?,
+                        seq: row.get(8)?,
+                        prev_seq: row.get(9)?,
+                    },
+                    row.get(10)?,
+                )?;
+                Ok(SaleRecord {
+                    item: item.into(),
+                    op: Op::parse(&op_text).ok_or_else(|| unknown("op", &op_text))?,
+                    status: Status::parse(&status).ok_or_else(|| unknown("status", &status))?,
+                    sold: qty,
+                    decided_at: row.get(4)?,
+                    returned: 0,
+                })
+            })
+            .optional()?;
+        let found = match found {
+            Some(r) => Some(r),
+            None => pruned
+                .query_row(params![shop, key], |row| {
+                    Ok(SaleRecord {
+                        item: row.get::<_, String>(0)?.into(),
+                        op: Op::Decrement,
+                        status: Status::Ok,
+                        sold: row.get(1)?,
+                        decided_at: row.get(2)?,
+                        returned: 0,
+                    })
+                })
+                .optional()?,
+        };
+        let Some(mut record) = found else {
+            out.push(None);
+            continue;
+        };
+        let counted: Option<(i64, i64)> = returned
+            .query_row(params![shop, key], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        if let Some((units, sold_at)) = counted {
+            // A count of an earlier sale under the same key is not this sale's.
+            if sold_at == record.decided_at {
+                record.returned = units;
+            }
+        }
+        out.push(Some(record));
+    }
+    Ok(out)
+}
+
 /// Fills the key filter from the journal's key index (a covering scan).
 fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error> {
     let started = Instant::now();
@@ -1306,6 +1468,10 @@ impl ItemReads for SqliteStore {
                 .map(|id| stmt.query_row(params![shop, id], hold_view).optional())
                 .collect()
         })
+    }
+
+    fn sales(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<SaleRecord>>, StoreError> {
+        self.read(|conn| read_sales(conn, shop, keys))
     }
 
     fn ledgers(
@@ -1600,7 +1766,7 @@ impl Writer {
                     Command::RelaySave(_, ack) => {
                         let _ = ack.send(result.clone());
                     }
-                    Command::Prune(_, _, ack) => {
+                    Command::Prune(_, _, _, ack) => {
                         let _ = ack.send(result.clone().map(|()| self.pruned));
                     }
                     Command::Close(ack) => closing = Some(ack),
@@ -1721,6 +1887,11 @@ impl Writer {
                                 _ => {}
                             }
                             ledgers.step(&mut self.limited, e)?;
+                            if let (Status::Ok, Op::Increment, Some(sale)) =
+                                (e.status, e.op, &e.return_of)
+                            {
+                                count_return(&tx, e, sale)?;
+                            }
                             if let Some(key) = &e.request_key {
                                 // Before the commit, so the key is in the filter before
                                 // its outcome can be looked for.
@@ -1757,22 +1928,42 @@ impl Writer {
                             retire.execute(params![&**shop, &**key])?;
                         }
                     }
-                    Command::Prune(before, max, _) => {
+                    Command::Prune(before, max, returnable_from, _) => {
                         // Only entries a snapshot covers (recovery starts after it), and
                         // only those the outbox relay has published, if it runs.
-                        self.pruned = tx
-                            .prepare_cached(
-                                "DELETE FROM journal WHERE id IN (
-                                    SELECT id FROM journal
+                        const PRUNED: &str = "SELECT id FROM journal
                                     WHERE id <= (SELECT COALESCE(MAX(value), 0) FROM meta
                                                  WHERE key = 'snapshot_journal_id')
                                       AND id <= COALESCE((SELECT value FROM meta
                                                           WHERE key = 'relay_journal_id'),
                                                          9223372036854775807)
                                       AND completed_at < ?1
-                                    ORDER BY id LIMIT ?2)",
-                            )?
+                                    ORDER BY id LIMIT ?2";
+                        // The sales among them that may still be returned stay
+                        // findable by their key (the same rows: same query, same
+                        // transaction).
+                        tx.prepare_cached(&format!(
+                            "INSERT OR REPLACE INTO sales (shop, sale_key, item, sold, sold_at)
+                             SELECT shop, request_key, item, qty, completed_at FROM journal
+                             WHERE id IN ({PRUNED}) AND op = 'decrement' AND status = 'ok'
+                               AND request_key IS NOT NULL AND completed_at >= ?3"
+                        ))?
+                        .execute(params![
+                            before,
+                            *max as i64,
+                            returnable_from
+                        ])?;
+                        self.pruned = tx
+                            .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({PRUNED})"))?
                             .execute(params![before, *max as i64])?;
+                        // Sales past the return window, and their counts, go.
+                        for table in ["sales", "returned"] {
+                            tx.prepare_cached(&format!(
+                                "DELETE FROM {table} WHERE rowid IN (
+                                    SELECT rowid FROM {table} WHERE sold_at < ?1 LIMIT ?2)"
+                            ))?
+                            .execute(params![returnable_from, *max as i64])?;
+                        }
                     }
                     Command::RelaySave(id, _) => {
                         tx.prepare_cached(

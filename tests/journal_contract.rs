@@ -38,6 +38,9 @@ fn req(key: &str, op: Op, qty: i64) -> Request {
     Request::new("s".into(), "a".into(), key.into(), op, qty, NOW)
 }
 
+/// A sale as `ItemReads::sales` finds it: item, op, status, sold, returned.
+type SaleSummary = (String, Op, Status, i64, i64);
+
 /// The contract, on the adapter `open` opens.
 fn contract(name: &str, open: Open) {
     let journal = open();
@@ -170,6 +173,73 @@ fn contract(name: &str, open: Open) {
     let found = journal.outcomes("s", &["k1"]).unwrap();
     assert_eq!(found[0].as_ref().map(|o| o.seq), Some(Some(2)), "{name}");
     assert_eq!(journal.relay_cursor().unwrap(), first.next, "{name}");
+
+    // Returns (issue 25): what a sale sold and the units returned against it, as the
+    // journal holds them, also after a close and a reopen.
+    let b: Arc<str> = "b".into();
+    let mut state_b = ItemState::default();
+    let on_b = |key: &str, op: Op, qty: i64| Request {
+        item: b.clone(),
+        ..req(key, op, qty)
+    };
+    let load_b = apply_load(&mut state_b, &shop, &b, 10, NOW);
+    let sale_b = apply(
+        Some(&mut state_b),
+        &on_b("kb", Op::Decrement, 3),
+        NOW,
+        30_000,
+    );
+    let returned = Request {
+        return_of: Some("kb".into()),
+        ..on_b("r1", Op::Increment, 2)
+    };
+    let returned = apply(Some(&mut state_b), &returned, NOW, 30_000);
+    assert_eq!(returned.return_of.as_deref(), Some("kb"));
+    let refused = nrtxn_actors::apply::reject(
+        &mut state_b,
+        &Request {
+            return_of: Some("kb".into()),
+            ..on_b("r2", Op::Increment, 2)
+        },
+        NOW,
+        Status::ReturnRefused,
+        "sale kb sold 3 and 2 were returned already".into(),
+    );
+    append(&journal, vec![load_b, sale_b, returned, refused]);
+    let summary = |journal: &Arc<dyn Journal>| -> Vec<Option<SaleSummary>> {
+        journal
+            .sales("s", &["kb", "k1", "k2", "nope", "r1"])
+            .unwrap()
+            .into_iter()
+            .map(|r| r.map(|r| (r.item.to_string(), r.op, r.status, r.sold, r.returned)))
+            .collect()
+    };
+    let expected = vec![
+        Some(("b".to_string(), Op::Decrement, Status::Ok, 3, 2)),
+        Some(("a".to_string(), Op::Decrement, Status::Ok, 3, 0)),
+        Some((
+            "a".to_string(),
+            Op::Decrement,
+            Status::InsufficientStock,
+            100,
+            0,
+        )),
+        None,
+        Some(("b".to_string(), Op::Increment, Status::Ok, 2, 0)),
+    ];
+    assert_eq!(summary(&journal), expected, "{name}: sales");
+    assert_eq!(
+        journal.outcomes("s", &["r2"]).unwrap()[0]
+            .as_ref()
+            .map(|o| o.status),
+        Some(Status::ReturnRefused),
+        "{name}: a refused return is journaled"
+    );
+    journal.close();
+    drop(journal);
+    let journal = open();
+    journal.recover().unwrap();
+    assert_eq!(summary(&journal), expected, "{name}: sales after a reopen");
     journal.close();
 }
 
@@ -230,4 +300,35 @@ fn a_closed_journal_answers_closed() {
         }),
     );
     assert!(matches!(rx.recv().unwrap(), Err(StoreError::Closed)));
+}
+
+/// The embedded journal's views are derived from its log: rebuilt from it (the views
+/// file lost), they count the same returned units.
+#[test]
+fn returned_units_are_rebuilt_from_the_log_with_the_views() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal: Arc<dyn Journal> =
+        LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
+    let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
+    let mut state = ItemState::default();
+    let load = apply_load(&mut state, &shop, &item, 10, NOW);
+    let sale = apply(Some(&mut state), &req("k1", Op::Decrement, 4), NOW, 30_000);
+    let give_back = Request {
+        return_of: Some("k1".into()),
+        ..req("r1", Op::Increment, 3)
+    };
+    let give_back = apply(Some(&mut state), &give_back, NOW, 30_000);
+    append(&journal, vec![load, sale, give_back]);
+    journal.close();
+    drop(journal);
+    for name in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    let journal: Arc<dyn Journal> =
+        LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
+    let sale = journal.sales("s", &["k1"]).unwrap()[0]
+        .clone()
+        .expect("sale k1");
+    assert_eq!((sale.sold, sale.returned), (4, 3));
+    journal.close();
 }

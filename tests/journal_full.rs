@@ -69,6 +69,14 @@ impl ItemReads for FullEveryThird {
         self.inner.ledgers(items)
     }
 
+    fn sales(
+        &self,
+        shop: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<nrtxn_actors::returns::SaleRecord>>, StoreError> {
+        self.inner.sales(shop, keys)
+    }
+
     fn events(
         &self,
         shop: &str,

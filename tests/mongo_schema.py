@@ -60,6 +60,9 @@ assert list(seq_index["key"].items()) == [("shop", 1), ("item", 1), ("seq", 1)],
 assert seq_index["unique"], seq_index
 offset_index = indexes["partition_offset"]
 assert list(offset_index["key"].items()) == [("partition", 1), ("offset", 1)], offset_index
+return_index = indexes["shop_return_of"]
+assert list(return_index["key"].items()) == [("shop", 1), ("return_of", 1)], return_index
+assert "partialFilterExpression" in return_index, return_index
 relay_index = indexes["node_1_batch_1"]
 assert list(relay_index["key"].items()) == [("node", 1), ("batch", 1)], relay_index
 

@@ -102,6 +102,23 @@ async fn the_contract_has_every_route_the_server_serves() {
         "operator"
     );
     assert_eq!(doc["paths"]["/healthz"]["get"]["x-nrtxn-role"], "open");
+    // Returns (issue 25): a transaction may name the sale it returns, and its outcome may
+    // be a refused return; a seller's free increment is the 403.
+    let txn = &doc["components"]["schemas"]["Txn"]["properties"];
+    assert_eq!(txn["return_of"]["type"], "string", "{txn}");
+    let statuses = &doc["components"]["schemas"]["Outcome"]["properties"]["status"]["enum"];
+    assert!(
+        statuses
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("return_refused")),
+        "{statuses}"
+    );
+    let forbidden = doc["paths"]["/v1/shops/{shop}/txns"]["post"]["responses"]["403"]
+        ["description"]
+        .as_str()
+        .unwrap();
+    assert!(forbidden.contains("return_of"), "{forbidden}");
 
     // `/docs` runs under the dashboard's Content-Security-Policy: its script is a file of
     // this server's, nothing inline, and no type is sniffed.

@@ -59,6 +59,8 @@ pub struct EngineConfig {
     /// Most items in memory, over every shard (each keeps its share); beyond it idle
     /// items leave memory and are read back from the journal when next needed.
     pub items_max: usize,
+    /// How long a sale stays returnable, in ms ([`crate::returns`]).
+    pub return_window_ms: i64,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +82,7 @@ impl Default for EngineConfig {
             holds_max: 1_000_000,
             // At about 0.25 KB an item in memory (docs/reliability.md), about 0.5 GB.
             items_max: 2_000_000,
+            return_window_ms: crate::returns::RETURN_WINDOW_MS_DEFAULT,
         }
     }
 }
@@ -334,6 +337,7 @@ impl Engine {
                         items_max: cfg.items_max.div_ceil(cfg.shards.max(1)),
                         order_hook: order_hook.clone(),
                         checkback: checkback.clone(),
+                        return_window_ms: cfg.return_window_ms,
                     },
                 );
                 Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)

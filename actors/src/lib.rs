@@ -15,6 +15,7 @@ pub mod orders;
 pub mod ports;
 pub mod processor;
 pub mod reply;
+pub mod returns;
 pub mod shop_stats;
 pub mod types;
 pub mod verify;

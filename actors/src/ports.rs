@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::ledger::BuyerLedger;
+use crate::returns::SaleRecord;
 use crate::types::{Entry, Event, HoldView, ItemState, LogPos, Outcome, Request};
 
 /// Told the log positions of entries once they are journaled (a partitioned log commits
@@ -146,6 +147,13 @@ pub trait ItemReads: Send + Sync + 'static {
         &self,
         items: &[(Arc<str>, Arc<str>)],
     ) -> Result<Vec<Option<BuyerLedger>>, StoreError>;
+
+    /// What the journal holds, durably, of each request key a return names (`None`: no
+    /// decided request under it, or a sale past the return window the journal no longer
+    /// keeps), in the order asked: the keyed entry's item, op, status, quantity and time,
+    /// and the units of `ok` returns journaled against it ([`crate::returns`]). Read by an
+    /// item's processor for the returns of a batch, never for any other request.
+    fn sales(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<SaleRecord>>, StoreError>;
 
     /// A page of the shop's items as durable, in name order (bytewise): at most `limit`
     /// items named after `after` (from the first when `None`), without the internal ones

@@ -199,11 +199,15 @@ pub enum Status {
     /// lines of orders still being reserved are counted back: it waits for them rather
     /// than being refused ([`crate::orders`]). Never journaled, never a caller's answer.
     Tentative,
+    /// A return (an increment naming `return_of`) refused: the sale it names is unknown,
+    /// not yet decided, not an `ok` sale of this item, past the return window, or has
+    /// fewer units left to return than asked ([`crate::returns`]). Nothing changes.
+    ReturnRefused,
 }
 
 impl Status {
     /// Every status, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Status; 9] = [
+    pub const ALL: [Status; 10] = [
         Status::Ok,
         Status::InsufficientStock,
         Status::UnknownItem,
@@ -213,6 +217,7 @@ impl Status {
         Status::SeqMoved,
         Status::BuyerLimit,
         Status::Tentative,
+        Status::ReturnRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -226,6 +231,7 @@ impl Status {
             Status::SeqMoved => "seq_moved",
             Status::BuyerLimit => "buyer_limit",
             Status::Tentative => "tentative",
+            Status::ReturnRefused => "return_refused",
         }
     }
 
@@ -240,6 +246,7 @@ impl Status {
             "seq_moved" => Some(Status::SeqMoved),
             "buyer_limit" => Some(Status::BuyerLimit),
             "tentative" => Some(Status::Tentative),
+            "return_refused" => Some(Status::ReturnRefused),
             _ => None,
         }
     }
@@ -300,6 +307,11 @@ pub struct Request {
     /// late is an expiry).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_check: bool,
+    /// Increments only: the request key of the sale (an `ok` decrement of the same item)
+    /// this increment returns. The processor checks it against what the journal holds of
+    /// that sale ([`crate::returns`]); a seller's increment must carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_of: Option<Arc<str>>,
     /// True when the request log holds this request durably (fire-and-forget), so its
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
@@ -340,6 +352,7 @@ impl Request {
             reason: None,
             per_buyer_max: None,
             by_check: false,
+            return_of: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -449,6 +462,10 @@ pub struct Entry {
     /// was ([`crate::ledger`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_buyer_max: Option<i64>,
+    /// A return's sale (its request key): an `ok` entry with it adds `qty` to the units
+    /// returned against that sale, which the journal keeps ([`crate::returns`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_of: Option<Arc<str>>,
     /// Mirrors [`Request::logged`]: the adapter retires the request log's record.
     #[serde(skip)]
     pub logged: bool,
@@ -493,6 +510,7 @@ impl Entry {
             expires_at: None,
             ttl_ms: None,
             per_buyer_max: None,
+            return_of: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -510,6 +528,7 @@ impl Entry {
             hold_id: req.hold_id.clone(),
             ttl_ms: matches!(req.op, Op::Hold | Op::Order).then_some(req.ttl_ms),
             reason: req.reason.as_deref().map(str::to_owned),
+            return_of: req.return_of.clone(),
             logged: req.logged,
             log_pos: req.log_pos,
             origin: req.origin,

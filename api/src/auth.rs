@@ -139,6 +139,12 @@ pub struct AccessKey {
     pub secret_sha256: [u8; 32],
 }
 
+/// Marks a request made with a seller key, for the routes whose rules depend on it (a
+/// seller's increment must be a return: [`crate::txns`]). Put in the request's
+/// extensions by the access check; a zero-sized value, so marking costs no allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SellerKey;
+
 /// SHA-256 of a secret, as stored.
 pub fn secret_sha256(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
@@ -360,22 +366,24 @@ impl Gate {
     }
 
     /// The decision for one request: what it needs, whose key it carries (returned, for
-    /// `GET /v1/whoami`), whether the shop's bucket has a token.
+    /// `GET /v1/whoami`), whether that key is a seller's (returned, for the routes whose
+    /// rules depend on it), whether the shop's bucket has a token.
     fn check(
         &self,
         method: &Method,
         path: &actix_web::dev::Path<actix_web::dev::Url>,
         authorization: Option<&HeaderValue>,
-    ) -> Result<Option<AccessKey>, Refusal> {
+    ) -> Result<(Option<AccessKey>, bool), Refusal> {
         // The default (no key in the store, on loopback, no rate limit) pays nothing.
         if !self.enforcing() && self.limiter.is_none() {
-            return Ok(None);
+            return Ok((None, false));
         }
         let need = need(method, path);
         if matches!(need, Need::Open) {
-            return Ok(None);
+            return Ok((None, false));
         }
         let mut presented = None;
+        let mut seller = false;
         if self.enforcing() {
             let keys = self.keys();
             let key = authenticate(&keys, authorization)?;
@@ -383,6 +391,7 @@ impl Gate {
             if matches!(need, Need::AnyKey) {
                 presented = Some(key.clone());
             }
+            seller = key.role == Role::Seller;
         }
         if let (Need::Shop { shop, .. }, Some(limiter)) = (&need, &self.limiter) {
             limiter
@@ -392,7 +401,7 @@ impl Gate {
                     retry_after_s,
                 })?;
         }
-        Ok(presented)
+        Ok((presented, seller))
     }
 }
 
@@ -594,13 +603,16 @@ pub async fn check(
             req.match_info(),
             req.headers().get(header::AUTHORIZATION),
         ),
-        None if OPEN_PATHS.contains(&req.path()) => Ok(None),
+        None if OPEN_PATHS.contains(&req.path()) => Ok((None, false)),
         None => Err(Refusal::NoGate),
     };
     match decision {
-        Ok(key) => {
+        Ok((key, seller)) => {
             if let Some(key) = key {
                 req.extensions_mut().insert(key);
+            }
+            if seller {
+                req.extensions_mut().insert(SellerKey);
             }
             Ok(next.call(req).await?.map_into_left_body())
         }

@@ -11,6 +11,10 @@ pub enum ApiError {
     /// 400: the request is malformed; `detail` says which field and why.
     #[error("{0}")]
     Invalid(String),
+    /// 403 `forbidden`: the caller's key may not make this request (a seller's
+    /// increment that is not a return); `detail` says why.
+    #[error("{0}")]
+    Forbidden(String),
     /// 404.
     #[error("{0}")]
     NotFound(String),
@@ -120,6 +124,7 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) | ApiError::KeyReused(..) => StatusCode::CONFLICT,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -146,6 +151,7 @@ impl ResponseError for ApiError {
         }
         let (code, detail) = match self {
             ApiError::Invalid(d) => ("invalid_request", d),
+            ApiError::Forbidden(d) => ("forbidden", d),
             ApiError::NotFound(d) => ("not_found", d),
             ApiError::Conflict(d, _) => ("conflict", d),
             ApiError::KeyReused(d, _) => ("key_reused", d),

@@ -212,6 +212,11 @@ fn build() -> Value {
                 "undecided at the reply timeout; poll the key",
                 schema_ref("Error"),
             );
+            op["responses"]["403"] = answer(
+                "the key may not use this route or shop, or a seller key's increment names no \
+                 return_of (a seller may add stock only by returning a sale)",
+                schema_ref("Error"),
+            );
         }
         if let Some(req) = request {
             op["requestBody"] = body(req);
@@ -297,7 +302,12 @@ fn schemas() -> Value {
     // undecided at the reply timeout.
     let status = || {
         json!({ "type": "string", "enum": ["ok", "insufficient_stock", "unknown_item", "expired",
-            "limit_exceeded", "unknown_hold", "seq_moved", "buyer_limit", "accepted", "pending"] })
+            "limit_exceeded", "unknown_hold", "seq_moved", "buyer_limit", "return_refused",
+            "accepted", "pending"],
+            "description": "return_refused: a return (an increment with return_of) whose sale is \
+                unknown or not yet decided, not an ok decrement of this item, past the return \
+                window, or has fewer units left to return than asked; nothing changed, and \
+                reason says which" })
     };
     json!({
         "Error": { "type": "object", "required": ["error", "detail"], "properties": {
@@ -329,6 +339,13 @@ fn schemas() -> Value {
         "Txn": { "type": "object", "additionalProperties": false, "required": ["seller", "item", "qty"], "properties": {
             "seller": name(), "item": name(), "qty": qty(), "buyer": name(),
             "op": { "type": "string", "enum": ["decrement", "increment"] },
+            "return_of": { "type": "string", "minLength": 1, "maxLength": 386,
+                "description": "Increments only (a decrement with it is a 400): the request key \
+                    of the sale this increment returns, an ok decrement of the same item in \
+                    the same shop, decided within the return window (default 30 days). A \
+                    seller key's increment must name it (else 403); it may return at most what \
+                    the sale sold less what was returned against it already, else the answer \
+                    is 200 with status return_refused and a reason" },
             "request_id": key_schema(), "req_time": name(), "respond": s("boolean"),
             "remarks": { "type": "string", "maxLength": 256 } },
             "anyOf": [ { "required": ["request_id"] }, { "required": ["req_time"] } ] },

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpMessage, HttpRequest, HttpResponse, ResponseError};
 use nrtxn_actors::{now_ms, Op, Outcome, PollResult, Reply, Request, BATCH_TXNS_MAX, QTY_MAX};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -135,6 +135,25 @@ async fn submit(
     Ok(out)
 }
 
+/// A seller key may not create stock: its increment must be a return, naming the sale
+/// it gives back (`return_of`), which the item's processor then checks
+/// ([`nrtxn_actors::returns`]). Operator and admin keys, and the keyless mode, keep
+/// free increments. `at` locates the request in a batch (`txns[3]`). Costs a
+/// decrement nothing.
+fn seller_may(http: &HttpRequest, req: &Request, at: &str) -> Result<(), ApiError> {
+    if req.op != Op::Increment || req.return_of.is_some() {
+        return Ok(());
+    }
+    if !http.extensions().contains::<crate::auth::SellerKey>() {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden(format!(
+        "{at}return_of: required: a seller key may increment stock only to return a sale, \
+         naming it with \"return_of\": REQUEST_KEY of an ok decrement of this item; \
+         stock is added by an operator (PUT .../items or POST .../items/adjust)"
+    )))
+}
+
 pub async fn post_txn(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -144,6 +163,7 @@ pub async fn post_txn(
     let shop = path_segment(&path, "shop")?;
     let body = Value::Object(json_object(&http, payload, TXN_BODY_MAX).await?);
     let req = txn(&shop, &body, "")?;
+    seller_may(&http, &req.0, "")?;
     crate::trace::record_key(&req.0.key);
     let answers = submit(&state, &shop, vec![req], &[key_field(&body)]).await?;
     Ok(answers
@@ -158,12 +178,26 @@ pub async fn post_batch(
     http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    post_entries(&state, &path, &http, payload, "txns", txn, key_field).await
+    post_entries(&state, &path, &http, payload, "txns", batch_txn, key_field).await
 }
 
-/// Validates one entry of a call's array: its shop, value and place (`txns[3].`); the
-/// request and whether its caller waits for the outcome.
-type ParseEntry = fn(&Arc<str>, &Value, &str) -> Result<(Request, bool), ApiError>;
+/// Validates one entry of a batch and checks that its caller may make it
+/// ([`seller_may`]): a seller's free increment fails the whole batch, like a bad entry.
+fn batch_txn(
+    http: &HttpRequest,
+    shop: &Arc<str>,
+    v: &Value,
+    prefix: &str,
+) -> Result<(Request, bool), ApiError> {
+    let req = txn(shop, v, prefix)?;
+    seller_may(http, &req.0, prefix)?;
+    Ok(req)
+}
+
+/// Validates one entry of a call's array: the call (whose key may matter), its shop,
+/// value and place (`txns[3].`); the request and whether its caller waits for the
+/// outcome.
+type ParseEntry = fn(&HttpRequest, &Arc<str>, &Value, &str) -> Result<(Request, bool), ApiError>;
 
 /// A call whose body is an array `field` of entries, each a request: every entry is
 /// validated (by `parse`, given its shop, value and place) before any is submitted, so
@@ -185,7 +219,7 @@ async fn post_entries(
     let reqs = entries
         .iter()
         .enumerate()
-        .map(|(i, v)| parse(&shop, v, &format!("{field}[{i}].")))
+        .map(|(i, v)| parse(http, &shop, v, &format!("{field}[{i}].")))
         .collect::<Result<Vec<_>, _>>()?;
     let fields: Vec<&'static str> = entries.iter().map(key_field).collect();
     let answers = submit(state, &shop, reqs, &fields).await?;
@@ -205,7 +239,12 @@ pub const ADJUST_REASONS: [&str; 4] = ["restock", "damage", "correction", "trans
 
 /// One adjustment of `POST .../items/adjust`, validated: a keyed request that adds
 /// `delta` (negative takes stock away) for the reason given.
-fn adjustment(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), ApiError> {
+fn adjustment(
+    _: &HttpRequest,
+    shop: &Arc<str>,
+    v: &Value,
+    prefix: &str,
+) -> Result<(Request, bool), ApiError> {
     let Value::Object(obj) = v else {
         return Err(ApiError::invalid(format!(
             "{}: must be a JSON object",

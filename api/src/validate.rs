@@ -476,6 +476,30 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             )))
         }
     };
+    let return_of = match obj.get("return_of") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(k)) => {
+            let field = format!("{prefix}return_of");
+            check_name(k, &field, KEY_LEN_MAX)?;
+            if k.starts_with('~') {
+                return Err(ApiError::invalid(format!(
+                    "{field}: must be the request key of a sale, which never starts with '~'"
+                )));
+            }
+            if op != Op::Increment {
+                return Err(ApiError::invalid(format!(
+                    "{field}: only an increment (a return) names the sale it returns, \
+                     not a decrement"
+                )));
+            }
+            Some(Arc::<str>::from(k.as_str()))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "{prefix}return_of: must be a string, the request key of the sale returned"
+            )))
+        }
+    };
     let key: Arc<str> = match (request_id, req_time) {
         (Some(id), _) => id,
         (None, Some(t)) => format!("{seller}:{item}:{t}").into(),
@@ -490,6 +514,7 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             seller: Some(seller),
             buyer,
             remarks,
+            return_of,
             ..Request::new(shop.clone(), item, key, op, qty, now_ms())
         },
         respond,
@@ -519,6 +544,37 @@ mod tests {
         )
         .unwrap();
         assert_eq!((&*r.key, r.op, respond), ("id-1", Op::Increment, false));
+    }
+
+    #[test]
+    fn return_of_names_a_sale_on_increments_only() {
+        let base = json!({"seller": "s", "item": "i", "qty": 1, "request_id": "r-1",
+            "op": "increment", "return_of": "s:i:17"});
+        let (r, _) = parse(base.clone()).unwrap();
+        assert_eq!(r.return_of.as_deref(), Some("s:i:17"));
+        let mut sale = base.clone();
+        sale["op"] = json!("decrement");
+        assert!(parse(sale)
+            .unwrap_err()
+            .starts_with("return_of: only an increment"));
+        let mut default_op = base.clone();
+        default_op.as_object_mut().unwrap().remove("op");
+        assert!(parse(default_op).unwrap_err().starts_with("return_of:"));
+        for bad in [
+            json!(""),
+            json!("~end:h"),
+            json!("a/b"),
+            json!(7),
+            json!("k".repeat(387)),
+        ] {
+            let mut v = base.clone();
+            v["return_of"] = bad.clone();
+            let e = parse(v).unwrap_err();
+            assert!(e.starts_with("return_of:"), "{bad}: {e}");
+        }
+        let mut none = base;
+        none["return_of"] = Value::Null;
+        assert_eq!(parse(none).unwrap().0.return_of, None);
     }
 
     #[test]

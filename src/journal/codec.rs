@@ -34,7 +34,9 @@ const F_LOG_POS: u32 = 1 << 16;
 const F_PREV_SEQ: u32 = 1 << 17;
 /// A load's `per_buyer_max` follows.
 const F_PER_BUYER: u32 = 1 << 18;
-const F_ALL: u32 = (1 << 19) - 1;
+/// A return's sale (`return_of`, its request key) follows.
+const F_RETURN_OF: u32 = 1 << 19;
+const F_ALL: u32 = (1 << 20) - 1;
 
 /// What identifies a request apart from its key: its kind and op, item, quantity and (a
 /// hold's) TTL. Two uses of one key with different fingerprints are two requests: the
@@ -123,6 +125,7 @@ pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
             (e.log_pos.is_some(), F_LOG_POS),
             (!prev_implied, F_PREV_SEQ),
             (e.per_buyer_max.is_some(), F_PER_BUYER),
+            (e.return_of.is_some(), F_RETURN_OF),
         ] {
             if on {
                 flags |= f;
@@ -178,6 +181,9 @@ pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
         }
         if let Some(n) = e.per_buyer_max {
             put_ivar(out, n);
+        }
+        if let Some(sale) = &e.return_of {
+            put_str(out, sale);
         }
         out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
         prev = Some((&e.shop, &e.item));
@@ -310,6 +316,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         seq.map(|s| s.saturating_sub(1))
     };
     let per_buyer_max = has(F_PER_BUYER).then(|| r.ivar()).transpose()?;
+    let return_of = has(F_RETURN_OF).then(|| r.str()).transpose()?;
     let fp = u64::from_le_bytes(r.bytes(8)?.try_into().expect("8 bytes"));
     if fp != fingerprint(op, &item, qty, ttl_ms) {
         return Err(format!(
@@ -331,6 +338,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         expires_at,
         ttl_ms,
         per_buyer_max,
+        return_of,
         logged: has(F_LOGGED),
         log_pos,
         ..Entry::decided(shop, item, op, qty, submitted_at, completed_at)
@@ -417,8 +425,21 @@ mod tests {
         adjust.qty = -4;
         adjust.stock_after = Some(6);
         adjust.reason = Some("damage".into());
+        // A return, and a return refused: the sale each names comes back.
+        let mut ret = sale("s", "i", "ret", 2, 9, 5);
+        ret.op = Op::Increment;
+        ret.stock_after = Some(11);
+        ret.return_of = Some("k1".into());
+        let mut ret_refused = sale("s", "i", "ret2", 9, 11, 6);
+        ret_refused.op = Op::Increment;
+        ret_refused.status = Status::ReturnRefused;
+        ret_refused.stock_after = Some(11);
+        ret_refused.reason = Some("sale k1 sold 1 and 2 were returned already".into());
+        ret_refused.return_of = Some("k1".into());
         let entries = vec![
             sale("s", "i", "k1", 1, 10, 1),
+            ret,
+            ret_refused,
             hold,
             unknown,
             load,

@@ -57,6 +57,9 @@ pub struct Retention {
     pub key_window_ms: i64,
     /// A new segment of the log is started past this size.
     pub segment_bytes: u64,
+    /// How long an ok sale stays returnable: sales pruned past the key window are kept
+    /// (their key, item, quantity and time) until then ([`nrtxn_actors::returns`]).
+    pub return_window_ms: i64,
 }
 
 impl Default for Retention {
@@ -64,6 +67,7 @@ impl Default for Retention {
         Retention {
             key_window_ms: 7 * 24 * 3_600_000,
             segment_bytes: SEGMENT_BYTES,
+            return_window_ms: nrtxn_actors::returns::RETURN_WINDOW_MS_DEFAULT,
         }
     }
 }
@@ -360,8 +364,9 @@ fn maintain(views: &SqliteStore, dir: &Path, retention: Retention) -> Result<(),
             );
         }
     }
-    let before = now_ms() - retention.key_window_ms;
-    let pruned = views.prune(before, PRUNE_MAX)?;
+    let now = now_ms();
+    let before = now - retention.key_window_ms;
+    let pruned = views.prune(before, PRUNE_MAX, now - retention.return_window_ms)?;
     if pruned > 0 {
         tracing::debug!(entries = pruned, "entries past the key window pruned");
     }
@@ -583,6 +588,15 @@ impl ItemReads for LogJournal {
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         self.progress.wait_views()?;
         self.views.holds(shop, hold_ids)
+    }
+
+    fn sales(
+        &self,
+        shop: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<nrtxn_actors::returns::SaleRecord>>, StoreError> {
+        self.progress.wait_views()?;
+        self.views.sales(shop, keys)
     }
 
     fn ledgers(

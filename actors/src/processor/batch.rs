@@ -127,6 +127,7 @@ impl Processor {
         let mut repeats = Vec::new();
         let mut keys = Vec::new();
         let mut ended = Vec::new();
+        let mut returns = Vec::new();
         for work in works {
             match work {
                 Work::Txn(req) => {
@@ -155,6 +156,9 @@ impl Processor {
                                     self.undurable.insert(key.clone(), Arc::new(o));
                                     keys.push(key);
                                 }
+                            }
+                            if let (Status::Ok, Some(sale)) = (entry.status, &entry.return_of) {
+                                returns.push(((entry.shop.clone(), sale.clone()), entry.log_pos));
                             }
                             if let (true, Some(hold_id)) = (entry.op.ends_hold(), &entry.hold_id) {
                                 if let Some(o) = entry.outcome() {
@@ -241,6 +245,7 @@ impl Processor {
                 repeats,
                 keys,
                 ended,
+                returns,
             },
         }
     }
@@ -306,6 +311,11 @@ impl Processor {
                 return wait;
             }
         }
+        // Only a return pays for this: every other request has no `return_of`.
+        let return_refused = match &req.return_of {
+            Some(sale) if req.op == Op::Increment => self.return_refusal(req, sale, now),
+            _ => None,
+        };
         let slot = self
             .items
             .get_mut(&req.shop)
@@ -323,6 +333,13 @@ impl Processor {
             _ => None,
         };
         let entry = match slot {
+            Some(slot) if return_refused.is_some() => reject(
+                &mut slot.live,
+                req,
+                now,
+                Status::ReturnRefused,
+                return_refused.unwrap_or_default(),
+            ),
             Some(slot) if over_limit.is_some() => reject(
                 &mut slot.live,
                 req,
@@ -344,6 +361,9 @@ impl Processor {
         };
         if let (Some(l), Some((buyer, delta))) = (ledger, crate::ledger::delta(&entry)) {
             l.apply(buyer, delta);
+        }
+        if let (Status::Ok, Some(sale)) = (entry.status, &req.return_of) {
+            self.returned(&req.shop, sale, req.qty);
         }
         if known {
             touched.push((req.shop.clone(), req.item.clone()));
@@ -511,6 +531,55 @@ fn made_hold(req: &Request, expires_at: Millis) -> HoldView {
 }
 
 impl Processor {
+    /// Why return `req` of sale `sale` is refused, `None` if it may go ahead (to the
+    /// apply step, which may still refuse it as expired or past the stock limit). An
+    /// expired return is left to the apply step, to be answered `expired` like any
+    /// request that waited too long.
+    fn return_refusal(&self, req: &Request, sale: &Arc<str>, now: Millis) -> Option<String> {
+        if now.saturating_sub(req.submitted_at) > self.request_ttl_ms {
+            return None;
+        }
+        let key = (req.shop.clone(), sale.clone());
+        let record = match self.returning.get(&key) {
+            Some(r) => Some(&r.record),
+            // Read for this batch ([`Processor::plan_reads`]); a sale the journal does not
+            // have (or that was not read) is refused, never taken on trust.
+            None => self.prefetched.sales.get(&key).and_then(Option::as_ref),
+        };
+        match record {
+            Some(r) => r.refusal(sale, &req.item, req.qty, now, self.return_window_ms),
+            None => Some(crate::returns::unknown_sale(sale)),
+        }
+    }
+
+    /// Counts an `ok` return of `qty` against sale `sale`, in memory until the batch that
+    /// journals it is durable (see [`Processor::returning`]).
+    fn returned(&mut self, shop: &Arc<str>, sale: &Arc<str>, qty: i64) {
+        let key = (shop.clone(), sale.clone());
+        let entry = match self.returning.entry(key) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let Some(Some(record)) = self.prefetched.sales.get(v.key()).cloned() else {
+                    // `return_refusal` found the record in one of the two places.
+                    unreachable!("an ok return of a sale neither read nor in flight");
+                };
+                v.insert(Returning {
+                    record,
+                    in_flight: 0,
+                })
+            }
+        };
+        entry.record.returned += qty;
+        entry.in_flight += 1;
+        // The rule this module exists for: never more back than was sold.
+        assert!(
+            entry.record.returned <= entry.record.sold,
+            "return past the sale: {} returned of {} sold (sale {sale})",
+            entry.record.returned,
+            entry.record.sold
+        );
+    }
+
     /// A load's `per_buyer_max`: `Some(0)` lifts the item's limit and forgets its
     /// counts, `Some(n)` sets it (keeping the counts), `None` leaves it.
     fn set_limit(&mut self, shop: &Arc<str>, item: &Arc<str>, per_buyer_max: Option<i64>) {

@@ -56,6 +56,19 @@ impl Processor {
         for key in &batch.ended {
             self.ended.remove(key);
         }
+        for (key, pos) in &batch.returns {
+            // A fenced return was not written: its sale is read again from the journal
+            // by the next return here (its item's partition is another node's now, and
+            // every batch of it in flight is fenced too).
+            let last = is_fenced(pos)
+                || self.returning.get_mut(key).is_some_and(|r| {
+                    r.in_flight -= 1;
+                    r.in_flight == 0
+                });
+            if last {
+                self.returning.remove(key);
+            }
+        }
         for (shop, item, state) in batch.states {
             if let Some(slot) = self.items.get_mut(&shop).and_then(|m| m.get_mut(&item)) {
                 // Paired with the apply step's assertion: what became durable is sane.

@@ -121,6 +121,8 @@ pub struct ShardShared {
     /// The shops' check-backs: a due hold of a shop with one is reported rather than
     /// expired here.
     pub checkback: Arc<OnceLock<Arc<dyn CheckBack>>>,
+    /// How long a sale stays returnable ([`crate::returns`]).
+    pub return_window_ms: i64,
 }
 
 /// A hold the processor keeps until it is confirmed, cancelled or expires.
@@ -219,6 +221,21 @@ struct BatchInFlight {
     keys: Vec<(Arc<str>, Arc<str>)>,
     /// Holds this batch ended, in `Processor::ended`.
     ended: Vec<(Arc<str>, Arc<str>)>,
+    /// Sales (by shop and key) with an `ok` return in this batch, once per return, in
+    /// `Processor::returning`, with the return's log position (a fenced one was not
+    /// written).
+    returns: Vec<(SaleKey, Option<LogPos>)>,
+}
+
+/// A sale by shop and request key.
+type SaleKey = (Arc<str>, Arc<str>);
+
+/// A sale with returns in batches not yet durable ([`Processor::returning`]).
+struct Returning {
+    /// The sale as the journal had it, with this node's returns applied since.
+    record: crate::returns::SaleRecord,
+    /// Returns of it in batches in flight.
+    in_flight: usize,
 }
 
 pub struct Processor {
@@ -303,6 +320,15 @@ pub struct Processor {
     reading: Option<Vec<Work>>,
     /// The journal's answers for the batch about to be applied.
     prefetched: Prefetched,
+    /// See [`ShardShared::return_window_ms`].
+    return_window_ms: i64,
+    /// Sales (by shop and key) with an `ok` return in a batch not yet durable: what a
+    /// later return of the same sale is decided against, since the journal does not have
+    /// those returns yet. An entry leaves when its last such batch is durable (or
+    /// fenced), so this holds at most one entry per return in flight
+    /// ([`BATCHES_IN_FLIGHT_MAX`] × `batch_max`); sales are read from the journal
+    /// otherwise ([`crate::returns`]).
+    returning: HashMap<SaleKey, Returning>,
 }
 
 impl Processor {
@@ -325,6 +351,7 @@ impl Processor {
             items_max,
             order_hook,
             checkback,
+            return_window_ms,
         } = shared;
         let mut items: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
         let resident = initial.len();
@@ -378,6 +405,8 @@ impl Processor {
             ended: HashMap::new(),
             reading: None,
             prefetched: Prefetched::default(),
+            return_window_ms,
+            returning: HashMap::new(),
             ledgers: ledgers
                 .into_iter()
                 .map(|(shop, item, l)| ((shop, item), l))

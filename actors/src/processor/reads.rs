@@ -21,6 +21,7 @@
 
 use std::time::Instant;
 
+use crate::returns::SaleRecord;
 use crate::types::HoldStatus;
 
 use super::*;
@@ -42,6 +43,8 @@ pub(super) struct Reads {
     /// Holds to end that are not pending here, by shop: the journal may still have one
     /// pending (see [`Processor::absorb`]).
     holds: HashMap<Arc<str>, Vec<Arc<str>>>,
+    /// Sales that returns name, by shop ([`crate::returns`]).
+    sales: HashMap<Arc<str>, Vec<Arc<str>>>,
 }
 
 impl Reads {
@@ -51,6 +54,7 @@ impl Reads {
             && self.fault.is_empty()
             && self.keys.is_empty()
             && self.holds.is_empty()
+            && self.sales.is_empty()
     }
 
     /// Makes the reads, in the order they depend on each other (a partition's keys are
@@ -106,8 +110,20 @@ impl Reads {
                 )
             }));
         }
+        let mut sales = Vec::new();
+        for (shop, asked) in self.sales {
+            let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
+            let found = retry_read(shard, || journal.sales(&shop, &refs));
+            sales.extend(
+                asked
+                    .into_iter()
+                    .zip(found)
+                    .map(|(key, record)| ((shop.clone(), key), record)),
+            );
+        }
         Fetched {
             since,
+            sales,
             learned: self.learn.into_iter().map(|(p, e, _)| (p, e)).collect(),
             reloaded,
             holds,
@@ -134,6 +150,8 @@ pub(super) struct Fetched {
     looked_up: Vec<(ShopKey, Option<HoldView>)>,
     /// The per-buyer ledgers of the items read back (`None`: no limit).
     ledgers: Vec<(ShopKey, Option<BuyerLedger>)>,
+    /// The sales returns name, by shop and key, as durable (`None`: no such sale).
+    sales: Vec<(ShopKey, Option<SaleRecord>)>,
 }
 
 /// What the journal answered for the batch waiting to be applied; emptied once it is.
@@ -145,6 +163,10 @@ pub(super) struct Prefetched {
     unknown: HashSet<ShopKey>,
     /// Holds (by shop and id) whose journal record was read: not asked again.
     holds: HashSet<ShopKey>,
+    /// Sales read for the batch's returns, by shop and key (`None`: the journal has
+    /// none). Exact while the batch waits: a sale read here had no return in flight
+    /// (see [`Processor::returning`]), and nothing is applied until the batch is.
+    pub(super) sales: HashMap<ShopKey, Option<SaleRecord>>,
 }
 
 impl Handler<Fetched> for Processor {
@@ -209,6 +231,7 @@ impl Processor {
         let mut fault: HashSet<ShopKey> = HashSet::new();
         let mut keys: HashSet<ShopKey> = HashSet::new();
         let mut held: HashSet<ShopKey> = HashSet::new();
+        let mut sales: HashSet<ShopKey> = HashSet::new();
         let in_memory = |shop: &Arc<str>, item: &Arc<str>| {
             self.items.get(shop).is_some_and(|m| m.contains_key(item))
         };
@@ -221,6 +244,14 @@ impl Processor {
         for work in works {
             match work {
                 Work::Txn(req) => {
+                    if let (Op::Increment, Some(sale)) = (req.op, &req.return_of) {
+                        let key = (req.shop.clone(), sale.clone());
+                        if !self.returning.contains_key(&key)
+                            && !self.prefetched.sales.contains_key(&key)
+                        {
+                            sales.insert(key);
+                        }
+                    }
                     if shared_log {
                         if let Some(pos) = req.log_pos {
                             // The journal learns the keys of a partition seen under a new
@@ -301,6 +332,9 @@ impl Processor {
         for (shop, hold_id) in held {
             reads.holds.entry(shop).or_default().push(hold_id);
         }
+        for (shop, sale) in sales {
+            reads.sales.entry(shop).or_default().push(sale);
+        }
         reads
     }
 
@@ -315,8 +349,10 @@ impl Processor {
             keys,
             looked_up,
             ledgers,
+            sales,
             since: _,
         } = fetched;
+        self.prefetched.sales.extend(sales);
         // An item's ledger is taken from the journal with its state: when the item was
         // not in memory, or its state is taken as the journal has it (below). This
         // node's own batches in flight are ahead of both, and keep what they counted.
