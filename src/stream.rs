@@ -113,6 +113,9 @@ const TAG_BYTES: usize = 16;
 /// Prefix of a sealed cursor: tells it from the feeds' own (`j…`, `k…`), which are no
 /// longer taken from a caller.
 const SEALED_PREFIX: &str = "c";
+/// A feed's cursor is padded to a multiple of this many bytes before it is sealed, so
+/// that a sealed cursor's length does not tell how many digits its position has.
+const PAD_BYTES: usize = 32;
 /// Name of the embedded store's file of the cursor key, in the data dir.
 pub const CURSOR_KEY_FILE: &str = "stream-cursor.key";
 /// `_id` of the cursor key's document in the MongoDB collection [`SECRETS_COLLECTION`].
@@ -172,8 +175,10 @@ impl CursorKey {
 
     /// The cursor handed to `shop` for the feed's cursor `inner`.
     pub fn seal(&self, shop: &str, inner: &str) -> String {
-        let tag = self.tag(shop, inner.as_bytes());
+        // Padded with NULs, which no feed's cursor holds.
         let mut body = inner.as_bytes().to_vec();
+        body.resize(body.len().div_ceil(PAD_BYTES).max(1) * PAD_BYTES, 0);
+        let tag = self.tag(shop, &body);
         self.xor_stream(&tag, &mut body);
         let mut out = String::with_capacity(SEALED_PREFIX.len() + 2 * (TAG_BYTES + body.len()));
         out.push_str(SEALED_PREFIX);
@@ -202,6 +207,9 @@ impl CursorKey {
             == 0;
         if !same {
             return None;
+        }
+        while inner.last() == Some(&0) {
+            inner.pop();
         }
         String::from_utf8(inner).ok()
     }
@@ -349,6 +357,11 @@ mod sealed_tests {
         let sealed = key.seal("acme", "j123456.7");
         assert!(sealed.starts_with('c'));
         assert!(!sealed.contains("123456"), "{sealed}");
+        assert_eq!(
+            key.seal("acme", "j1.0").len(),
+            sealed.len(),
+            "the length does not tell the position's digits"
+        );
         assert_eq!(key.open("acme", &sealed).as_deref(), Some("j123456.7"));
         assert_eq!(key.open("other", &sealed), None, "another shop's");
         assert_eq!(

@@ -342,8 +342,8 @@ pub fn charge_work(
     gate.charge(shop, units).map_err(|retry_after_s| {
         crate::error::ApiError::RateLimited(
             format!(
-                "shop {shop} is over its request rate: this call's {units} entries cost \
-                 {units} tokens (at most the bucket's size); retry in {retry_after_s} s"
+                "shop {shop} is over its request rate: this call's {units} entries cost a \
+                 token each (up to the bucket's size); retry in {retry_after_s} s"
             ),
             retry_after_s,
         )
