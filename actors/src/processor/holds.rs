@@ -500,7 +500,7 @@ mod tests {
             (1, 0, 1)
         );
         assert!(
-            holds.per_shop.get("b").is_none(),
+            !holds.per_shop.contains_key("b"),
             "a shop with none leaves the map"
         );
     }
