@@ -621,6 +621,19 @@ mod tests {
         };
         let err = args.resolve().unwrap_err().to_string();
         assert!(err.starts_with("shards:"), "{err}");
+        // A shop's share of the node's streams is at most all of them.
+        let args = ServeArgs {
+            streams_per_shop_max: Some(nrtxn_api::stream::STREAMS_MAX + 1),
+            ..ServeArgs::default()
+        };
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.starts_with("streams_per_shop_max:"), "{err}");
+        let s = ServeArgs::default().resolve().unwrap();
+        assert_eq!(s.engine.holds_per_shop_max, s.engine.holds_max / 4);
+        assert_eq!(
+            s.edge.streams_per_shop_max,
+            nrtxn_api::stream::STREAMS_MAX / 4
+        );
     }
 
     #[test]

@@ -25,7 +25,27 @@ async fn held(c: &reqwest::Client, server: &Server, shop: &str, id: &str, ttl_ms
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shop_past_its_share_of_holds_is_refused_while_another_shop_still_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let flags = [
+    holds_share(dir.path(), &[], false, true).await;
+}
+
+/// The same with the request log on Kafka and the journal on MongoDB, but for the
+/// restart (a restarted node waits tens of seconds to rejoin the Kafka group).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shops_share_of_holds_holds_with_kafka_and_mongodb() {
+    let (Some(uri), Some(kafka)) = (mongo_uri("holds_share"), kafka_flags("holds_share")) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra: Vec<&str> = vec!["--mongo-uri", &uri];
+    extra.extend(kafka.iter().map(String::as_str));
+    holds_share(dir.path(), &extra, true, false).await;
+    drop_database(&uri).await;
+}
+
+/// `wait`: for the node to be ready (a Kafka reader pool joined its group); `restart`:
+/// the count is checked after a restart too.
+async fn holds_share(dir: &std::path::Path, extra: &[&str], wait: bool, restart: bool) {
+    let mut flags = vec![
         "--shards",
         "1",
         "--holds-max",
@@ -33,8 +53,12 @@ async fn a_shop_past_its_share_of_holds_is_refused_while_another_shop_still_hold
         "--holds-per-shop-max",
         "3",
     ];
-    let mut server = Server::start(dir.path(), &flags);
+    flags.extend(extra);
     let c = client();
+    let mut server = Server::start(dir, &flags);
+    if wait {
+        wait_ready(&c, &server).await;
+    }
     for shop in ["greedy", "calm", "late"] {
         load(&c, &server, shop, &[("sku", 100), ("other", 100)]).await;
     }
@@ -109,8 +133,11 @@ async fn a_shop_past_its_share_of_holds_is_refused_while_another_shop_still_hold
         held(&c, &server, "greedy", "g9", 600_000).await,
         "limit_exceeded"
     );
+    if !restart {
+        return;
+    }
     assert!(server.terminate().success());
-    let server = Server::start(dir.path(), &flags);
+    let server = Server::start(dir, &flags);
     assert_eq!(
         held(&c, &server, "greedy", "g10", 600_000).await,
         "limit_exceeded"
