@@ -326,7 +326,7 @@ async fn a_stream_ends_within_5_s_of_its_keys_revocation() {
     let id = secret.split('_').nth(1).unwrap().to_string();
     let server = Server::start(dir.path(), &[]);
     let sc = stream_client();
-    let (mut res, _) = open_stream(&sc, &server, "acme", Some(&secret), None).await;
+    let (mut res, ready) = open_stream(&sc, &server, "acme", Some(&secret), None).await;
     assert_eq!(res.status(), 200);
     let out = keys(dir.path(), &["revoke", &id]);
     assert!(out.status.success(), "{out:?}");
@@ -345,6 +345,11 @@ async fn a_stream_ends_within_5_s_of_its_keys_revocation() {
     assert!(text.contains("event: dropped"), "{text}");
     let data: Value = serde_json::from_str(sse_field(&text, "data").unwrap()).unwrap();
     assert_eq!(data["reason"], "key_revoked", "{text}");
+    assert_eq!(
+        data["resume_after"].as_str(),
+        sse_field(&ready, "id"),
+        "resumes after the last event sent: here the stream's start"
+    );
     // And the key opens no other.
     let (again, _) = open_stream(&sc, &server, "acme", Some(&secret), None).await;
     assert_eq!(again.status(), 401);

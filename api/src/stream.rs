@@ -74,6 +74,10 @@ enum Msg {
 struct Ending {
     /// `(event name, data)` of the final message.
     last: Mutex<Option<(&'static str, serde_json::Value)>>,
+    /// Set when the stream must end at once, without the events its channel still holds
+    /// (its key was revoked): the final message's `resume_after` is then the last event
+    /// the client was sent, which the response adds.
+    cut: std::sync::atomic::AtomicBool,
 }
 
 /// A stream's place in [`OPEN`]; given back when the stream ends.
@@ -250,21 +254,21 @@ pub async fn get_stream(
                     checked_at = Instant::now();
                     watch.ended()
                 };
-                let end = |reason: &'static str, last: &str| {
+                let end = |reason: &'static str| {
                     tracing::info!(%shop, reason, "event stream: ended, its key no longer valid");
                     *ending.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((
                         "dropped",
                         json!({"reason": reason,
-                               "detail": "the stream's access key is no longer valid",
-                               "resume_after": last}),
+                               "detail": "the stream's access key is no longer valid"}),
                     ));
+                    ending.cut.store(true, Ordering::Release);
                 };
                 loop {
                     if tx.is_closed() {
                         return; // the client went away
                     }
                     if let Some(reason) = revoked() {
-                        end(reason, &last);
+                        end(reason);
                         return;
                     }
                     let events = match reader.next(FEED_WAIT) {
@@ -288,7 +292,7 @@ pub async fn get_stream(
                                 Err(mpsc::error::TrySendError::Closed(_)) => return,
                                 Err(mpsc::error::TrySendError::Full(m)) => {
                                     if let Some(reason) = revoked() {
-                                        end(reason, &last);
+                                        end(reason);
                                         return;
                                     }
                                     if full_since.elapsed() >= SLOW_CLIENT_GRACE {
@@ -335,9 +339,9 @@ pub async fn get_stream(
             ending,
             Some(Bytes::from(ready)),
             false,
-            (slot, shop_slot),
+            (slot, shop_slot, start),
         ),
-        |(mut rx, ending, first, done, slot)| async move {
+        |(mut rx, ending, first, done, mut slot)| async move {
             if let Some(b) = first {
                 return Some((
                     Ok::<_, actix_web::Error>(b),
@@ -347,16 +351,32 @@ pub async fn get_stream(
             if done {
                 return None;
             }
+            if ending.cut.load(Ordering::Acquire) {
+                // Nothing more of what the channel holds: the client resumes (with a
+                // valid key) after the last event it was sent.
+                let last = ending.last.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let (name, mut data) = last?;
+                data["resume_after"] = json!(slot.2);
+                return Some((
+                    Ok(Bytes::from(format!("event: {name}\ndata: {data}\n\n"))),
+                    (rx, ending, None, true, slot),
+                ));
+            }
             let next = tokio::time::timeout(KEEP_ALIVE, rx.recv()).await;
             let bytes = match next {
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),
                 Ok(Some(Msg::Event(id, event))) => {
                     let data = serde_json::to_string(&event).unwrap_or_default();
-                    Bytes::from(format!("id: {id}\ndata: {data}\n\n"))
+                    let bytes = Bytes::from(format!("id: {id}\ndata: {data}\n\n"));
+                    slot.2 = id;
+                    bytes
                 }
                 Ok(None) => {
                     let last = ending.last.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    let (name, data) = last?;
+                    let (name, mut data) = last?;
+                    if ending.cut.load(Ordering::Acquire) {
+                        data["resume_after"] = json!(slot.2);
+                    }
                     return Some((
                         Ok(Bytes::from(format!("event: {name}\ndata: {data}\n\n"))),
                         (rx, ending, None, true, slot),
