@@ -898,6 +898,31 @@ mod tests {
     }
 
     #[test]
+    fn work_takes_a_token_a_unit_up_to_the_bucket_and_nothing_when_short() {
+        let limiter = ShopRateLimiter::new(1.0, 10);
+        let t0 = Instant::now();
+        // A call of 4 units: one token at the access check, three more for its work.
+        assert_eq!(limiter.take("a", t0), Ok(()));
+        assert_eq!(limiter.take_more("a", 3, t0), Ok(()));
+        // Six left: a call of 8 is refused after its first token (five left, two short:
+        // two seconds at 1/s), and takes no more.
+        assert_eq!(limiter.take("a", t0), Ok(()));
+        assert_eq!(limiter.take_more("a", 7, t0), Err(2));
+        for _ in 0..5 {
+            assert_eq!(
+                limiter.take("a", t0),
+                Ok(()),
+                "the refused work took nothing"
+            );
+        }
+        assert_eq!(limiter.take("a", t0), Err(1));
+        // A call larger than the bucket costs the bucket: it passes a full one.
+        assert_eq!(limiter.take("b", t0), Ok(()));
+        assert_eq!(limiter.take_more("b", 1_000, t0), Ok(()));
+        assert_eq!(limiter.take("b", t0), Err(1));
+    }
+
+    #[test]
     fn buckets_stay_within_their_bound() {
         let limiter = ShopRateLimiter::new(1.0, 1);
         let t0 = Instant::now();
