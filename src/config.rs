@@ -172,6 +172,17 @@ pub struct ServeArgs {
     /// [default: the rate, at least 1].
     #[arg(long, env = "NRTXN_SHOP_BURST")]
     pub shop_burst: Option<u32>,
+    // One shop cannot starve the others (issue 25): its share of a shard's pending holds
+    // and of the node's push streams.
+    /// Most pending holds of one shop on one processor shard; beyond it that shop's hold
+    /// is refused (limit_exceeded) while other shops still hold [default: 250000, a
+    /// quarter of the default --holds-max].
+    #[arg(long, env = "NRTXN_HOLDS_PER_SHOP_MAX")]
+    pub holds_per_shop_max: Option<usize>,
+    /// Most push streams (`events/stream`) one shop keeps open on this node, of the
+    /// node's 64; beyond it 503 with Retry-After [default: 16].
+    #[arg(long, env = "NRTXN_STREAMS_PER_SHOP_MAX")]
+    pub streams_per_shop_max: Option<usize>,
     /// Kafka `security.protocol`: plaintext, ssl, sasl_plaintext or sasl_ssl
     /// [default: plaintext].
     #[arg(long, env = "NRTXN_KAFKA_SECURITY_PROTOCOL")]
@@ -289,6 +300,8 @@ pub struct EdgeSettings {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Requests per second and burst of each shop's bucket; `None`: no limit.
     pub shop_rate: Option<(f64, u32)>,
+    /// See [`ServeArgs::streams_per_shop_max`].
+    pub streams_per_shop_max: usize,
 }
 
 /// The resolved, checked configuration of `serve`.
@@ -395,6 +408,12 @@ impl ServeArgs {
                 86_400_000,
             )?,
             holds_max: in_range("holds_max", pick!(holds_max, d.holds_max), 1, 100_000_000)?,
+            holds_per_shop_max: in_range(
+                "holds_per_shop_max",
+                pick!(holds_per_shop_max, d.holds_per_shop_max),
+                1,
+                100_000_000,
+            )?,
             items_max: in_range("items_max", pick!(items_max, d.items_max), 1, 1_000_000_000)?,
             return_window_ms: in_range(
                 "return_window_days",
@@ -590,6 +609,12 @@ impl ServeArgs {
             metrics_listen: pick!(metrics_listen),
             tls,
             shop_rate,
+            streams_per_shop_max: in_range(
+                "streams_per_shop_max",
+                pick!(streams_per_shop_max).unwrap_or(nrtxn_api::stream::STREAMS_PER_SHOP_MAX),
+                1,
+                nrtxn_api::stream::STREAMS_MAX,
+            )?,
         })
     }
 }
@@ -631,6 +656,19 @@ mod tests {
         };
         let err = args.resolve().unwrap_err().to_string();
         assert!(err.starts_with("shards:"), "{err}");
+        // A shop's share of the node's streams is at most all of them.
+        let args = ServeArgs {
+            streams_per_shop_max: Some(nrtxn_api::stream::STREAMS_MAX + 1),
+            ..ServeArgs::default()
+        };
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.starts_with("streams_per_shop_max:"), "{err}");
+        let s = ServeArgs::default().resolve().unwrap();
+        assert_eq!(s.engine.holds_per_shop_max, s.engine.holds_max / 4);
+        assert_eq!(
+            s.edge.streams_per_shop_max,
+            nrtxn_api::stream::STREAMS_MAX / 4
+        );
     }
 
     #[test]

@@ -1109,7 +1109,7 @@ impl Writer {
 }
 
 /// Whether `e` is a unique index's refusal (code 11000).
-fn is_duplicate(e: &mongodb::error::Error) -> bool {
+pub(crate) fn is_duplicate(e: &mongodb::error::Error) -> bool {
     match e.kind.as_ref() {
         ErrorKind::InsertMany(f) => f.write_errors.iter().flatten().any(|w| w.code == 11000),
         ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => w.code == 11000,

@@ -258,9 +258,27 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             journal: feed_journal,
         }),
     };
+    // Its cursors sealed: opaque, and bound to their shop (see `CursorKey`).
+    let cursor_key = match crate::stream::CursorKey::load_or_make(
+        &settings.data_dir,
+        settings.mongo_uri.as_deref(),
+    )
+    .await
+    {
+        Ok(k) => k,
+        Err(e) => {
+            engine.shutdown().await;
+            return Err(e);
+        }
+    };
+    let feed: Arc<dyn nrtxn_actors::EventFeed> = Arc::new(crate::stream::SealedFeed {
+        inner: feed,
+        key: cursor_key,
+    });
     let state = web::Data::new(AppState {
         engine: engine.clone(),
         feed: Some(feed),
+        streams_per_shop_max: settings.edge.streams_per_shop_max,
     });
     let _reloader = reloader.run(gate.clone());
     // `/metrics` without a key, on an address of its own (a scraper on a private

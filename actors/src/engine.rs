@@ -56,6 +56,9 @@ pub struct EngineConfig {
     pub shop_idle_ms: u64,
     /// Most pending holds one shard keeps; beyond it a hold is `limit_exceeded`.
     pub holds_max: usize,
+    /// Most pending holds of one shop one shard keeps; beyond it that shop's hold is
+    /// `limit_exceeded`, while other shops still hold.
+    pub holds_per_shop_max: usize,
     /// Most items in memory, over every shard (each keeps its share); beyond it idle
     /// items leave memory and are read back from the journal when next needed.
     pub items_max: usize,
@@ -80,6 +83,10 @@ impl Default for EngineConfig {
             shops_max: 10_000,
             shop_idle_ms: 60_000,
             holds_max: 1_000_000,
+            // A quarter of a shard's holds: one shop cannot fill a shard alone (it takes
+            // four to), and 250,000 holds pending on one shard (2,000,000 on 8) is far
+            // more than a checkout flow keeps, even with the 7-day longest hold.
+            holds_per_shop_max: 250_000,
             // At about 0.25 KB an item in memory (docs/reliability.md), about 0.5 GB.
             items_max: 2_000_000,
             return_window_ms: crate::returns::RETURN_WINDOW_MS_DEFAULT,
@@ -334,6 +341,7 @@ impl Engine {
                         hooks: hooks.clone(),
                         log_made: log_made.clone(),
                         holds_max: cfg.holds_max,
+                        holds_per_shop_max: cfg.holds_per_shop_max,
                         items_max: cfg.items_max.div_ceil(cfg.shards.max(1)),
                         order_hook: order_hook.clone(),
                         checkback: checkback.clone(),

@@ -179,6 +179,14 @@ impl KeySet {
         self.by_id.is_empty()
     }
 
+    /// Whether `key` is one of the set, as it was (a key revoked, or revoked and made
+    /// again under its id, is not).
+    pub fn holds(&self, key: &AccessKey) -> bool {
+        self.by_id
+            .get(&key.id)
+            .is_some_and(|k| k.secret_sha256 == key.secret_sha256)
+    }
+
     /// The key whose secret this is, if it is one of the set. The hash is compared in
     /// constant time, so the time taken does not tell how much of a guess was right.
     pub fn verify(&self, secret: &str) -> Option<&AccessKey> {
@@ -286,6 +294,37 @@ impl ShopRateLimiter {
         Ok(())
     }
 
+    /// Takes `more` tokens of `shop`'s bucket (capped so that, with the one the call's
+    /// access check took, it is at most the bucket's size), or none and says in how
+    /// many whole seconds (at least 1) there will be enough. A shop without a bucket has
+    /// a full one.
+    pub fn take_more(&self, shop: &str, more: usize, now: Instant) -> Result<(), u64> {
+        let (rate, burst) = (self.rate_per_s, self.burst);
+        let want = (more as f64).min(burst - 1.0);
+        if want <= 0.0 {
+            return Ok(());
+        }
+        let shard = &self.shards[(self.hasher.hash_one(shop) as usize) % BUCKET_SHARDS];
+        let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(bucket) = map.get_mut(shop) else {
+            // Dropped since the access check made it, to make room in a full map: a
+            // full bucket behaves as an absent one, and the limit errs towards letting
+            // a shop in (see above).
+            return Ok(());
+        };
+        let tokens = bucket.refilled(now, rate, burst);
+        if tokens >= want {
+            *bucket = Bucket {
+                tokens: tokens - want,
+                at: now,
+            };
+            Ok(())
+        } else {
+            *bucket = Bucket { tokens, at: now };
+            Err((((want - tokens) / rate).ceil() as u64).max(1))
+        }
+    }
+
     /// Shops with a bucket now (for tests of the bound).
     pub fn buckets(&self) -> usize {
         self.shards
@@ -293,6 +332,30 @@ impl ShopRateLimiter {
             .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
             .sum()
     }
+}
+
+/// What a call costs in tokens of its shop's bucket, beyond the one every call takes:
+/// one token per unit of work, a unit being what one sale is (a batch's entry, an
+/// order's line, a load's item), at most the bucket's size. Called by the routes whose
+/// body carries many units, once the body is read and counted; a single sale pays
+/// nothing here.
+pub fn charge_work(
+    http: &actix_web::HttpRequest,
+    shop: &str,
+    units: usize,
+) -> Result<(), crate::error::ApiError> {
+    let Some(gate) = http.app_data::<web::Data<Gate>>() else {
+        return Ok(());
+    };
+    gate.charge(shop, units).map_err(|retry_after_s| {
+        crate::error::ApiError::RateLimited(
+            format!(
+                "shop {shop} is over its request rate: this call's {units} entries cost a \
+                 token each (up to the bucket's size); retry in {retry_after_s} s"
+            ),
+            retry_after_s,
+        )
+    })
 }
 
 /// When requests go through without a key.
@@ -363,6 +426,27 @@ impl Gate {
     /// Whether requests need a key now.
     pub fn enforcing(&self) -> bool {
         self.enforcing.load(Ordering::Relaxed)
+    }
+
+    /// The key an `Authorization` header carries, if keys are checked and it is one of
+    /// them: for a long-lived response (a push stream) that must end with its key.
+    pub fn key_of(&self, authorization: Option<&HeaderValue>) -> Option<AccessKey> {
+        if !self.enforcing() {
+            return None;
+        }
+        authenticate(&self.keys(), authorization).ok().cloned()
+    }
+
+    /// Takes `units - 1` more tokens of `shop`'s bucket, for a call that does the work
+    /// of `units` sales (a batch's entries, an order's lines, a load's items): the
+    /// access check took one already. At most the bucket's size is asked, so that the
+    /// largest call still passes a full bucket. Nothing is taken when there are too
+    /// few; the answer says in how many seconds there will be enough.
+    pub fn charge(&self, shop: &str, units: usize) -> Result<(), u64> {
+        match &self.limiter {
+            Some(limiter) if units > 1 => limiter.take_more(shop, units - 1, Instant::now()),
+            _ => Ok(()),
+        }
     }
 
     /// The decision for one request: what it needs, whose key it carries (returned, for
@@ -834,6 +918,31 @@ mod tests {
         let slow = ShopRateLimiter::new(0.1, 1);
         assert_eq!(slow.take("a", t0), Ok(()));
         assert_eq!(slow.take("a", t0), Err(10));
+    }
+
+    #[test]
+    fn work_takes_a_token_a_unit_up_to_the_bucket_and_nothing_when_short() {
+        let limiter = ShopRateLimiter::new(1.0, 10);
+        let t0 = Instant::now();
+        // A call of 4 units: one token at the access check, three more for its work.
+        assert_eq!(limiter.take("a", t0), Ok(()));
+        assert_eq!(limiter.take_more("a", 3, t0), Ok(()));
+        // Six left: a call of 8 is refused after its first token (five left, two short:
+        // two seconds at 1/s), and takes no more.
+        assert_eq!(limiter.take("a", t0), Ok(()));
+        assert_eq!(limiter.take_more("a", 7, t0), Err(2));
+        for _ in 0..5 {
+            assert_eq!(
+                limiter.take("a", t0),
+                Ok(()),
+                "the refused work took nothing"
+            );
+        }
+        assert_eq!(limiter.take("a", t0), Err(1));
+        // A call larger than the bucket costs the bucket: it passes a full one.
+        assert_eq!(limiter.take("b", t0), Ok(()));
+        assert_eq!(limiter.take_more("b", 1_000, t0), Ok(()));
+        assert_eq!(limiter.take("b", t0), Err(1));
     }
 
     #[test]

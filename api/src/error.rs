@@ -29,6 +29,10 @@ pub enum ApiError {
     /// 429 with `Retry-After`: a bounded queue is full; nothing was applied.
     #[error("{0}")]
     Overloaded(String),
+    /// 429 `rate_limited` with `Retry-After` (whole seconds, the second field): the
+    /// shop's token bucket has too few tokens for the work of this call.
+    #[error("{0}")]
+    RateLimited(String, u64),
     /// 503 with `Retry-After`: shutting down or the store failed; nothing was applied.
     #[error("{0}")]
     Unavailable(String),
@@ -127,7 +131,7 @@ impl ResponseError for ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) | ApiError::KeyReused(..) => StatusCode::CONFLICT,
-            ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded(_) | ApiError::RateLimited(..) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::DiskFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -156,6 +160,7 @@ impl ResponseError for ApiError {
             ApiError::Conflict(d, _) => ("conflict", d),
             ApiError::KeyReused(d, _) => ("key_reused", d),
             ApiError::Overloaded(d) => ("overloaded", d),
+            ApiError::RateLimited(d, _) => ("rate_limited", d),
             ApiError::Unavailable(d) => ("unavailable", d),
             ApiError::DiskFull(d) => ("disk_full", d),
             ApiError::Timeout(d) => ("timeout", d),
@@ -171,6 +176,9 @@ impl ResponseError for ApiError {
             // be refused again.
             ApiError::DiskFull(_) => {
                 res.insert_header(("Retry-After", "5"));
+            }
+            ApiError::RateLimited(_, retry_after_s) => {
+                res.insert_header(("Retry-After", retry_after_s.to_string()));
             }
             _ => {}
         }

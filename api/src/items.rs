@@ -27,6 +27,7 @@ pub async fn put_items(
     let shop = path_segment(&path, "shop")?;
     let body = json_object(&http, payload, LOAD_BODY_MAX).await?;
     let entries = array(&body, "items", LOAD_ITEMS_MAX)?;
+    crate::auth::charge_work(&http, &shop, entries.len())?;
     let mut seen: HashSet<Arc<str>> = HashSet::with_capacity(entries.len());
     let mut items = Vec::with_capacity(entries.len());
     for (i, v) in entries.iter().enumerate() {

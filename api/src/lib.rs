@@ -34,6 +34,9 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Where `GET .../events/stream` reads the shops' events (`None`: no stream here).
     pub feed: Option<Arc<dyn nrtxn_actors::EventFeed>>,
+    /// Most streams one shop keeps open on this node ([`stream::STREAMS_PER_SHOP_MAX`]
+    /// by default).
+    pub streams_per_shop_max: usize,
 }
 
 /// Declares every route once: [`ROUTES`] (what the OpenAPI document, [`openapi`], is

@@ -199,8 +199,11 @@ fn build() -> Value {
                 "408": answer("the body did not arrive in time", schema_ref("Error")),
                 "413": answer("the body is larger than the route takes", schema_ref("Error")),
                 "415": answer("a body that is not application/json", schema_ref("Error")),
-                "429": answer("a bounded queue is full; retry after Retry-After", schema_ref("Error")),
-                "503": answer("shutting down, the store unavailable, or the disk full", schema_ref("Error")),
+                "429": answer("a bounded queue is full, or the shop's token bucket (a token per \
+                    call, per batch entry, order line or loaded item) is empty; retry after \
+                    Retry-After", schema_ref("Error")),
+                "503": answer("shutting down, the store unavailable, the disk full, or (a \
+                    stream) the node's or the shop's share of streams all open", schema_ref("Error")),
             },
         });
         if id == &"submitTxn" || id == &"submitBatch" {

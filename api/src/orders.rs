@@ -73,6 +73,7 @@ pub async fn post_order(
         ));
     }
     let lines = lines(&body)?;
+    crate::auth::charge_work(&http, &shop, lines.len())?;
     let ttl_ms = integer(&body, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)?;
     let buyer = name(&body, "buyer", "")?;
     let order = NewOrder {

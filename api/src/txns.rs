@@ -216,6 +216,7 @@ async fn post_entries(
     let shop = path_segment(path, "shop")?;
     let body = json_object(http, payload, BATCH_BODY_MAX).await?;
     let entries = array(&body, field, BATCH_TXNS_MAX)?;
+    crate::auth::charge_work(http, &shop, entries.len())?;
     let reqs = entries
         .iter()
         .enumerate()

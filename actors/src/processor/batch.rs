@@ -357,6 +357,21 @@ impl Processor {
                     self.holds_max
                 ),
             ),
+            Some(slot)
+                if req.op == Op::Hold
+                    && self.holds.of_shop(&req.shop) >= self.holds_per_shop_max =>
+            {
+                reject(
+                    &mut slot.live,
+                    req,
+                    now,
+                    Status::LimitExceeded,
+                    format!(
+                        "shop {} already keeps {} pending holds on this shard, a shop's limit",
+                        req.shop, self.holds_per_shop_max
+                    ),
+                )
+            }
             slot => apply(slot.map(|s| &mut s.live), req, now, self.request_ttl_ms),
         };
         if let (Some(l), Some((buyer, delta))) = (ledger, crate::ledger::delta(&entry)) {

@@ -360,3 +360,148 @@ impl Processor {
         Decision::Apply(entry)
     }
 }
+
+/// The pending holds of a shard, by shop and hold id, with how many each shop has: the
+/// per-shop bound ([`ShardShared::holds_per_shop_max`]) is checked against that count at
+/// every hold, so it is kept here, where every hold goes in and out (made, recovered,
+/// read back, confirmed, cancelled, expired, let go), rather than recounted.
+#[derive(Default)]
+pub(super) struct PendingHolds {
+    by_key: HashMap<(Arc<str>, Arc<str>), PendingHold>,
+    /// Pending holds per shop; a shop with none has no entry, so the map stays as small
+    /// as the shops with holds on this shard.
+    per_shop: HashMap<Arc<str>, usize>,
+}
+
+/// Up to this many pending holds, a debug build recounts the holds per shop at each
+/// change and asserts the counts match (more would make tests with many holds slow).
+#[cfg(debug_assertions)]
+const RECOUNT_HOLDS_MAX: usize = 1_024;
+
+impl PendingHolds {
+    pub(super) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Pending holds of `shop` on this shard.
+    pub(super) fn of_shop(&self, shop: &str) -> usize {
+        self.per_shop.get(shop).copied().unwrap_or(0)
+    }
+
+    pub(super) fn get(&self, key: &(Arc<str>, Arc<str>)) -> Option<&PendingHold> {
+        self.by_key.get(key)
+    }
+
+    pub(super) fn get_mut(&mut self, key: &(Arc<str>, Arc<str>)) -> Option<&mut PendingHold> {
+        self.by_key.get_mut(key)
+    }
+
+    pub(super) fn contains_key(&self, key: &(Arc<str>, Arc<str>)) -> bool {
+        self.by_key.contains_key(key)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&(Arc<str>, Arc<str>), &PendingHold)> {
+        self.by_key.iter()
+    }
+
+    /// Puts a hold in (or in place of the one with its key, which is returned).
+    pub(super) fn insert(
+        &mut self,
+        key: (Arc<str>, Arc<str>),
+        hold: PendingHold,
+    ) -> Option<PendingHold> {
+        let shop = key.0.clone();
+        let old = self.by_key.insert(key, hold);
+        if old.is_none() {
+            *self.per_shop.entry(shop).or_default() += 1;
+        }
+        self.assert_paired();
+        old
+    }
+
+    pub(super) fn remove(&mut self, key: &(Arc<str>, Arc<str>)) -> Option<PendingHold> {
+        let hold = self.by_key.remove(key)?;
+        match self.per_shop.get_mut(&key.0) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.per_shop.remove(&key.0);
+            }
+            // A hold whose shop has no count: the count and the holds have parted, and
+            // the per-shop bound would be wrong from here on.
+            None => panic!("pending hold {} of shop {} was not counted", key.1, key.0),
+        }
+        self.assert_paired();
+        Some(hold)
+    }
+
+    /// Asserts that the counts per shop are the holds per shop (a debug build, while
+    /// the holds are few enough to recount at each change).
+    fn assert_paired(&self) {
+        #[cfg(debug_assertions)]
+        if self.by_key.len() <= RECOUNT_HOLDS_MAX {
+            let mut counted: HashMap<&str, usize> = HashMap::new();
+            for (shop, _) in self.by_key.keys() {
+                *counted.entry(shop).or_default() += 1;
+            }
+            assert_eq!(
+                counted.len(),
+                self.per_shop.len(),
+                "shops with pending holds"
+            );
+            for (shop, n) in &self.per_shop {
+                assert_eq!(
+                    counted.get(&**shop).copied(),
+                    Some(*n),
+                    "pending holds of shop {shop}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(item: &str) -> PendingHold {
+        PendingHold {
+            item: item.into(),
+            qty: 1,
+            expires_at: 0,
+            timer: TimingWheel::new(1, 0).insert(0, ()),
+            expiries_sent: 0,
+            buyer: None,
+            tentative: false,
+            check: false,
+        }
+    }
+
+    fn key(shop: &str, id: &str) -> (Arc<str>, Arc<str>) {
+        (shop.into(), id.into())
+    }
+
+    #[test]
+    fn the_count_per_shop_follows_every_hold_in_and_out() {
+        let mut holds = PendingHolds::default();
+        assert!(holds.insert(key("a", "h1"), hold("x")).is_none());
+        assert!(holds.insert(key("a", "h2"), hold("x")).is_none());
+        assert!(holds.insert(key("b", "h1"), hold("x")).is_none());
+        // The same hold again (armed again from the journal) is not counted twice.
+        assert!(holds.insert(key("a", "h1"), hold("y")).is_some());
+        assert_eq!(
+            (holds.of_shop("a"), holds.of_shop("b"), holds.len()),
+            (2, 1, 3)
+        );
+        assert!(holds.remove(&key("a", "h1")).is_some());
+        assert!(holds.remove(&key("a", "h1")).is_none(), "gone already");
+        assert!(holds.remove(&key("b", "h1")).is_some());
+        assert_eq!(
+            (holds.of_shop("a"), holds.of_shop("b"), holds.len()),
+            (1, 0, 1)
+        );
+        assert!(
+            !holds.per_shop.contains_key("b"),
+            "a shop with none leaves the map"
+        );
+    }
+}

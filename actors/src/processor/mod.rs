@@ -113,6 +113,10 @@ pub struct ShardShared {
     /// Pending holds one shard keeps at most; a hold beyond it is refused
     /// (`limit_exceeded`), so the holds map and the wheel stay bounded.
     pub holds_max: usize,
+    /// Pending holds of one shop one shard keeps at most; a hold beyond it is refused
+    /// (`limit_exceeded`) while other shops' holds are still taken, so one shop cannot
+    /// take every slot of `holds_max` for the life of its holds.
+    pub holds_per_shop_max: usize,
     /// Items one shard keeps in memory; beyond it the idle ones used longest ago leave
     /// (see [`Processor::evict`]) and are read back from the journal when next needed.
     pub items_max: usize,
@@ -289,12 +293,14 @@ pub struct Processor {
     /// partition's keys ([`crate::ports::Sharing::learn_partition`]).
     learned: HashMap<i32, u64>,
     flush_waiters: Vec<oneshot::Sender<()>>,
-    /// Pending holds of this shard's items by shop and hold id; at most `holds_max`.
-    holds: HashMap<(Arc<str>, Arc<str>), PendingHold>,
+    /// Pending holds of this shard's items by shop and hold id; at most `holds_max`, and
+    /// at most `holds_per_shop_max` of one shop.
+    holds: holds::PendingHolds,
     /// The per-buyer limits and counts of this shard's limited items in memory
     /// ([`crate::ledger`]). A limited item stays in memory (see [`Processor::evict`]).
     ledgers: HashMap<(Arc<str>, Arc<str>), BuyerLedger>,
     holds_max: usize,
+    holds_per_shop_max: usize,
     /// Per item, the quantity held by lines of orders not yet held: a line that finds
     /// too little stock but enough with these counted back waits ([`Status::Tentative`]).
     tentative: HashMap<(Arc<str>, Arc<str>), i64>,
@@ -348,6 +354,7 @@ impl Processor {
             hooks,
             log_made,
             holds_max,
+            holds_per_shop_max,
             items_max,
             order_hook,
             checkback,
@@ -392,8 +399,9 @@ impl Processor {
             partition_epochs: HashMap::new(),
             learned: HashMap::new(),
             flush_waiters: Vec::new(),
-            holds: HashMap::new(),
+            holds: holds::PendingHolds::default(),
             holds_max,
+            holds_per_shop_max,
             tentative: HashMap::new(),
             waiting: HashMap::new(),
             waiting_count: 0,
