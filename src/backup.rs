@@ -37,6 +37,9 @@ use crate::sqlite::read_log_mark;
 const VIEWS: &str = "nrtxn.db";
 const KEYS: &str = "keys.sqlite";
 const CHECKS: &str = "checks.sqlite";
+/// The push stream's cursor key: without it a restored server would refuse every cursor
+/// handed out before (a follower resuming would have to start over).
+const CURSOR_KEY: &str = crate::stream::CURSOR_KEY_FILE;
 const LOG_DIR: &str = "journal";
 const ATTEMPTS: u32 = 5;
 
@@ -89,6 +92,7 @@ fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
         }
     }
     copy_segments(&from.join(LOG_DIR), &log_to, &mut copied)?;
+    copy_private(&from.join(CURSOR_KEY), &to.join(CURSOR_KEY))?;
     // The copy starts as a start would: from where its views stand.
     let mark = views_mark(&to.join(VIEWS))?;
     let from_chain = match mark {
@@ -100,7 +104,7 @@ fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
         None => Chain::default(),
     };
     let end = scan(&log_to, from_chain, |_| Ok(())).context("the copied log does not check out")?;
-    for f in [VIEWS, KEYS, CHECKS] {
+    for f in [VIEWS, KEYS, CHECKS, CURSOR_KEY] {
         if to.join(f).exists() {
             std::fs::File::open(to.join(f))?.sync_all()?;
         }
@@ -138,6 +142,17 @@ fn copy_segments(from: &Path, to: &Path, copied: &mut Vec<(PathBuf, u64)>) -> an
         copied.push((path, n));
     }
     Ok(())
+}
+
+/// Copies a small secret file, if there is one, into a new owner-only file.
+fn copy_private(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let bytes = match std::fs::read(from) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", from.display())),
+    };
+    crate::secret_file::prepare(to)?;
+    std::fs::write(to, bytes).with_context(|| format!("cannot write {}", to.display()))
 }
 
 /// One consistent copy of a live SQLite database (its WAL included).
@@ -232,7 +247,8 @@ pub fn restore(backup: &Path, data_dir: &Path, keys: &KeysFrom) -> anyhow::Resul
         }
         None => {}
     }
-    for f in [VIEWS, KEYS, CHECKS] {
+    copy_private(&backup.join(CURSOR_KEY), &data_dir.join(CURSOR_KEY))?;
+    for f in [VIEWS, KEYS, CHECKS, CURSOR_KEY] {
         if data_dir.join(f).exists() {
             std::fs::File::open(data_dir.join(f))?.sync_all()?;
         }

@@ -185,7 +185,7 @@ async fn secrets_at_rest_are_owner_only_and_a_restore_brings_keys_back_only_when
         .await
         .unwrap();
     assert_eq!(res.status().as_u16(), 200, "{:?}", res.text().await);
-    for f in ["keys.sqlite", "checks.sqlite"] {
+    for f in ["keys.sqlite", "checks.sqlite", "stream-cursor.key"] {
         assert_eq!(mode(&data.join(f)), 0o600, "{f}");
     }
 
@@ -199,7 +199,8 @@ async fn secrets_at_rest_are_owner_only_and_a_restore_brings_keys_back_only_when
     ]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(mode(&backup), 0o700);
-    for f in ["keys.sqlite", "checks.sqlite"] {
+    // The push stream's cursor key too: cursors handed out before stay good.
+    for f in ["keys.sqlite", "checks.sqlite", "stream-cursor.key"] {
         assert_eq!(mode(&backup.join(f)), 0o600, "backup's {f}");
     }
     // The leaked key is revoked after the backup was taken.
@@ -240,6 +241,11 @@ async fn secrets_at_rest_are_owner_only_and_a_restore_brings_keys_back_only_when
     assert_eq!(said.matches("restored key").count(), 1, "{said}");
     assert_eq!(mode(&current.join("keys.sqlite")), 0o600);
     assert_eq!(mode(&current.join("checks.sqlite")), 0o600);
+    assert_eq!(
+        std::fs::read(current.join("stream-cursor.key")).unwrap(),
+        std::fs::read(data.join("stream-cursor.key")).unwrap(),
+        "the same cursor key"
+    );
     drop(server);
 
     let restored_dir = tempfile::tempdir().unwrap();
