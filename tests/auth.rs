@@ -4,7 +4,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -13,18 +13,6 @@ use serde_json::{json, Value};
 
 /// How long a revocation or a new key may take to reach a running server (the promise).
 const KEYS_PROPAGATION_MAX: Duration = Duration::from_secs(5);
-
-/// `nrtxn keys ARGS` with the test's environment's NRTXN_* variables out of the way.
-fn nrtxn(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrtxn"));
-    cmd.args(args).env("RUST_LOG", "warn");
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("NRTXN_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.output().expect("run nrtxn")
-}
 
 /// The store flags of the server `Server::start(dir, ..)` runs.
 fn store_of(dir: &Path) -> Vec<String> {

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,28 +64,14 @@ impl ShopServer {
                 let (a, c) = (a.clone(), c.clone());
                 let (now, most) = (now.clone(), most.clone());
                 std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let (mut len, mut signature) = (0usize, String::new());
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let l = line.trim_end();
-                        if l.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = l.split_once(':') {
-                            match k.to_ascii_lowercase().as_str() {
-                                "content-length" => len = v.trim().parse().unwrap_or(0),
-                                "x-nrtxn-signature" => signature = v.trim().to_string(),
-                                _ => {}
-                            }
-                        }
-                    }
-                    let mut body = vec![0u8; len];
-                    reader.read_exact(&mut body).unwrap();
+                    let Some((headers, body)) = read_http_request(&stream) else {
+                        return;
+                    };
+                    let signature = headers
+                        .into_iter()
+                        .find(|(k, _)| k == "x-nrtxn-signature")
+                        .map(|(_, v)| v)
+                        .unwrap_or_default();
                     c.lock()
                         .unwrap()
                         .push((signature, String::from_utf8(body).unwrap()));

@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,28 +38,9 @@ impl ShopServer {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut len = 0usize;
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        break;
-                    }
-                    let l = line.trim_end();
-                    if l.is_empty() {
-                        break;
-                    }
-                    if let Some((k, v)) = l.split_once(':') {
-                        if k.eq_ignore_ascii_case("content-length") {
-                            len = v.trim().parse().unwrap_or(0);
-                        }
-                    }
-                }
-                let mut body = vec![0u8; len];
-                if reader.read_exact(&mut body).is_err() {
+                let Some((_, body)) = read_http_request(&stream) else {
                     continue;
-                }
+                };
                 let sent: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 ca.lock().unwrap().push((now_ms(), sent));
                 let (status, answer) = sc

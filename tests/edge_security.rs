@@ -8,37 +8,12 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
 
 use common::*;
 use serde_json::json;
 
-/// `nrtxn ARGS` with the test's environment's NRTXN_* variables out of the way.
-fn nrtxn(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrtxn"));
-    cmd.args(args).env("RUST_LOG", "warn");
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("NRTXN_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.output().expect("run nrtxn")
-}
-
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Creates a key in `data` and returns its secret (alone on stdout).
-fn create_key(data: &Path, shop: Option<&str>, role: &str) -> String {
-    let data = data.to_str().unwrap();
-    let mut args = vec!["keys", "create", "--role", role, "--data-dir", data];
-    if let Some(shop) = shop {
-        args.extend(["--shop", shop]);
-    }
-    let out = nrtxn(&args);
-    assert!(out.status.success(), "{out:?}");
-    text(&out.stdout).trim().to_string()
 }
 
 fn mode(path: &Path) -> u32 {
@@ -89,7 +64,7 @@ async fn without_keys_a_loopback_server_answers_only_requests_for_this_machines_
     assert_eq!(status, 404, "nothing of the refused calls was applied");
 
     // Once keys are checked, the key is the guard: any name passes with one.
-    let admin = create_key(&dir.path().join("data"), None, "admin");
+    let admin = create_key_in(&dir.path().join("data"), None, "admin");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let res = c
@@ -172,8 +147,8 @@ fn keys_list_and_revoke_on_a_data_dir_that_does_not_exist_fail_and_create_nothin
 async fn secrets_at_rest_are_owner_only_and_a_restore_brings_keys_back_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let admin = create_key(&data, None, "admin");
-    let leaked = create_key(&data, Some("acme"), "seller");
+    let admin = create_key_in(&data, None, "admin");
+    let leaked = create_key_in(&data, Some("acme"), "seller");
     let server = Server::start(dir.path(), &[]);
     let c = client();
     // A check-back setting, so the backup has one to bring back.

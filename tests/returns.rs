@@ -6,42 +6,14 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-/// `nrtxn keys ARGS` with the test's environment's NRTXN_* variables out of the way.
-fn nrtxn(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrtxn"));
-    cmd.args(args).env("RUST_LOG", "warn");
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("NRTXN_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.output().expect("run nrtxn")
-}
-
 /// A new key of `role` for shop `shop` in the data dir `Server::start(dir, ..)` uses.
 fn create_key(dir: &Path, shop: &str, role: &str) -> String {
-    let data = dir.join("data");
-    let out = nrtxn(&[
-        "keys",
-        "create",
-        "--role",
-        role,
-        "--shop",
-        shop,
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "keys create failed: {out:?}");
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim_end()
-        .to_string()
+    create_key_in(&dir.join("data"), Some(shop), role)
 }
 
 /// One call with an optional key: status and JSON body.

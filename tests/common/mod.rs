@@ -350,3 +350,64 @@ pub fn serve_expecting_exit(dir: &Path, args: &[&str]) -> (std::process::ExitSta
         .unwrap();
     (status, stderr)
 }
+
+/// `nrtxn ARGS` (a command other than `serve`: `keys`, `backup`, ...) with the test's
+/// environment's `NRTXN_*` variables out of the way, so only the arguments count.
+pub fn nrtxn(args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nrtxn"));
+    cmd.args(args).env("RUST_LOG", "warn");
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("NRTXN_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.output().expect("run nrtxn")
+}
+
+/// Creates a key in the data dir `data` and returns its secret (alone on stdout).
+pub fn create_key_in(data: &Path, shop: Option<&str>, role: &str) -> String {
+    let data = data.to_str().expect("a UTF-8 path");
+    let mut args = vec!["keys", "create", "--role", role, "--data-dir", data];
+    if let Some(shop) = shop {
+        args.extend(["--shop", shop]);
+    }
+    let out = nrtxn(&args);
+    assert!(out.status.success(), "keys create failed: {out:?}");
+    String::from_utf8(out.stdout)
+        .expect("UTF-8")
+        .trim_end()
+        .to_string()
+}
+
+/// A request's headers (names in lower case, in order) and body.
+pub type HttpRequest = (Vec<(String, String)>, Vec<u8>);
+
+/// Reads one HTTP/1.1 request from `stream` (a test's own small server): its headers,
+/// names in lower case, and its body (by `content-length`). `None` if the caller hung up.
+pub fn read_http_request(stream: &std::net::TcpStream) -> Option<HttpRequest> {
+    use std::io::Read;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut headers = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let len = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0usize);
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).ok()?;
+    Some((headers, body))
+}
