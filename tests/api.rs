@@ -557,3 +557,100 @@ async fn json_log_lines_carry_the_request_span_with_its_route_and_key() {
         ]
     );
 }
+
+#[tokio::test]
+async fn an_unknown_field_anywhere_in_a_body_is_refused_naming_it_and_nothing_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("x", 100)]).await;
+    let (code, sale) = post(
+        &c,
+        &server.url("/v1/shops/s/txns"),
+        json!({"seller": "a", "item": "x", "qty": 30, "request_id": "sale-1"}),
+    )
+    .await;
+    assert_eq!((code, &sale["status"]), (200, &json!("ok")), "{sale}");
+    // A misspelt guard (`if_sq` for `if_seq`) must not load 100 unguarded.
+    let (code, body) = call(
+        &c,
+        reqwest::Method::PUT,
+        &server.url("/v1/shops/s/items"),
+        Some(json!({"items": [{"item": "x", "stock": 100, "if_sq": 1}]}).to_string()),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("items[0].if_sq: unknown field") && detail.contains("if_seq"),
+        "{detail}"
+    );
+    let (_, item) = get(&c, &server.url("/v1/shops/s/items/x")).await;
+    assert_eq!(item["stock"], 70, "the load was not applied: {item}");
+
+    for (path, body, named) in [
+        (
+            "/v1/shops/s/txns",
+            json!({"seller": "a", "item": "x", "qty": 1, "request_id": "k-1", "quantity": 5}),
+            "quantity: unknown field",
+        ),
+        (
+            "/v1/shops/s/txns/batch",
+            json!({"txns": [
+                {"seller": "a", "item": "x", "qty": 1, "request_id": "k-2"},
+                {"seller": "a", "item": "x", "qty": 1, "request_id": "k-3", "respnd": false},
+            ]}),
+            "txns[1].respnd: unknown field",
+        ),
+        (
+            "/v1/shops/s/holds",
+            json!({"item": "x", "qty": 1, "ttl_ms": 1000, "request_id": "h-1", "ttl": 5}),
+            "ttl: unknown field",
+        ),
+        (
+            "/v1/shops/s/orders",
+            json!({"order_id": "o-1", "ttl_ms": 1000, "lines": [{"item": "x", "qty": 1, "sku": "y"}]}),
+            "lines[0].sku: unknown field",
+        ),
+    ] {
+        let (code, answer) = post(&c, &server.url(path), body).await;
+        assert_eq!(code, 400, "{path}: {answer}");
+        let detail = answer["detail"].as_str().unwrap();
+        assert!(detail.starts_with(named), "{path}: {detail}");
+    }
+    let (_, item) = get(&c, &server.url("/v1/shops/s/items/x")).await;
+    assert_eq!(
+        (&item["stock"], &item["reserved"]),
+        (&json!(70), &json!(0)),
+        "nothing of the refused bodies was applied: {item}"
+    );
+}
+
+#[tokio::test]
+async fn a_body_in_a_charset_other_than_utf_8_is_415() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("x", 10)]).await;
+    let body = json!({"seller": "a", "item": "x", "qty": 1, "request_id": "k"}).to_string();
+    for (content_type, status) in [
+        ("application/json; charset=latin1", 415),
+        ("application/json; charset=\"ISO-8859-1\"", 415),
+        ("application/json;charset=UTF-8", 200),
+        ("application/json; charset=utf-8", 200),
+    ] {
+        let res = c
+            .post(server.url("/v1/shops/s/txns"))
+            .header("content-type", content_type)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status, "{content_type}");
+    }
+    let (_, item) = get(&c, &server.url("/v1/shops/s/items/x")).await;
+    assert_eq!(
+        item["stock"], 9,
+        "one sale, sent twice with the same key: {item}"
+    );
+}

@@ -55,6 +55,7 @@ pub async fn post_hold(
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
     let body = json_object(&http, payload, HOLD_BODY_MAX).await?;
+    crate::openapi::known_fields("HoldRequest", &body)?;
     let item = name(&body, "item", "")?.ok_or_else(|| ApiError::invalid("item: required"))?;
     let qty = integer(&body, "qty", "", 1, QTY_MAX)?;
     let ttl_ms = integer(&body, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)?;

@@ -26,6 +26,7 @@ pub async fn put_items(
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
     let body = json_object(&http, payload, LOAD_BODY_MAX).await?;
+    crate::openapi::known_fields("Load", &body)?;
     let entries = array(&body, "items", LOAD_ITEMS_MAX)?;
     crate::auth::charge_work(&http, &shop, entries.len())?;
     let mut seen: HashSet<Arc<str>> = HashSet::with_capacity(entries.len());

@@ -9,12 +9,85 @@ use actix_web::HttpResponse;
 use serde_json::{json, Map, Value};
 
 use crate::auth::{Role, SHOP_ROUTES};
+use crate::error::ApiError;
 use crate::ROUTES;
 
 /// The document, made once.
 pub fn document() -> &'static Value {
     static DOC: OnceLock<Value> = OnceLock::new();
     DOC.get_or_init(build)
+}
+
+/// Refuses a request body with a field its schema in the contract does not name, at any
+/// depth (a load's entry, a batch's transaction), with a `400` that names the field by its
+/// path and the fields the body takes. Why the contract: it is what clients (the CLI, the
+/// dashboard, generated clients) are written against, so the server and the contract
+/// cannot drift apart. A misspelt guard must not be ignored without a word:
+/// `{"item":"x","stock":100,"if_sq":1}` would otherwise load 100 unguarded.
+pub fn known_fields(schema: &str, body: &Map<String, Value>) -> Result<(), ApiError> {
+    let schemas = &document()["components"]["schemas"];
+    known_in_object(schemas, schema, &schemas[schema], body, "")
+}
+
+/// The schema `$ref` names, or `schema` itself.
+fn resolved<'a>(schemas: &'a Value, schema: &'a Value) -> (&'a Value, Option<&'a str>) {
+    match schema["$ref"].as_str().and_then(|r| r.rsplit('/').next()) {
+        Some(name) => (&schemas[name], Some(name)),
+        None => (schema, None),
+    }
+}
+
+fn known_in_object(
+    schemas: &Value,
+    name: &str,
+    schema: &Value,
+    body: &Map<String, Value>,
+    path: &str,
+) -> Result<(), ApiError> {
+    let Some(properties) = schema["properties"].as_object() else {
+        return Ok(());
+    };
+    let closed = schema["additionalProperties"] == Value::Bool(false);
+    for (field, value) in body {
+        match properties.get(field) {
+            Some(inner) => known_in_value(schemas, name, inner, value, &format!("{path}{field}"))?,
+            None if closed => {
+                let takes: Vec<&str> = properties.keys().map(String::as_str).collect();
+                return Err(ApiError::invalid(format!(
+                    "{path}{field}: unknown field ({} takes {})",
+                    if path.is_empty() {
+                        "the body"
+                    } else {
+                        "this entry"
+                    },
+                    takes.join(", ")
+                )));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+fn known_in_value(
+    schemas: &Value,
+    name: &str,
+    schema: &Value,
+    value: &Value,
+    path: &str,
+) -> Result<(), ApiError> {
+    let (schema, named) = resolved(schemas, schema);
+    let name = named.unwrap_or(name);
+    match value {
+        Value::Object(m) => known_in_object(schemas, name, schema, m, &format!("{path}.")),
+        Value::Array(items) => match schema.get("items") {
+            Some(each) => items.iter().enumerate().try_for_each(|(i, v)| {
+                known_in_value(schemas, name, each, v, &format!("{path}[{i}]"))
+            }),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
 }
 
 pub async fn serve_json() -> HttpResponse {

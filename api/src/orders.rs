@@ -63,6 +63,7 @@ pub async fn post_order(
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
     let body = json_object(&http, payload, ORDER_BODY_MAX).await?;
+    crate::openapi::known_fields("OrderRequest", &body)?;
     let order_id = name(&body, "order_id", "")?.ok_or_else(|| {
         ApiError::invalid("order_id: required (it makes the order idempotent and is its id)")
     })?;

@@ -149,6 +149,7 @@ pub async fn put_settings(
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
     let body = json_object(&http, payload, SETTINGS_BODY_MAX).await?;
+    crate::openapi::known_fields("Settings", &body)?;
     let settings = settings_of(&body)?;
     let checks = checkback(&state)?;
     if let Some(s) = &settings {
@@ -221,6 +222,7 @@ pub async fn resolve_dead_letter(
     let (shop, id) = path.into_inner();
     let (shop, id) = (path_segment(&shop, "shop")?, path_segment(&id, "id")?);
     let body = json_object(&http, payload, RESOLVE_BODY_MAX).await?;
+    crate::openapi::known_fields("Resolve", &body)?;
     let action = match body.get("action").and_then(Value::as_str) {
         Some("confirm") => LetterAction::Confirm,
         Some("release") => LetterAction::Release,

@@ -161,7 +161,9 @@ pub async fn post_txn(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let body = Value::Object(json_object(&http, payload, TXN_BODY_MAX).await?);
+    let body = json_object(&http, payload, TXN_BODY_MAX).await?;
+    crate::openapi::known_fields("Txn", &body)?;
+    let body = Value::Object(body);
     let req = txn(&shop, &body, "")?;
     seller_may(&http, &req.0, "")?;
     crate::trace::record_key(&req.0.key);
@@ -215,6 +217,15 @@ async fn post_entries(
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(path, "shop")?;
     let body = json_object(http, payload, BATCH_BODY_MAX).await?;
+    // The two bodies of entries: a batch of transactions, a list of adjustments.
+    crate::openapi::known_fields(
+        if field == "txns" {
+            "Batch"
+        } else {
+            "Adjustments"
+        },
+        &body,
+    )?;
     let entries = array(&body, field, BATCH_TXNS_MAX)?;
     crate::auth::charge_work(http, &shop, entries.len())?;
     let reqs = entries

@@ -153,7 +153,22 @@ fn check_content_type(req: &HttpRequest) -> Result<(), ApiError> {
         })
         .unwrap_or_default();
     if essence == "application/json" {
-        return Ok(());
+        // JSON is UTF-8 (RFC 8259): a body declared in another charset would be read
+        // as something its sender did not write.
+        let charset = value.and_then(|v| {
+            v.split(';').skip(1).find_map(|p| {
+                let (k, v) = p.split_once('=')?;
+                k.trim()
+                    .eq_ignore_ascii_case("charset")
+                    .then(|| v.trim().trim_matches('"').to_ascii_lowercase())
+            })
+        });
+        return match charset.as_deref() {
+            None | Some("utf-8") | Some("utf8") => Ok(()),
+            Some(other) => Err(ApiError::UnsupportedMediaType(format!(
+                "content-type: charset {other} is not supported: a JSON body is UTF-8"
+            ))),
+        };
     }
     Err(ApiError::UnsupportedMediaType(format!(
         "content-type: must be application/json, got {}",
