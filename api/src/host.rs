@@ -45,10 +45,17 @@ pub fn names_loopback(host: &str) -> bool {
             None => host,
         }
     };
-    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
-    if name == "localhost" || name.ends_with(".localhost") {
+    let name = name.strip_suffix('.').unwrap_or(name).as_bytes();
+    let suffix = b".localhost";
+    if name.eq_ignore_ascii_case(b"localhost")
+        || (name.len() > suffix.len()
+            && name[name.len() - suffix.len()..].eq_ignore_ascii_case(suffix))
+    {
         return true;
     }
+    let Ok(name) = std::str::from_utf8(name) else {
+        return false;
+    };
     name.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
 }
 
@@ -62,28 +69,36 @@ pub async fn loopback_host_only(
     let open = req
         .app_data::<web::Data<Gate>>()
         .is_none_or(|g| !g.enforcing());
-    // HTTP/2 carries the name in the URI's authority rather than a `Host` header.
+    // HTTP/2 carries the name in the URI's authority rather than a `Host` header. Read
+    // without a copy: this runs on every request of an open server.
+    let refused = open
+        && match req.headers().get(header::HOST) {
+            Some(h) => !h.to_str().is_ok_and(names_loopback),
+            None => req
+                .uri()
+                .authority()
+                .is_some_and(|a| !names_loopback(a.as_str())),
+        };
+    if !refused {
+        return Ok(next.call(req).await?.map_into_left_body());
+    }
     let host = req
         .headers()
         .get(header::HOST)
-        .map(|h| h.to_str().unwrap_or("\u{0}").to_string())
-        .or_else(|| req.uri().authority().map(|a| a.as_str().to_string()));
-    match host {
-        Some(host) if open && !names_loopback(&host) => {
-            let response = HttpResponse::build(StatusCode::MISDIRECTED_REQUEST).json(json!({
-                "error": "misdirected",
-                "detail": format!(
-                    "this server runs without access keys on a loopback address and answers \
-                     only requests for localhost or a loopback address, not for {:?} (a web \
-                     page elsewhere must not reach it through DNS rebinding); create a key \
-                     with `nrtxn keys create` to serve other names",
-                    host.chars().take(100).collect::<String>()
-                ),
-            }));
-            Ok(req.into_response(response).map_into_right_body())
-        }
-        _ => Ok(next.call(req).await?.map_into_left_body()),
-    }
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+        .unwrap_or_default();
+    let response = HttpResponse::build(StatusCode::MISDIRECTED_REQUEST).json(json!({
+        "error": "misdirected",
+        "detail": format!(
+            "this server runs without access keys on a loopback address and answers only \
+             requests for localhost or a loopback address, not for {:?} (a web page elsewhere \
+             must not reach it through DNS rebinding); create a key with `nrtxn keys create` \
+             to serve other names",
+            host.chars().take(100).collect::<String>()
+        ),
+    }));
+    Ok(req.into_response(response).map_into_right_body())
 }
 
 #[cfg(test)]

@@ -26,67 +26,84 @@ pub fn document() -> &'static Value {
 /// `{"item":"x","stock":100,"if_sq":1}` would otherwise load 100 unguarded.
 pub fn known_fields(schema: &str, body: &Map<String, Value>) -> Result<(), ApiError> {
     let schemas = &document()["components"]["schemas"];
-    known_in_object(schemas, schema, &schemas[schema], body, "")
-}
-
-/// The schema `$ref` names, or `schema` itself.
-fn resolved<'a>(schemas: &'a Value, schema: &'a Value) -> (&'a Value, Option<&'a str>) {
-    match schema["$ref"].as_str().and_then(|r| r.rsplit('/').next()) {
-        Some(name) => (&schemas[name], Some(name)),
-        None => (schema, None),
-    }
-}
-
-fn known_in_object(
-    schemas: &Value,
-    name: &str,
-    schema: &Value,
-    body: &Map<String, Value>,
-    path: &str,
-) -> Result<(), ApiError> {
-    let Some(properties) = schema["properties"].as_object() else {
+    let Some((mut path, takes)) = unknown_in_object(schemas, &schemas[schema], body) else {
         return Ok(());
     };
+    // Built only for the answer: a batch of 1,000 entries walks without allocating.
+    path.reverse();
+    let mut named = String::new();
+    for step in &path {
+        match step {
+            Step::Field(f) if named.is_empty() => named.push_str(f),
+            Step::Field(f) => {
+                named.push('.');
+                named.push_str(f);
+            }
+            Step::Index(i) => named.push_str(&format!("[{i}]")),
+        }
+    }
+    Err(ApiError::invalid(format!(
+        "{named}: unknown field ({} takes {})",
+        if path.len() == 1 {
+            "the body"
+        } else {
+            "this entry"
+        },
+        takes.join(", ")
+    )))
+}
+
+/// A step of the path to an unknown field, innermost first as the walk unwinds.
+enum Step<'a> {
+    Field(&'a str),
+    Index(usize),
+}
+
+/// An unknown field of `body` (the path to it, and the fields its object takes), if any.
+type Unknown<'a> = Option<(Vec<Step<'a>>, Vec<&'a str>)>;
+
+fn unknown_in_object<'a>(
+    schemas: &'a Value,
+    schema: &'a Value,
+    body: &'a Map<String, Value>,
+) -> Unknown<'a> {
+    let properties = schema["properties"].as_object()?;
     let closed = schema["additionalProperties"] == Value::Bool(false);
     for (field, value) in body {
         match properties.get(field) {
-            Some(inner) => known_in_value(schemas, name, inner, value, &format!("{path}{field}"))?,
+            Some(inner) => {
+                if let Some((mut path, takes)) = unknown_in_value(schemas, inner, value) {
+                    path.push(Step::Field(field));
+                    return Some((path, takes));
+                }
+            }
             None if closed => {
-                let takes: Vec<&str> = properties.keys().map(String::as_str).collect();
-                return Err(ApiError::invalid(format!(
-                    "{path}{field}: unknown field ({} takes {})",
-                    if path.is_empty() {
-                        "the body"
-                    } else {
-                        "this entry"
-                    },
-                    takes.join(", ")
-                )));
+                let takes = properties.keys().map(String::as_str).collect();
+                return Some((vec![Step::Field(field)], takes));
             }
             None => {}
         }
     }
-    Ok(())
+    None
 }
 
-fn known_in_value(
-    schemas: &Value,
-    name: &str,
-    schema: &Value,
-    value: &Value,
-    path: &str,
-) -> Result<(), ApiError> {
-    let (schema, named) = resolved(schemas, schema);
-    let name = named.unwrap_or(name);
+fn unknown_in_value<'a>(schemas: &'a Value, schema: &'a Value, value: &'a Value) -> Unknown<'a> {
+    // A `$ref` names a schema of `components`.
+    let schema = match schema["$ref"].as_str().and_then(|r| r.rsplit('/').next()) {
+        Some(name) => &schemas[name],
+        None => schema,
+    };
     match value {
-        Value::Object(m) => known_in_object(schemas, name, schema, m, &format!("{path}.")),
-        Value::Array(items) => match schema.get("items") {
-            Some(each) => items.iter().enumerate().try_for_each(|(i, v)| {
-                known_in_value(schemas, name, each, v, &format!("{path}[{i}]"))
-            }),
-            None => Ok(()),
-        },
-        _ => Ok(()),
+        Value::Object(m) => unknown_in_object(schemas, schema, m),
+        Value::Array(items) => {
+            let each = schema.get("items")?;
+            items.iter().enumerate().find_map(|(i, v)| {
+                let (mut path, takes) = unknown_in_value(schemas, each, v)?;
+                path.push(Step::Index(i));
+                Some((path, takes))
+            })
+        }
+        _ => None,
     }
 }
 
