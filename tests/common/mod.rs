@@ -144,6 +144,12 @@ impl Drop for Server {
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
+        // Well inside the server's keep-alive (actix-web's 5 s): a connection idle longer
+        // is not reused. Otherwise a test that waits about 5 s between two calls (for a
+        // 408, an expiry) can send its next call on a connection the server is closing
+        // at that moment, and get `IncompleteMessage` (seen in tests/edge.rs and, last
+        // stop, tests/dashboard.rs).
+        .pool_idle_timeout(Duration::from_secs(2))
         .build()
         .expect("client")
 }
