@@ -368,13 +368,10 @@ async fn open(
 ) -> anyhow::Result<Arc<Inner>> {
     let store = match mongo_uri {
         Some(uri) => {
-            let client = mongodb::Client::with_uri_str(&uri)
+            let checks = crate::keys::mongo_database(&uri)
                 .await
-                .context("mongo_uri: cannot open the check-back settings")?;
-            let db = client
-                .default_database()
-                .unwrap_or_else(|| client.database("nrtxn"));
-            let checks = db.collection("shop_checks");
+                .context("cannot open the check-back settings")?
+                .collection("shop_checks");
             // The dead letters are read by shop, oldest first, and trimmed newest first.
             dead_letters_of(&checks)
                 .create_index(

@@ -145,13 +145,7 @@ impl KeyStore {
         match mongo_uri {
             Some(uri) => {
                 let shown = redact_uri(uri);
-                let client = mongodb::Client::with_uri_str(uri)
-                    .await
-                    .with_context(|| format!("mongo_uri: cannot use {shown}"))?;
-                let db = client
-                    .default_database()
-                    .unwrap_or_else(|| client.database("nrtxn"));
-                let keys = db.collection::<Document>("keys");
+                let keys = mongo_database(uri).await?.collection::<Document>("keys");
                 // Touch the server now, so a wrong URI fails here with its name rather
                 // than at the first reload.
                 keys.count_documents(doc! { "_id": "" })
@@ -405,6 +399,18 @@ impl StoredKey {
             revoked_at: self.revoked_at,
         })
     }
+}
+
+/// The database of a MongoDB URI (its path, else `nrtxn`), for the stores that live beside
+/// the journal (keys, check-back settings, the stream's cursor key). An error names the
+/// URI without its credentials.
+pub async fn mongo_database(uri: &str) -> anyhow::Result<mongodb::Database> {
+    let client = mongodb::Client::with_uri_str(uri)
+        .await
+        .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
+    Ok(client
+        .default_database()
+        .unwrap_or_else(|| client.database("nrtxn")))
 }
 
 /// A MongoDB URI with its password replaced by `***`, for messages and logs.

@@ -230,13 +230,9 @@ impl CursorKey {
             Some(uri) => {
                 use mongodb::bson::{doc, Document};
                 let shown = crate::keys::redact_uri(uri);
-                let client = mongodb::Client::with_uri_str(uri)
-                    .await
-                    .with_context(|| format!("mongo_uri: cannot use {shown}"))?;
-                let db = client
-                    .default_database()
-                    .unwrap_or_else(|| client.database("nrtxn"));
-                let secrets = db.collection::<Document>(SECRETS_COLLECTION);
+                let secrets = crate::keys::mongo_database(uri)
+                    .await?
+                    .collection::<Document>(SECRETS_COLLECTION);
                 // Whoever inserts first made the key; the others read it.
                 if let Err(e) = secrets
                     .insert_one(doc! { "_id": CURSOR_KEY_ID, "key": hex::encode(fresh) })
