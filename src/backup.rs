@@ -10,7 +10,8 @@
 //!    of the log reaches at least as far as the views do.
 //!
 //! Then the copy is checked as a start would check it ([`scan`] from the views'
-//! position: every checksum, the chain, no gap). A segment retired between steps 1 and 3
+//! position: every checksum, the chain, no gap), and the older segments are read whole
+//! as well ([`verify_unread`]): a backup of a damaged log is refused. A segment retired between steps 1 and 3
 //! could leave a gap; the backup then starts over (a few times at most).
 //!
 //! The last record of a segment still being written may be copied half: that is a torn
@@ -31,7 +32,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use rusqlite::{Connection, OpenFlags};
 
-use crate::journal::segment::{scan, segments, Chain};
+use crate::journal::segment::{scan, segments, verify_unread, Chain};
 use crate::sqlite::read_log_mark;
 
 const VIEWS: &str = "nrtxn.db";
@@ -103,7 +104,10 @@ fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
         },
         None => Chain::default(),
     };
-    let end = scan(&log_to, from_chain, |_| Ok(())).context("the copied log does not check out")?;
+    let end =
+        scan(&log_to, from_chain, None, |_| Ok(())).context("the copied log does not check out")?;
+    // A backup is read again only when it is needed: every segment is read whole now.
+    verify_unread(&end.unread).context("the copied log does not check out")?;
     for f in [VIEWS, KEYS, CHECKS, CURSOR_KEY] {
         if to.join(f).exists() {
             std::fs::File::open(to.join(f))?.sync_all()?;

@@ -340,10 +340,17 @@ impl SqliteStore {
         metrics: Arc<Metrics>,
         durable: bool,
     ) -> Result<Arc<SqliteStore>, StoreError> {
+        // SQLite's words for a damaged file, and rusqlite's for a value of the wrong
+        // type read back (a row damaged where SQLite does not look).
+        const DAMAGE: [&str; 5] = [
+            "malformed",
+            "not a database",
+            "Invalid type",
+            "Invalid column type",
+            "out of range",
+        ];
         SqliteStore::open_inner(dir, metrics, durable).map_err(|e| match e {
-            StoreError::Storage(msg)
-                if msg.contains("malformed") || msg.contains("not a database") =>
-            {
+            StoreError::Storage(msg) if DAMAGE.iter().any(|d| msg.contains(d)) => {
                 let path = dir.join("nrtxn.db");
                 StoreError::Storage(format!(
                     "{} is damaged ({msg}). With the embedded journal it holds only views \

@@ -111,6 +111,67 @@ async fn a_torn_tail_is_cut_off_and_every_acknowledged_outcome_stays() {
     assert_eq!((status, &next["seq"]), (200, &json!(22)), "{next}");
 }
 
+/// Cuts the last `bytes` bytes of the file at `path`.
+fn cut_end(path: &Path, bytes: u64) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - bytes).unwrap();
+}
+
+/// Acknowledged sales cut from the log's tail are no torn write: the start is refused,
+/// naming the records missing, where a cut taken for a torn tail would answer their keys
+/// 404 and give their seqs to other sales. The views are moved away first, so that only
+/// the log (and its durable mark) says what was acknowledged, as when the views had not
+/// yet caught up at the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_records_cut_from_the_tail_refuse_the_start_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let answered = sell_then_kill(dir.path()).await;
+    delete_views(&data);
+    let last = segments(&data).pop().unwrap();
+    let whole = std::fs::read(&last).unwrap();
+    cut_end(&last, 100);
+    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
+    assert!(!status.success(), "started on a log cut short");
+    assert!(
+        stderr.contains(&last.display().to_string())
+            && stderr.contains("were acknowledged and are missing")
+            && stderr.contains("DURABLE"),
+        "{stderr}"
+    );
+    // The bytes put back, everything answered is there again.
+    std::fs::write(&last, &whole).unwrap();
+    let server = Server::start(dir.path(), &[]);
+    check_answers(&server, &answered).await;
+}
+
+/// An older segment, which the views already hold and a start does not read, cut short
+/// refuses the start naming it: it is checked against its footer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_segment_cut_short_refuses_the_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let flags = ["--journal-segment-mb", "1"];
+    let mut server = Server::start(dir.path(), &flags);
+    let c = client();
+    let names: Vec<String> = (0..2_000).map(|i| format!("item-{i:05}")).collect();
+    for round in 0..60 {
+        let items: Vec<(&str, i64)> = names.iter().map(|n| (n.as_str(), round)).collect();
+        load(&c, &server, "shop", &items).await;
+    }
+    server.kill();
+    // Retirement (every 2 s) may have taken the oldest ones: the newest two are left.
+    let segs = segments(&data);
+    assert!(segs.len() >= 2, "{segs:?}");
+    // The second newest: sealed, and before what the views hold.
+    let older = &segs[segs.len() - 2];
+    cut_end(older, 100);
+    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
+    assert!(!status.success(), "started on an older segment cut short");
+    assert!(stderr.contains(&older.display().to_string()), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_record_inside_the_log_refuses_the_start_with_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
@@ -323,6 +384,31 @@ async fn truncated_views_refuse_the_start_and_the_log_rebuilds_them() {
     assert!(!status.success(), "started on truncated views");
     assert!(
         stderr.contains("nrtxn.db") && stderr.contains("rebuilt from the log"),
+        "{stderr}"
+    );
+    delete_views(&data);
+    let server = Server::start(dir.path(), &[]);
+    check_answers(&server, &answered).await;
+}
+
+/// A value of the wrong type in the views (a row damaged where SQLite's own check does
+/// not look) refuses the start saying what is damaged and what to do, not with the bare
+/// "Invalid type" of the row's reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_views_value_of_the_wrong_type_refuses_the_start_saying_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let answered = sell_then_kill(dir.path()).await;
+    start_and_stop(dir.path()).await;
+    let data = dir.path().join("data");
+    tamper_views(
+        &data,
+        "UPDATE journal SET request_key = CAST(request_key AS BLOB) \
+         WHERE rowid = (SELECT max(rowid) FROM journal WHERE request_key IS NOT NULL)",
+    );
+    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
+    assert!(!status.success(), "started on damaged views");
+    assert!(
+        stderr.contains("nrtxn.db is damaged") && stderr.contains("rebuilt from the log"),
         "{stderr}"
     );
     delete_views(&data);

@@ -2,7 +2,7 @@
 
 use prometheus::{
     exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The help text of `nrtxn_stage_seconds`, a sentence per stage label: `/metrics` is
@@ -61,6 +61,9 @@ pub struct Metrics {
     /// because their partition's write lease had passed to another node (a stale
     /// writer, fenced).
     pub journal_fenced: IntCounter,
+    /// Kept segments of the embedded log that the full read after a start found damaged
+    /// (a start checks them by their footer alone; see `src/journal/seal.rs`).
+    pub journal_damaged_segments: IntGauge,
     /// Check-backs asked of shops, by what came of them (`confirm`, `release`,
     /// `extend`, `default`: no answer, so the shop's default applied).
     pub checks: IntCounterVec,
@@ -143,6 +146,11 @@ impl Metrics {
             "Journal batches refused because their partition's lease passed to another node",
         )
         .expect("static metric definition");
+        let journal_damaged_segments = IntGauge::new(
+            "nrtxn_journal_damaged_segments",
+            "Older segments of the embedded log found damaged by the full read after the start",
+        )
+        .expect("static metric definition");
         let checks = IntCounterVec::new(
             Opts::new(
                 "nrtxn_checks_total",
@@ -178,6 +186,7 @@ impl Metrics {
             Box::new(decisions.clone()),
             Box::new(repeats.clone()),
             Box::new(journal_fenced.clone()),
+            Box::new(journal_damaged_segments.clone()),
             Box::new(checks.clone()),
             Box::new(check_dead_letters.clone()),
             Box::new(events_relayed.clone()),
@@ -196,6 +205,7 @@ impl Metrics {
             decisions,
             repeats,
             journal_fenced,
+            journal_damaged_segments,
             checks,
             check_dead_letters,
             events_relayed,

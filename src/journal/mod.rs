@@ -3,6 +3,7 @@
 //! ([`codec`]). See `docs/decisions/journal-log.md` for the layout and why.
 
 pub mod codec;
+pub mod seal;
 pub mod segment;
 pub mod store;
 

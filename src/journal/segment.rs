@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_128;
 
+use super::seal::{self, Acked, Footer, MarkWriter, Successor};
+
 /// The format this code writes and reads.
 pub const VERSION: u16 = 1;
 pub const HEADER_LEN: usize = 80;
@@ -65,7 +67,7 @@ impl Header {
     }
 
     /// The header in `b`, if its checksum holds.
-    fn decode(b: &[u8]) -> Option<Header> {
+    pub(super) fn decode(b: &[u8]) -> Option<Header> {
         let b: &[u8; HEADER_LEN] = b.get(..HEADER_LEN)?.try_into().ok()?;
         let checksum = u128::from_le_bytes(b[0..16].try_into().ok()?);
         if checksum != xxh3_128(&b[16..]) || b[71] != 0 {
@@ -139,16 +141,40 @@ pub struct TornTail {
     pub file: PathBuf,
     pub offset: u64,
     pub bytes: u64,
+    /// What was wrong with the first bad record.
+    pub detail: String,
+}
+
+/// The last segment, as a scan found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tail {
+    pub path: PathBuf,
+    /// The first record number it is named for.
+    pub first: u64,
+    /// Where its last good record ends.
+    pub len: u64,
+    /// Whether it ends with a footer (the writer then starts the next segment).
+    pub sealed: bool,
+}
+
+/// A kept segment a scan checked by its footer alone: [`verify_unread`] reads it whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unread {
+    pub path: PathBuf,
+    pub first: u64,
+    pub next: Successor,
 }
 
 /// What a scan ends with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanEnd {
     pub chain: Chain,
-    /// The last segment and where its last good record ends (`None`: no segment yet).
-    pub last: Option<(PathBuf, u64)>,
+    /// The last segment (`None`: no segment yet).
+    pub last: Option<Tail>,
     pub torn: Option<TornTail>,
     pub records: u64,
+    /// The kept segments before the first one read, checked by their footer alone.
+    pub unread: Vec<Unread>,
 }
 
 fn segment_name(first_lsn: u64) -> String {
@@ -182,21 +208,23 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 
 /// Reads every record from `from` on (the chain the records before it ended with, or
 /// the default for an empty log), checking each header and body checksum, the lsn
-/// sequence, the chain and that epochs never go down, and hands each to `visit`.
+/// sequence, the chain and that epochs never go down, and hands each to `visit`. Every
+/// kept segment before the first one read is checked by its footer (or read whole
+/// without one): see [`super::seal`].
 ///
 /// A bad record with nothing readable after it, at the end of the last segment, is a
-/// torn tail: the scan stops there and reports it (the writer cuts it off). A bad record
-/// with a good one after it, a segment missing, or a record out of place is corruption.
+/// torn tail: the scan stops there and reports it (the writer cuts it off), unless
+/// `acked` (the durable mark) or `from` says records at or after it were acknowledged. A
+/// bad record with a good one after it, a segment missing, or a record out of place is
+/// corruption.
 pub fn scan(
     dir: &Path,
     from: Chain,
-    mut visit: impl FnMut(Record<'_>) -> Result<(), String>,
+    acked: Option<Acked>,
+    visit: impl FnMut(Record<'_>) -> Result<(), String>,
 ) -> Result<ScanEnd, LogError> {
     let segs = segments(dir)?;
-    let mut chain = from;
-    let mut records = 0u64;
-    let mut last = None;
-    // Segments wholly before `from` are skipped (retired ones may already be gone).
+    // Segments wholly before `from` are not read (retired ones may already be gone).
     let start = segs
         .iter()
         .rposition(|(first, _)| *first <= from.next_lsn.max(1))
@@ -211,157 +239,321 @@ pub fn scan(
             });
         }
     }
-    let n = segs.len();
-    // The last record number seen, skipped or not: the log must reach `from`.
-    let mut seen = None::<u64>;
+    let unread = check_kept(&segs, start)?;
+    let mut s = Scanner {
+        from,
+        acked,
+        chain: from,
+        records: 0,
+        seen: None,
+        begins: None,
+        visit,
+    };
+    let (mut last, mut torn) = (None, None);
     for (i, (first, path)) in segs.iter().enumerate().skip(start) {
-        if i > start && *first != chain.next_lsn {
+        if i > start && *first != s.chain.next_lsn {
             return Err(LogError::Gap {
                 detail: format!(
                     "{} starts at record {first}, but the segment before it ends before record {}",
                     path.display(),
-                    chain.next_lsn
+                    s.chain.next_lsn
                 ),
             });
         }
         let mut data = Vec::new();
         File::open(path)?.read_to_end(&mut data)?;
+        s.begins.get_or_insert(*first);
+        let (len, sealed) = match s.segment(*first, path, &data, i + 1 == segs.len())? {
+            SegmentEnd::Open => (data.len() as u64, false),
+            SegmentEnd::Sealed(len) => (len, true),
+            SegmentEnd::Torn(t) => {
+                let len = t.offset;
+                torn = Some(t);
+                (len, false)
+            }
+        };
+        last = Some(Tail {
+            path: path.clone(),
+            first: *first,
+            len,
+            sealed,
+        });
+    }
+    s.check_end(torn.as_ref())?;
+    Ok(ScanEnd {
+        chain: s.chain,
+        last,
+        torn,
+        records: s.records,
+        unread,
+    })
+}
+
+/// Checks every kept segment before `start` (the first one a scan reads) by its footer
+/// against the segment after it, or whole when the footer does not hold; returns those
+/// checked by their footer alone, for a full read later ([`verify_unread`]).
+fn check_kept(segs: &[(u64, PathBuf)], start: usize) -> Result<Vec<Unread>, LogError> {
+    let mut unread = Vec::new();
+    for i in 0..start {
+        let ((first, path), (next_first, next_path)) = (&segs[i], &segs[i + 1]);
+        let parent = match seal::first_header(next_path)? {
+            Some(h) => Some(h.parent),
+            // The newest segment's only record may be torn: the scan judges it.
+            None if i + 2 == segs.len() => None,
+            None => {
+                return Err(LogError::Corrupt {
+                    file: next_path.clone(),
+                    offset: 0,
+                    lsn: *next_first,
+                    detail: "header checksum does not match".into(),
+                })
+            }
+        };
+        let next = Successor {
+            first_lsn: *next_first,
+            parent,
+        };
+        if seal::footer_holds(path, *first, next)? {
+            unread.push(Unread {
+                path: path.clone(),
+                first: *first,
+                next,
+            });
+        } else {
+            seal::verify_segment(path, *first, next)?;
+        }
+    }
+    Ok(unread)
+}
+
+/// Reads whole the segments a scan checked by their footer alone: the first damage
+/// found, naming the file and byte.
+pub fn verify_unread(unread: &[Unread]) -> Result<(), LogError> {
+    for u in unread {
+        seal::verify_segment(&u.path, u.first, u.next)?;
+    }
+    Ok(())
+}
+
+/// How one segment's bytes end.
+enum SegmentEnd {
+    /// At the end of the file, after a whole record.
+    Open,
+    /// With a footer that starts at this offset.
+    Sealed(u64),
+    /// With a torn tail (the last segment only).
+    Torn(TornTail),
+}
+
+/// A scan's state from segment to segment.
+struct Scanner<V> {
+    from: Chain,
+    acked: Option<Acked>,
+    chain: Chain,
+    records: u64,
+    /// The last record number seen, skipped or not: the log must reach `from`.
+    seen: Option<u64>,
+    /// The first segment read's first record number.
+    begins: Option<u64>,
+    visit: V,
+}
+
+impl<V: FnMut(Record<'_>) -> Result<(), String>> Scanner<V> {
+    /// Reads the segment `path` (named for `first`, `data` its bytes).
+    fn segment(
+        &mut self,
+        first: u64,
+        path: &Path,
+        data: &[u8],
+        last: bool,
+    ) -> Result<SegmentEnd, LogError> {
         let mut at = 0usize;
-        let mut first_in_file = true;
+        let mut last_checksum = None::<u128>;
         while at < data.len() {
-            let bad = |detail: String| (at as u64, detail);
-            let checked = (|| {
-                let header = Header::decode(&data[at..])
-                    .ok_or_else(|| bad("header checksum does not match".into()))?;
-                if header.version != VERSION {
-                    return Err(bad(format!(
-                        "format version {} (this build reads {VERSION})",
-                        header.version
-                    )));
-                }
-                let len = header.body_len as usize;
-                let end = at + HEADER_LEN + len;
-                if len > BODY_MAX || end > data.len() {
-                    return Err(bad(format!("body of {len} bytes runs past the file")));
-                }
-                let body = &data[at + HEADER_LEN..end];
-                if xxh3_128(body) != header.body_checksum {
-                    return Err(bad("body checksum does not match".into()));
-                }
-                Ok((header, end))
-            })();
-            let (header, end) = match checked {
-                Ok(v) => v,
-                Err((offset, detail)) => {
-                    if i + 1 == n && !any_record_after(&data, at + 1) {
-                        // A tail cut where what was derived from the log (the views,
-                        // written only after a record is durable) reaches further is no
-                        // torn write: records that were acknowledged are gone (a file cut
-                        // short or damaged at rest). Refused, not cut.
-                        let next_in_log = seen.map_or(*first, |lsn| lsn + 1);
-                        if from.next_lsn > next_in_log {
-                            return Err(LogError::Corrupt {
-                                file: path.clone(),
-                                offset,
-                                lsn: next_in_log,
-                                detail: format!(
-                                    "the log ends here ({detail}), but what was derived from it reaches record {}: records that were acknowledged are missing",
-                                    from.next_lsn - 1
-                                ),
-                            });
-                        }
-                        let torn = TornTail {
-                            file: path.clone(),
-                            offset,
-                            bytes: (data.len() - at) as u64,
-                        };
-                        return Ok(ScanEnd {
-                            chain,
-                            last: Some((path.clone(), offset)),
-                            torn: Some(torn),
-                            records,
+            if data.len() - at == seal::FOOTER_LEN {
+                if let Some(ft) = Footer::decode(&data[at..]) {
+                    let due = self.seen.map_or(first, |lsn| lsn + 1);
+                    if ft.first_lsn != first
+                        || ft.len != at as u64
+                        || ft.last_lsn + 1 != due
+                        || Some(ft.last_checksum) != last_checksum
+                    {
+                        return Err(LogError::Corrupt {
+                            file: path.to_path_buf(),
+                            offset: at as u64,
+                            lsn: due,
+                            detail: "the segment's footer does not match its records".into(),
                         });
                     }
-                    return Err(LogError::Corrupt {
-                        file: path.clone(),
-                        offset,
-                        lsn: chain.next_lsn,
+                    return Ok(SegmentEnd::Sealed(at as u64));
+                }
+            }
+            let (header, end) = match checked_record(data, at) {
+                Ok(v) => v,
+                Err(detail) if last && !any_record_after(data, at + 1) => {
+                    return Ok(SegmentEnd::Torn(TornTail {
+                        file: path.to_path_buf(),
+                        offset: at as u64,
+                        bytes: (data.len() - at) as u64,
                         detail,
-                    });
+                    }));
+                }
+                Err(detail) => {
+                    return Err(LogError::Corrupt {
+                        file: path.to_path_buf(),
+                        offset: at as u64,
+                        lsn: self.chain.next_lsn,
+                        detail,
+                    })
                 }
             };
             let corrupt = |detail: String| LogError::Corrupt {
-                file: path.clone(),
+                file: path.to_path_buf(),
                 offset: at as u64,
                 lsn: header.lsn,
                 detail,
             };
-            if first_in_file && header.lsn != *first {
+            if last_checksum.is_none() && header.lsn != first {
                 return Err(corrupt(format!(
                     "the segment is named for record {first} but starts with record {}",
                     header.lsn
                 )));
             }
-            seen = Some(header.lsn);
-            let skipped = header.lsn < chain.next_lsn;
-            if !skipped {
-                if chain.next_lsn > 0 && header.lsn != chain.next_lsn {
-                    return Err(corrupt(format!(
-                        "record {} where record {} was due",
-                        header.lsn, chain.next_lsn
-                    )));
-                }
-                if chain.next_lsn > 0 && header.parent != chain.parent {
-                    return Err(corrupt(
-                        "it does not chain to the record before it (a record was replaced or lost)"
-                            .into(),
-                    ));
-                }
-                if header.epoch < chain.epoch {
-                    return Err(corrupt(format!(
-                        "written by a stale writer: epoch {} after epoch {}",
-                        header.epoch, chain.epoch
-                    )));
-                }
-                visit(Record {
-                    header,
-                    body: &data[at + HEADER_LEN..end],
-                    file: path,
-                    offset: at as u64,
-                })
+            self.record(header, &data[at + HEADER_LEN..end], path, at)
                 .map_err(corrupt)?;
-                records += 1;
-                chain = Chain {
-                    next_lsn: header.lsn + 1,
-                    parent: header.checksum,
-                    epoch: header.epoch,
-                };
-            } else if header.lsn + 1 == chain.next_lsn && header.checksum != chain.parent {
-                return Err(corrupt(
-                    "the record the snapshot ends with differs from the log's".into(),
-                ));
-            }
-            first_in_file = false;
+            last_checksum = Some(header.checksum);
             at = end;
         }
-        last = Some((path.clone(), data.len() as u64));
+        Ok(SegmentEnd::Open)
     }
-    if let Some(lsn) = seen {
-        if lsn + 1 < from.next_lsn {
-            return Err(LogError::Gap {
-                detail: format!(
-                    "the log ends at record {lsn}, but what was derived from it reaches record {}",
-                    from.next_lsn - 1
+
+    /// Checks one record against the records before it and hands it on, unless it
+    /// comes before `from` (skipped).
+    fn record(
+        &mut self,
+        header: Header,
+        body: &[u8],
+        path: &Path,
+        at: usize,
+    ) -> Result<(), String> {
+        self.seen = Some(header.lsn);
+        if let Some(acked) = self.acked.filter(|a| a.lsn == header.lsn) {
+            if header.checksum != acked.checksum {
+                return Err(format!(
+                    "the record differs from the one acknowledged as record {} ({})",
+                    acked.lsn,
+                    seal::MARK_FILE
+                ));
+            }
+        }
+        let chain = self.chain;
+        if header.lsn < chain.next_lsn {
+            if header.lsn + 1 == chain.next_lsn && header.checksum != chain.parent {
+                return Err("the record the snapshot ends with differs from the log's".into());
+            }
+            return Ok(());
+        }
+        if chain.next_lsn > 0 && header.lsn != chain.next_lsn {
+            return Err(format!(
+                "record {} where record {} was due",
+                header.lsn, chain.next_lsn
+            ));
+        }
+        if chain.next_lsn > 0 && header.parent != chain.parent {
+            return Err(
+                "it does not chain to the record before it (a record was replaced or lost)".into(),
+            );
+        }
+        if header.epoch < chain.epoch {
+            return Err(format!(
+                "written by a stale writer: epoch {} after epoch {}",
+                header.epoch, chain.epoch
+            ));
+        }
+        (self.visit)(Record {
+            header,
+            body,
+            file: path,
+            offset: at as u64,
+        })?;
+        self.records += 1;
+        self.chain = Chain {
+            next_lsn: header.lsn + 1,
+            parent: header.checksum,
+            epoch: header.epoch,
+        };
+        Ok(())
+    }
+
+    /// Where the log ends must be at or past what was derived from it (`from`) and what
+    /// was acknowledged (`acked`): a tail that ends before either lost records that were
+    /// answered, and is refused, not cut.
+    fn check_end(&self, torn: Option<&TornTail>) -> Result<(), LogError> {
+        let next_in_log = match (self.seen, self.begins) {
+            (Some(lsn), _) => lsn + 1,
+            (None, Some(first)) => first,
+            (None, None) => self.chain.next_lsn,
+        };
+        let views = self.from.next_lsn.saturating_sub(1);
+        let acked = self.acked.map_or(0, |a| a.lsn);
+        let (reach, by) = if acked > views {
+            (
+                acked,
+                format!(
+                    "record {acked} was synced and acknowledged ({})",
+                    seal::MARK_FILE
                 ),
-            });
+            )
+        } else {
+            (
+                views,
+                format!("what was derived from it reaches record {views}"),
+            )
+        };
+        if reach == 0 || reach < next_in_log {
+            return Ok(());
+        }
+        let missing = format!("records {next_in_log} to {reach} were acknowledged and are missing");
+        match torn {
+            Some(t) => Err(LogError::Corrupt {
+                file: t.file.clone(),
+                offset: t.offset,
+                lsn: next_in_log,
+                detail: format!(
+                    "the log ends here ({}), but {by}: {missing}. If losing them is accepted, \
+                     remove {} and the views' files to start from what the log holds",
+                    t.detail,
+                    seal::MARK_FILE
+                ),
+            }),
+            None => Err(LogError::Gap {
+                detail: format!(
+                    "the log ends at record {}, but {by}: {missing}",
+                    next_in_log - 1
+                ),
+            }),
         }
     }
-    Ok(ScanEnd {
-        chain,
-        last,
-        torn: None,
-        records,
-    })
+}
+
+/// The record at `at`, if its header and body check out; the reason otherwise.
+fn checked_record(data: &[u8], at: usize) -> Result<(Header, usize), String> {
+    let header = Header::decode(&data[at..]).ok_or("header checksum does not match")?;
+    if header.version != VERSION {
+        return Err(format!(
+            "format version {} (this build reads {VERSION})",
+            header.version
+        ));
+    }
+    let len = header.body_len as usize;
+    let end = at + HEADER_LEN + len;
+    if len > BODY_MAX || end > data.len() {
+        return Err(format!("body of {len} bytes runs past the file"));
+    }
+    if xxh3_128(&data[at + HEADER_LEN..end]) != header.body_checksum {
+        return Err("body checksum does not match".into());
+    }
+    Ok((header, end))
 }
 
 /// Whether a record header with a good checksum starts anywhere in `data` from `from`:
@@ -371,23 +563,28 @@ fn any_record_after(data: &[u8], from: usize) -> bool {
         .any(|at| Header::decode(&data[at..]).is_some_and(|h| h.version == VERSION))
 }
 
-/// Appends records to the newest segment, starting a new one past `segment_bytes`.
-/// Only one writer may have a log open: the lock file is held while it lives.
+/// Appends records to the newest segment, sealing it with a footer and starting a new
+/// one past `segment_bytes`, and writes the durable mark after every sync. Only one
+/// writer may have a log open: the lock file is held while it lives.
 pub struct LogWriter {
     dir: PathBuf,
     file: File,
+    /// The first record number of the segment being written.
+    first: u64,
     offset: u64,
     chain: Chain,
     epoch: u64,
     segment_bytes: u64,
     buf: Vec<u8>,
+    mark: MarkWriter,
     _lock: File,
 }
 
 impl LogWriter {
     /// Opens the log for appending where `end` (a scan's) says it ends, cutting off a
     /// torn tail, under a new epoch one above every epoch in the log (or `epoch_at_least`
-    /// if higher). `lock` is the log's lock ([`lock`]), held from before the scan.
+    /// if higher). `lock` is the log's lock ([`lock`]), held from before the scan; what
+    /// the log holds is durable (see [`sync_newest`]).
     pub fn open(
         dir: &Path,
         end: &ScanEnd,
@@ -396,33 +593,41 @@ impl LogWriter {
         lock: File,
     ) -> Result<LogWriter, LogError> {
         let epoch = (end.chain.epoch + 1).max(epoch_at_least);
-        let (file, offset) = match &end.last {
-            Some((path, len)) => {
-                let mut f = OpenOptions::new().write(true).open(path)?;
-                if end.torn.is_some() {
-                    f.set_len(*len)?;
-                    f.sync_data()?;
-                }
-                f.seek(io::SeekFrom::Start(*len))?;
-                (f, *len)
-            }
-            None => {
-                let first = end.chain.next_lsn.max(1);
-                (create_segment(dir, first)?, 0)
-            }
-        };
         let mut chain = end.chain;
         if chain.next_lsn == 0 {
             chain.next_lsn = 1;
         }
+        let (file, first, offset) = match &end.last {
+            Some(tail) if !tail.sealed => {
+                let mut f = OpenOptions::new().write(true).open(&tail.path)?;
+                if end.torn.is_some() {
+                    f.set_len(tail.len)?;
+                    f.sync_data()?;
+                }
+                f.seek(io::SeekFrom::Start(tail.len))?;
+                (f, tail.first, tail.len)
+            }
+            // None yet, or the last one sealed before the process stopped.
+            _ => (create_segment(dir, chain.next_lsn)?, chain.next_lsn, 0),
+        };
+        let mut mark = MarkWriter::open(dir)?;
+        if chain.next_lsn > 1 {
+            mark.write(Acked {
+                lsn: chain.next_lsn - 1,
+                checksum: chain.parent,
+                epoch: chain.epoch,
+            })?;
+        }
         Ok(LogWriter {
             dir: dir.to_path_buf(),
             file,
+            first,
             offset,
             chain,
             epoch,
             segment_bytes: segment_bytes.max(HEADER_LEN as u64 * 2),
             buf: Vec::new(),
+            mark,
             _lock: lock,
         })
     }
@@ -435,6 +640,36 @@ impl LogWriter {
         self.chain
     }
 
+    /// Ends the segment being written with its footer and makes it durable, then starts
+    /// the next one. A footer that finds no room is cut off again, as a record is.
+    fn roll(&mut self) -> Result<(), LogError> {
+        let footer = Footer {
+            first_lsn: self.first,
+            last_lsn: self.chain.next_lsn - 1,
+            last_checksum: self.chain.parent,
+            len: self.offset,
+        };
+        self.write_or_cut(&footer.encode())?;
+        self.file.sync_data()?;
+        self.file = create_segment(&self.dir, self.chain.next_lsn)?;
+        self.first = self.chain.next_lsn;
+        self.offset = 0;
+        Ok(())
+    }
+
+    /// Writes `bytes` at the end of the segment. A write cut short (no room left on the
+    /// disk, say) may have left part of them in the file: it is cut off, so the writer
+    /// stands where it stood and the same bytes can be written again once there is room
+    /// (`crate::space`). Cutting frees space, so it does not fail for want of it.
+    fn write_or_cut(&mut self, bytes: &[u8]) -> Result<(), LogError> {
+        if let Err(e) = self.file.write_all(bytes) {
+            self.file.set_len(self.offset)?;
+            self.file.seek(io::SeekFrom::Start(self.offset))?;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     /// Writes one record (not yet synced: see [`LogWriter::sync`]) and returns its lsn.
     pub fn append(&mut self, kind: u8, at_ms: i64, body: &[u8]) -> Result<u64, LogError> {
         if body.len() > BODY_MAX {
@@ -445,10 +680,7 @@ impl LogWriter {
         }
         let len = (HEADER_LEN + body.len()) as u64;
         if self.offset > 0 && self.offset + len > self.segment_bytes {
-            // The old segment is complete and durable before the new one is named.
-            self.file.sync_data()?;
-            self.file = create_segment(&self.dir, self.chain.next_lsn)?;
-            self.offset = 0;
+            self.roll()?;
         }
         let header = Header {
             checksum: 0,
@@ -462,18 +694,13 @@ impl LogWriter {
             at_ms,
         };
         let encoded = header.encode();
-        self.buf.clear();
-        self.buf.extend_from_slice(&encoded);
-        self.buf.extend_from_slice(body);
-        if let Err(e) = self.file.write_all(&self.buf) {
-            // A write cut short (no room left on the disk, say) may have left part of
-            // the record in the file: it is cut off, so the writer stands where it stood
-            // and the same record can be written again once there is room
-            // (`crate::space`). Cutting frees space, so it does not fail for want of it.
-            self.file.set_len(self.offset)?;
-            self.file.seek(io::SeekFrom::Start(self.offset))?;
-            return Err(e.into());
-        }
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.extend_from_slice(&encoded);
+        buf.extend_from_slice(body);
+        let written = self.write_or_cut(&buf);
+        self.buf = buf;
+        written?;
         self.offset += len;
         let lsn = header.lsn;
         self.chain = Chain {
@@ -484,9 +711,19 @@ impl LogWriter {
         Ok(lsn)
     }
 
-    /// Makes every record appended so far durable.
+    /// Makes every record appended so far durable, then says so in the durable mark.
     pub fn sync(&mut self) -> Result<(), LogError> {
         self.file.sync_data()?;
+        let acked = Acked {
+            lsn: self.chain.next_lsn - 1,
+            checksum: self.chain.parent,
+            epoch: self.epoch,
+        };
+        if let Err(e) = self.mark.write(acked) {
+            // The records are durable all the same; only a cut of them could not be
+            // told from a torn write until the next mark is written.
+            tracing::warn!(error = %e, "journal: the durable mark could not be written");
+        }
         Ok(())
     }
 
@@ -572,7 +809,7 @@ mod tests {
 
     fn bodies(dir: &Path, from: Chain) -> Result<(Bodies, ScanEnd), LogError> {
         let mut out = Vec::new();
-        let end = scan(dir, from, |r| {
+        let end = scan(dir, from, None, |r| {
             out.push((r.header.lsn, r.body.to_vec()));
             Ok(())
         })?;
@@ -612,7 +849,7 @@ mod tests {
     fn a_torn_tail_is_cut_off_and_writing_goes_on_after_the_last_good_record() {
         let dir = tempfile::tempdir().unwrap();
         let end = write(dir.path(), 10, 1 << 20);
-        let (path, len) = end.last.clone().unwrap();
+        let Tail { path, len, .. } = end.last.clone().unwrap();
         // Half of a last record written, as a crash mid-write leaves it.
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(len - 5).unwrap();
@@ -629,7 +866,7 @@ mod tests {
     fn a_tail_cut_before_what_the_views_hold_refuses_the_start() {
         let dir = tempfile::tempdir().unwrap();
         let end = write(dir.path(), 10, 1 << 20);
-        let (path, len) = end.last.clone().unwrap();
+        let Tail { path, len, .. } = end.last.clone().unwrap();
         // Cut inside record 8, where the views (derived from durable records only) hold
         // up to record 10: acknowledged records are gone, not a write torn by a crash.
         let record = (HEADER_LEN + b"body 9".len()) as u64;
@@ -752,7 +989,7 @@ mod tests {
         write(dir.path(), 40, 500);
         let (all, _) = bodies(dir.path(), Chain::default()).unwrap();
         let mut chain_at_25 = Chain::default();
-        scan(dir.path(), Chain::default(), |r| {
+        scan(dir.path(), Chain::default(), None, |r| {
             if r.header.lsn == 25 {
                 chain_at_25 = Chain {
                     next_lsn: 26,
@@ -778,5 +1015,152 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    /// The durable mark read back, as a start reads it.
+    fn acked(dir: &Path) -> Option<Acked> {
+        seal::read_mark(dir).unwrap()
+    }
+
+    fn cut(path: &Path, bytes: u64) {
+        let f = OpenOptions::new().write(true).open(path).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.set_len(len - bytes).unwrap();
+    }
+
+    #[test]
+    fn a_tail_cut_after_its_sync_refuses_naming_the_records_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let end = write(dir.path(), 10, 1 << 20);
+        assert_eq!(acked(dir.path()).map(|a| a.lsn), Some(10));
+        // The last 100 bytes go: record 10 and part of record 9 were synced, so
+        // acknowledged; the views (`from`) hold none of them.
+        cut(&end.last.unwrap().path, 100);
+        let err =
+            scan(dir.path(), Chain::default(), acked(dir.path()), |_| Ok(())).expect_err("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("records 9 to 10 were acknowledged and are missing")
+                && msg.contains(seal::MARK_FILE),
+            "{msg}"
+        );
+        // The newest segment deleted whole: the log ends before the mark as well.
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 40, 500);
+        let (_, newest) = segments(dir.path()).unwrap().pop().unwrap();
+        std::fs::remove_file(&newest).unwrap();
+        let err =
+            scan(dir.path(), Chain::default(), acked(dir.path()), |_| Ok(())).expect_err("refused");
+        assert!(err.to_string().contains("to 40 were acknowledged"), "{err}");
+    }
+
+    #[test]
+    fn a_tail_torn_after_the_last_sync_is_cut_off_whatever_the_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let end = write(dir.path(), 10, 1 << 20);
+        let mut w =
+            LogWriter::open(dir.path(), &end, 0, 1 << 20, lock(dir.path()).unwrap()).unwrap();
+        // Written but never synced (so never acknowledged), then torn.
+        w.append(3, 0, b"unsynced").unwrap();
+        drop(w);
+        cut(&segments(dir.path()).unwrap().pop().unwrap().1, 3);
+        let end = scan(dir.path(), Chain::default(), acked(dir.path()), |_| Ok(())).unwrap();
+        assert_eq!((end.records, end.torn.is_some()), (10, true));
+    }
+
+    #[test]
+    fn a_record_replaced_at_the_mark_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 3, 1 << 20);
+        let real = acked(dir.path()).unwrap();
+        let fake = Acked {
+            checksum: real.checksum ^ 1,
+            ..real
+        };
+        let err = scan(dir.path(), Chain::default(), Some(fake), |_| Ok(())).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("differs from the one acknowledged"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sealed_segments_end_with_a_footer_that_a_start_checks_without_reading_them() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 40, 500);
+        let segs = segments(dir.path()).unwrap();
+        assert!(segs.len() > 4);
+        for (first, path) in &segs[..segs.len() - 1] {
+            let data = std::fs::read(path).unwrap();
+            let ft = Footer::decode(&data[data.len() - seal::FOOTER_LEN..]).expect("a footer");
+            assert_eq!((ft.first_lsn, ft.len), (*first, (data.len() - 64) as u64));
+        }
+        // A start from the views' position, past the older segments: they are checked
+        // by their footers, and left for the full read.
+        let mut from = Chain::default();
+        scan(dir.path(), Chain::default(), None, |r| {
+            if r.header.lsn == 35 {
+                from = Chain {
+                    next_lsn: 36,
+                    parent: r.header.checksum,
+                    epoch: r.header.epoch,
+                };
+            }
+            Ok(())
+        })
+        .unwrap();
+        let end = scan(dir.path(), from, acked(dir.path()), |_| Ok(())).unwrap();
+        assert_eq!(end.unread.len(), segs.len() - 1);
+        assert_eq!(end.records, 5);
+        verify_unread(&end.unread).unwrap();
+
+        // A byte flipped inside an older body: the start does not see it, the full
+        // read does, naming the file.
+        let (_, second) = &segs[1];
+        let mut data = std::fs::read(second).unwrap();
+        data[HEADER_LEN + 2] ^= 0x08;
+        std::fs::write(second, &data).unwrap();
+        let end = scan(dir.path(), from, acked(dir.path()), |_| Ok(())).unwrap();
+        let err = verify_unread(&end.unread).expect_err("found");
+        assert!(
+            err.to_string().contains(&second.display().to_string()),
+            "{err}"
+        );
+        data[HEADER_LEN + 2] ^= 0x08;
+        std::fs::write(second, &data).unwrap();
+
+        // An older segment cut or deleted refuses the start itself. (One that lost its
+        // footer alone, 64 bytes, is read whole instead, as one written before footers
+        // existed is: no record is missing.)
+        for bytes in [1, 63, 65, 100] {
+            let data = std::fs::read(second).unwrap();
+            cut(second, bytes);
+            let err = scan(dir.path(), from, acked(dir.path()), |_| Ok(())).expect_err("refused");
+            assert!(
+                err.to_string().contains(&second.display().to_string()),
+                "{bytes}: {err}"
+            );
+            std::fs::write(second, &data).unwrap();
+        }
+        std::fs::remove_file(&segs[2].1).unwrap();
+        let err = scan(dir.path(), from, acked(dir.path()), |_| Ok(())).expect_err("refused");
+        assert!(err.to_string().contains("records are missing"), "{err}");
+    }
+
+    #[test]
+    fn a_log_whose_newest_segment_was_sealed_goes_on_in_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 40, 500);
+        // The process stopped between a footer and the next segment's first record:
+        // here, by taking that segment and the mark away.
+        let (_, newest) = segments(dir.path()).unwrap().pop().unwrap();
+        std::fs::remove_file(&newest).unwrap();
+        std::fs::remove_file(dir.path().join(seal::MARK_FILE)).unwrap();
+        let end = bodies(dir.path(), Chain::default()).unwrap().1;
+        assert!(end.last.as_ref().unwrap().sealed);
+        let n = end.records;
+        let end = write(dir.path(), 3, 500);
+        assert_eq!((end.records, end.torn), (n + 3, None));
     }
 }

@@ -29,7 +29,8 @@ use nrtxn_actors::{
 };
 
 use super::codec;
-use super::segment::{self, scan, Chain, LogError, LogWriter};
+use super::seal;
+use super::segment::{self, scan, Chain, LogError, LogWriter, Unread};
 use crate::embedded_log::AcceptDone;
 use crate::sqlite::{gather, SqliteStore};
 
@@ -223,7 +224,8 @@ impl LogJournal {
         progress.applied(from.next_lsn.saturating_sub(1), 0);
         let started = Instant::now();
         let mut replayed = 0u64;
-        let end = scan(&dir, from, |record| {
+        let acked = seal::read_mark(&dir).map_err(store_error)?;
+        let end = scan(&dir, from, acked, |record: segment::Record<'_>| {
             let mark = Chain {
                 next_lsn: record.header.lsn + 1,
                 parent: record.header.checksum,
@@ -290,6 +292,7 @@ impl LogJournal {
         );
         let writer =
             LogWriter::open(&dir, &end, 0, retention.segment_bytes, lock).map_err(store_error)?;
+        verify_in_background(end.unread, metrics.clone())?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
         let thread_views = views.clone();
         let thread_progress = progress.clone();
@@ -370,6 +373,41 @@ fn maintain(views: &SqliteStore, dir: &Path, retention: Retention) -> Result<(),
     if pruned > 0 {
         tracing::debug!(entries = pruned, "entries past the key window pruned");
     }
+    Ok(())
+}
+
+/// Reads whole, off the path, the kept segments the start checked by their footer
+/// alone. What it finds damaged is logged and counted
+/// (`nrtxn_journal_damaged_segments`); a backup reads the log whole again and refuses it.
+fn verify_in_background(unread: Vec<Unread>, metrics: Arc<Metrics>) -> Result<(), StoreError> {
+    if unread.is_empty() {
+        return Ok(());
+    }
+    std::thread::Builder::new()
+        .name("journal-verify".into())
+        .spawn(move || {
+            let started = Instant::now();
+            let mut damaged = 0;
+            for u in &unread {
+                if let Err(e) = segment::verify_unread(std::slice::from_ref(u)) {
+                    damaged += 1;
+                    metrics.journal_damaged_segments.set(damaged);
+                    tracing::error!(
+                        error = %e,
+                        "journal: an older segment is damaged (the views hold its records, so \
+                         serving goes on; a backup of this data dir is refused until it is \
+                         restored from one)"
+                    );
+                }
+            }
+            tracing::info!(
+                segments = unread.len(),
+                damaged,
+                ms = started.elapsed().as_millis() as u64,
+                "journal: older segments read whole"
+            );
+        })
+        .map_err(|e| StoreError::Storage(e.to_string()))?;
     Ok(())
 }
 
