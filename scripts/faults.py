@@ -13,6 +13,9 @@ what the server holds (CASES lists them, with the module of each):
   exactly the acknowledged state.
 - overload: 2,000 connections in a burst (nrtxn-bench): 429s, peak RSS, time back to
   normal latency.
+- log-ends (faults_log.py): the log's tail cut or deleted after acknowledged writes,
+  older segments cut, deleted or flipped: refused with a message, or the acknowledged
+  state, and damage the start does not read is reported by the full read after it.
 - disk-full (faults_disk.py): the data dir on a small tmpfs, filled under load.
 - memory (faults_memory.py): each bound that grows with input driven to it and past it.
 - cluster (faults_cluster.py): two nodes on Kafka and MongoDB; the broker, the database
@@ -558,9 +561,11 @@ CASES = {
     "overload": (None, "case_overload"),
     "cluster": ("faults_cluster", "cluster"),
     "burst": ("faults_burst", "repeated_burst"),
+    "log-ends": ("faults_log", "log_ends"),
 }
-FULL = ["sigkill", "sigterm", "corruption", "disk-full", "overload", "burst", "memory", "cluster"]
-QUICK = ["sigkill", "sigterm", "corruption", "disk-full", "memory", "cluster"]
+FULL = ["sigkill", "sigterm", "corruption", "log-ends", "disk-full", "overload", "burst", "memory",
+        "cluster"]
+QUICK = ["sigkill", "sigterm", "corruption", "log-ends", "disk-full", "memory", "cluster"]
 
 
 BEGIN, END = "<!-- faults.sh: begin -->", "<!-- faults.sh: end -->"

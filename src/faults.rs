@@ -25,6 +25,17 @@ pub fn journal_read_hold() -> Option<Duration> {
     )
 }
 
+/// `NRTXN_FAULT_KEEP_SEGMENTS=1`: the embedded log's segments are never retired, as
+/// when the views' checkpoint falls behind: older segments the views already hold stay,
+/// for the tests that damage them.
+pub fn keep_segments() -> bool {
+    let keep = std::env::var("NRTXN_FAULT_KEEP_SEGMENTS").is_ok_and(|v| v == "1");
+    if keep {
+        tracing::warn!("fault injected: the journal's segments are never retired");
+    }
+    keep
+}
+
 /// The milliseconds in `var`, if it is set to a number: said in the log as `what`.
 fn fault_ms(var: &str, what: &str) -> Option<Duration> {
     let ms: u64 = std::env::var(var).ok()?.parse().ok()?;

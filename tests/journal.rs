@@ -149,11 +149,14 @@ async fn acknowledged_records_cut_from_the_tail_refuse_the_start_naming_them() {
 /// An older segment, which the views already hold and a start does not read, cut short
 /// refuses the start naming it: it is checked against its footer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_older_segment_cut_short_refuses_the_start_naming_it() {
+async fn an_older_segment_cut_short_refuses_the_start_and_a_flip_inside_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let flags = ["--journal-segment-mb", "1"];
-    let mut server = Server::start(dir.path(), &flags);
+    // Older segments kept (as a checkpoint falling behind keeps them), so that there
+    // are some the views hold and the start does not read.
+    let keep = [("NRTXN_FAULT_KEEP_SEGMENTS", "1")];
+    let mut server = Server::start_env(dir.path(), &flags, &keep);
     let c = client();
     let names: Vec<String> = (0..2_000).map(|i| format!("item-{i:05}")).collect();
     for round in 0..60 {
@@ -161,15 +164,49 @@ async fn an_older_segment_cut_short_refuses_the_start_naming_it() {
         load(&c, &server, "shop", &items).await;
     }
     server.kill();
-    // Retirement (every 2 s) may have taken the oldest ones: the newest two are left.
     let segs = segments(&data);
-    assert!(segs.len() >= 2, "{segs:?}");
+    assert!(segs.len() >= 3, "{segs:?}");
     // The second newest: sealed, and before what the views hold.
     let older = &segs[segs.len() - 2];
+    let whole = std::fs::read(older).unwrap();
     cut_end(older, 100);
     let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
     assert!(!status.success(), "started on an older segment cut short");
     assert!(stderr.contains(&older.display().to_string()), "{stderr}");
+    std::fs::write(older, &whole).unwrap();
+
+    // A byte flipped inside the oldest one's records: the start checks it by its footer
+    // and goes on; the full read after the start finds it and says so.
+    let mut oldest = std::fs::read(&segs[0]).unwrap();
+    let at = oldest.len() / 2;
+    oldest[at] ^= 0x20;
+    std::fs::write(&segs[0], &oldest).unwrap();
+    let server = Server::start_env(dir.path(), &flags, &keep);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = c
+            .get(server.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains("nrtxn_journal_damaged_segments 1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the damage was not reported: {}",
+            text.lines()
+                .filter(|l| l.contains("damaged"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    assert!(log.contains(&segs[0].display().to_string()), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

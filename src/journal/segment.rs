@@ -493,14 +493,20 @@ impl<V: FnMut(Record<'_>) -> Result<(), String>> Scanner<V> {
             (Some(lsn), _) => lsn + 1,
             (None, Some(first)) => first,
             (None, None) => self.chain.next_lsn,
-        };
+        }
+        .max(1);
         let views = self.from.next_lsn.saturating_sub(1);
         let acked = self.acked.map_or(0, |a| a.lsn);
-        let (reach, by) = if acked > views {
+        let (reach, by, todo) = if acked > views {
             (
                 acked,
                 format!(
                     "record {acked} was synced and acknowledged ({})",
+                    seal::MARK_FILE
+                ),
+                format!(
+                    " (if losing them is accepted rather than restoring a backup, remove {} \
+                     to start from what the log holds)",
                     seal::MARK_FILE
                 ),
             )
@@ -508,29 +514,26 @@ impl<V: FnMut(Record<'_>) -> Result<(), String>> Scanner<V> {
             (
                 views,
                 format!("what was derived from it reaches record {views}"),
+                String::new(),
             )
         };
         if reach == 0 || reach < next_in_log {
             return Ok(());
         }
-        let missing = format!("records {next_in_log} to {reach} were acknowledged and are missing");
+        let missing =
+            format!("records {next_in_log} to {reach} were acknowledged and are missing{todo}");
         match torn {
             Some(t) => Err(LogError::Corrupt {
                 file: t.file.clone(),
                 offset: t.offset,
                 lsn: next_in_log,
-                detail: format!(
-                    "the log ends here ({}), but {by}: {missing}. If losing them is accepted, \
-                     remove {} and the views' files to start from what the log holds",
-                    t.detail,
-                    seal::MARK_FILE
-                ),
+                detail: format!("the log ends here ({}), but {by}: {missing}", t.detail),
             }),
             None => Err(LogError::Gap {
-                detail: format!(
-                    "the log ends at record {}, but {by}: {missing}",
-                    next_in_log - 1
-                ),
+                detail: match next_in_log.saturating_sub(1) {
+                    0 => format!("the log holds no record, but {by}: {missing}"),
+                    end => format!("the log ends at record {end}, but {by}: {missing}"),
+                },
             }),
         }
     }
@@ -1052,6 +1055,13 @@ mod tests {
         let err =
             scan(dir.path(), Chain::default(), acked(dir.path()), |_| Ok(())).expect_err("refused");
         assert!(err.to_string().contains("to 40 were acknowledged"), "{err}");
+        // Every segment gone: nothing to read, and still refused.
+        for (_, path) in segments(dir.path()).unwrap() {
+            std::fs::remove_file(path).unwrap();
+        }
+        let err =
+            scan(dir.path(), Chain::default(), acked(dir.path()), |_| Ok(())).expect_err("refused");
+        assert!(err.to_string().contains("the log holds no record"), "{err}");
     }
 
     #[test]

@@ -302,13 +302,14 @@ impl LogJournal {
             .map_err(|e| StoreError::Storage(e.to_string()))?;
         let (stop, stopped) = mpsc::channel::<()>();
         let (m_views, m_dir) = (views.clone(), dir.clone());
+        let keep_segments = crate::faults::keep_segments();
         let maintainer = std::thread::Builder::new()
             .name("journal-retention".into())
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(MAINTAIN_EVERY)
                 {
-                    if let Err(e) = maintain(&m_views, &m_dir, retention) {
+                    if let Err(e) = maintain(&m_views, &m_dir, retention, keep_segments) {
                         tracing::warn!(error = %e, "journal retention failed; retrying");
                     }
                 }
@@ -356,8 +357,13 @@ impl LogJournal {
 
 /// Retires the segments the views hold for good, and prunes entries past the key window
 /// from the views (a batch at a time, so the writer is never held for long).
-fn maintain(views: &SqliteStore, dir: &Path, retention: Retention) -> Result<(), StoreError> {
-    if let Some(mark) = views.durable_mark()? {
+fn maintain(
+    views: &SqliteStore,
+    dir: &Path,
+    retention: Retention,
+    keep_segments: bool,
+) -> Result<(), StoreError> {
+    if let Some(mark) = views.durable_mark()?.filter(|_| !keep_segments) {
         let gone = segment::retire_before(dir, mark.next_lsn).map_err(store_error)?;
         if gone > 0 {
             tracing::info!(
