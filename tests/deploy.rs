@@ -493,12 +493,13 @@ fn dashboard_metrics() -> BTreeSet<String> {
     read
 }
 
-/// The metric names of README's table of metrics (its rows' first cells).
+/// The metric names of the manual's table of metrics (its rows' first cells), in the
+/// book's API page.
 fn readme_metrics() -> BTreeSet<String> {
-    let readme = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"));
+    let readme = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/api.md"));
     let table = readme
         .split_once("| name | type | labels | meaning |")
-        .expect("README's table of metrics")
+        .expect("the manual's table of metrics")
         .1;
     table
         .lines()
@@ -545,12 +546,12 @@ async fn grafana_dashboard_and_readme_cover_every_metric_the_server_exposes() {
     let undocumented: Vec<_> = exposed.difference(&documented).collect();
     assert!(
         undocumented.is_empty(),
-        "README's table of metrics lacks {undocumented:?}"
+        "the manual's table of metrics (docs/src/api.md) lacks {undocumented:?}"
     );
     // And nothing charted that the server does not have (a renamed metric).
     let unknown: Vec<_> = charted.difference(&documented).collect();
     assert!(
         unknown.is_empty(),
-        "the dashboard reads metrics README does not list: {unknown:?}"
+        "the dashboard reads metrics the manual does not list: {unknown:?}"
     );
 }

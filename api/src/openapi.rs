@@ -352,7 +352,7 @@ fn build() -> Value {
         "paths": paths,
         "components": {
             "securitySchemes": {
-                "accessKey": { "type": "http", "scheme": "bearer", "description": "an access key: `Authorization: Bearer nrtxn_...` (see README, Access keys)" }
+                "accessKey": { "type": "http", "scheme": "bearer", "description": "an access key: `Authorization: Bearer nrtxn_...` (see the manual, docs/src/security.md, Access keys)" }
             },
             "schemas": all_schemas,
         },

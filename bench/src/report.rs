@@ -267,7 +267,7 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
     let orders = orders_lines(&res.runs);
     if !orders.is_empty() {
         md.push_str(
-            "\n## Orders next to hot (issue 15)\n\nFrom the same run. An order is 2 to 5 distinct \
+            "\n## Orders next to hot\n\nFrom the same run. An order is 2 to 5 distinct \
              lines of qty 1 (Zipf items), reserved all or none, then confirmed or cancelled (half \
              each); its p50 and p99 are per call (the placing and the ending). Hot is one \
              decision per call on one item.\n\n\
@@ -286,14 +286,14 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
     }
     let targets = target_lines(&res.runs);
     if !targets.is_empty() {
-        md.push_str("\n## Against the targets of issue 13\n\n");
+        md.push_str("\n## Against the targets of the request path\n\n");
         for t in targets {
             let _ = writeln!(md, "- {t}");
         }
         md.push_str(
             "\nWhat bounds the missed targets (a profile of the server), the 10-minute \
-             memory run and the steps taken: the README's section \"Against the systems \
-             users would pick instead\" (`../README.md`).\n",
+             memory run and the steps taken: the manual's section \"Against the systems \
+             users would pick instead\" (`src/performance.md`).\n",
         );
     }
     let noted: Vec<&RunResult> = sorted_runs(&res.runs)
