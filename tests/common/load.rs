@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -22,6 +22,25 @@ pub struct Seen {
     pub outcomes: HashMap<String, Value>,
     /// Keys acknowledged with a 202.
     pub accepted: Vec<String>,
+    /// When each key's call was sent.
+    pub sent_at: HashMap<String, Instant>,
+    /// Keys whose call got no HTTP answer (the connection failed or was cut).
+    pub unanswered: Vec<String>,
+    /// When the server was told to stop ([`load_then_stop`]).
+    pub stopped_at: Option<Instant>,
+}
+
+impl Seen {
+    /// Keys sent at least `margin` before the server was told to stop: the calls a
+    /// server that drains on SIGTERM must answer.
+    pub fn sent_before_stop(&self, margin: Duration) -> Vec<&String> {
+        let stopped = self.stopped_at.expect("stopped by load_then_stop");
+        self.sent_at
+            .iter()
+            .filter(|(_, at)| **at + margin <= stopped)
+            .map(|(key, _)| key)
+            .collect()
+    }
 }
 
 /// Clients send decrements (one in ten a return), half of them fire-and-forget, until
@@ -43,10 +62,11 @@ pub async fn run_load(base: String, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool
                 let qty = (i % 3 + 1) as i64;
                 let respond = i.is_multiple_of(2);
                 let key = format!("c{n}-{i}");
-                seen.lock()
-                    .unwrap()
-                    .sent
-                    .insert(key.clone(), (item.into(), op.into(), qty));
+                {
+                    let mut s = seen.lock().unwrap();
+                    s.sent.insert(key.clone(), (item.into(), op.into(), qty));
+                    s.sent_at.insert(key.clone(), Instant::now());
+                }
                 let body = json!({"seller": "s", "item": item, "qty": qty, "op": op,
                                   "request_id": key, "respond": respond});
                 let res = c
@@ -54,9 +74,16 @@ pub async fn run_load(base: String, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool
                     .json(&body)
                     .send()
                     .await;
-                let Ok(res) = res else { break };
-                let status = res.status().as_u16();
-                let Ok(body) = res.json::<Value>().await else {
+                // No answer: the server died (or cut the call); the client stops.
+                let answered = match res {
+                    Ok(res) => {
+                        let status = res.status().as_u16();
+                        res.json::<Value>().await.ok().map(|body| (status, body))
+                    }
+                    Err(_) => None,
+                };
+                let Some((status, body)) = answered else {
+                    seen.lock().unwrap().unanswered.push(key);
                     break;
                 };
                 let mut s = seen.lock().unwrap();
@@ -183,8 +210,23 @@ pub async fn load_then_stop<F>(
 where
     F: FnOnce(&mut Server),
 {
+    load_then_stop_env(flags, &[], clients, enough, stop_server).await
+}
+
+/// [`load_then_stop`] with these environment variables set on the first server (faults
+/// to inject); the restarted one runs without them.
+pub async fn load_then_stop_env<F>(
+    flags: &[&str],
+    env: &[(&str, &str)],
+    clients: usize,
+    enough: impl Fn(&Seen) -> bool,
+    stop_server: F,
+) -> (tempfile::TempDir, Server, Seen)
+where
+    F: FnOnce(&mut Server),
+{
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), flags);
+    let mut server = Server::start_env(dir.path(), flags, env);
     wait_ready(&client(), &server).await;
     let items: Vec<(&str, i64)> = ITEMS.iter().map(|i| (*i, LOADED)).collect();
     load(&client(), &server, "shop", &items).await;
@@ -199,6 +241,7 @@ where
             break;
         }
     }
+    seen.lock().unwrap().stopped_at = Some(Instant::now());
     stop_server(&mut server);
     stop.store(true, Ordering::Relaxed);
     load_task.await.unwrap();
