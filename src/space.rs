@@ -14,31 +14,17 @@
 //!   is free and what to do: recovery itself writes (the views catch up with the log),
 //!   and every write would be refused anyway.
 //!
-//! - **Every write the server makes keeps the floor** (issue 26): the log's writer, the
-//!   views' writer and the views' checkpoints ask [`Space::room_for`] before they write,
-//!   with an upper bound of what the write adds to the disk. The floor is never the room
-//!   of those writes: what is under way when the gate closes (the requests admitted in the
-//!   last [`CHECK_EVERY`], the views' lag behind the log, their WAL copied back into the
-//!   database file) is written in the room above the floor and in a **reserve**, a file
-//!   of [`RESERVE_BYTES`] in the data dir ([`RESERVE_FILE`]), which a write that would
-//!   cross the floor shrinks by what it needs before it writes. A write that does not fit
-//!   even so waits for room as above. The reserve is made whole again once the disk has
-//!   room for it above the floor; until then new writes are refused, so the writes that
-//!   follow a closing gate find it whole. Whatever holds the views, their writer need only
-//!   ask before it writes and say how much it may add.
-//!
-//! The minimum's default, 64 MiB, leaves room beside the reserve for what other programs
-//! write on that disk. The views may lag the log by much more than the reserve holds (up
-//! to 200,000 entries at 530 B to 2 KB each, `journal/store.rs`): past the room left, their
-//! writer waits for space, at the floor, as above.
+//! The minimum's default, 64 MiB, is room for what is under way when the gate closes:
+//! the requests admitted in the last [`CHECK_EVERY`] (about 7,000 at the 70,000/s the
+//! batch benchmark reaches, some 8 MB in the log and the views) and the views' usual lag
+//! behind the log. The views may lag by more (up to 200,000 entries at 530 B to 2 KB
+//! each, `journal/store.rs`): past the room left, their writer waits for space as above.
 
 use std::fmt::Display;
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::StoreError;
@@ -50,18 +36,6 @@ pub const CHECK_EVERY: Duration = Duration::from_millis(100);
 pub const RETRY_EVERY: Duration = Duration::from_millis(200);
 /// The default of `--disk-free-min-mb` (see the module's documentation).
 pub const FREE_MIN_MB_DEFAULT: u64 = 64;
-/// The reserve's size: room for the writes already under way when the gate closes,
-/// without crossing the floor. Its largest parts: the views' checkpoint, which copies the
-/// pages their WAL added into the database file before the WAL can be cut back (the WAL
-/// is checkpointed every 500 ms, and every 256 views transactions from their writer; seen
-/// on a 64 MiB tmpfs under batch load: 12 MB of WAL, most of it pages already in the
-/// file), a views transaction (one 4 KiB page a random key index touches per entry: about
-/// 4 MB for a batch of 1,000), and the log's records admitted in the last [`CHECK_EVERY`]
-/// (about 1 MB at 70,000 entries/s). Past it, writers wait at the floor.
-pub const RESERVE_BYTES: u64 = 16 * MIB;
-/// The reserve's file, in the data dir. Not the server's data: deleting it loses nothing
-/// (it is made again), but leaves the writes under way no room of their own.
-pub const RESERVE_FILE: &str = "disk-reserve";
 
 /// The room on one data dir's disk, shared by its writers and its admission gate.
 pub struct Space {
@@ -82,36 +56,6 @@ pub struct Space {
     waiting: AtomicUsize,
     /// Set once the server stops: a writer waiting for room gives up.
     stopping: AtomicBool,
-    /// The reserve (see the module's documentation). A `std` mutex: held only by writer
-    /// threads and the gate's reading, for one `statvfs` and at most one `ftruncate` or
-    /// `fallocate`, and it serializes the room's accounting between the writers.
-    reserve: Mutex<Reserve>,
-    /// Bytes writers have been granted by [`Space::room_for`] and may not have written
-    /// yet: counted as used, since `statvfs` does not see them until they are written.
-    claimed: AtomicU64,
-}
-
-/// The reserve's file and how much of the disk it holds now.
-#[derive(Default)]
-struct Reserve {
-    /// `None` while the floor is off (`--disk-free-min-mb 0`) or the file cannot be made.
-    file: Option<File>,
-    /// Bytes the file holds on the disk (allocated, not only its length).
-    held: u64,
-}
-
-/// Room granted to one write by [`Space::room_for`], counted as used until dropped:
-/// drop it once the write is done (or failed).
-#[must_use = "the room is counted as used only while the claim lives"]
-pub struct Claim<'a> {
-    space: &'a Space,
-    bytes: u64,
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        self.space.claimed.fetch_sub(self.bytes, Ordering::AcqRel);
-    }
 }
 
 impl Space {
@@ -124,166 +68,13 @@ impl Space {
             refusing: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
-            reserve: Mutex::new(Reserve::default()),
-            claimed: AtomicU64::new(0),
         })
     }
 
-    /// Sets the free space below which new writes are refused and the server's own writes
-    /// do not go, and makes the reserve (or removes it, with 0: the floor is off).
+    /// Sets the free space below which new writes are refused.
     pub fn set_free_min(&self, bytes: u64) {
         self.free_min_bytes.store(bytes, Ordering::Relaxed);
         self.checked_ms.store(0, Ordering::Relaxed);
-        let Ok(mut reserve) = self.reserve.lock() else {
-            return;
-        };
-        let path = self.dir.join(RESERVE_FILE);
-        if bytes == 0 {
-            *reserve = Reserve::default();
-            let _ = std::fs::remove_file(&path);
-            return;
-        }
-        let opened = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .and_then(|f| Ok((allocated(&f)?, f)));
-        match opened {
-            Ok((held, file)) => {
-                *reserve = Reserve {
-                    file: Some(file),
-                    held,
-                }
-            }
-            Err(e) => tracing::warn!(
-                file = %path.display(),
-                error = %e,
-                "cannot make the disk's reserve: the server's writes under way when the \
-                 gate closes wait at the floor instead"
-            ),
-        }
-        if let Ok(free) = free_bytes(&self.dir) {
-            self.keep_reserve(&mut reserve, free);
-        }
-    }
-
-    /// Grants a write room for `bytes` more on the disk (an upper bound of what it adds)
-    /// without crossing the floor, while `then` more bytes stay to be had after it (room
-    /// the write's own sequel needs: the views' checkpoint of what it adds to the WAL).
-    /// Uses the room above the floor first, then shrinks the reserve by what is missing.
-    /// An error of kind [`io::ErrorKind::StorageFull`] when both together are too small:
-    /// the caller waits for room ([`Space::retry`]) as if the disk had none.
-    ///
-    /// A write that finds the disk already below the floor (another program filled it)
-    /// is granted its bytes from the reserve alone: it never takes the disk lower.
-    pub fn room_for(&self, bytes: u64, then: u64) -> io::Result<Claim<'_>> {
-        // A disk allocates whole blocks: a write of a few bytes at a file's end may take
-        // one (seen on tmpfs: the floor crossed by 4 KiB, a log record's page).
-        let bytes = bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES + BLOCK_BYTES;
-        let min = self.free_min_bytes.load(Ordering::Relaxed);
-        let claim = |bytes| {
-            self.claimed.fetch_add(bytes, Ordering::AcqRel);
-            Claim { space: self, bytes }
-        };
-        if min == 0 {
-            return Ok(claim(bytes));
-        }
-        let mut reserve = self
-            .reserve
-            .lock()
-            .map_err(|_| io::Error::other("the disk's reserve is poisoned"))?;
-        let above = self.above_floor(free_bytes(&self.dir)?, min);
-        let draw = bytes.saturating_sub(above);
-        if above + reserve.held < bytes + then {
-            return Err(io::Error::new(
-                io::ErrorKind::StorageFull,
-                format!(
-                    "{} wanted above the floor and {} after it, {} there and {} in the \
-                     reserve",
-                    mib(bytes),
-                    mib(then),
-                    mib(above),
-                    mib(reserve.held)
-                ),
-            ));
-        }
-        if draw > 0 {
-            let left = reserve.held - draw;
-            let file = reserve.file.as_ref().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::StorageFull, "no reserve to draw on")
-            })?;
-            file.set_len(left)?;
-            reserve.held = left;
-            // The gate reads again at the next call: refused until the reserve is whole.
-            self.checked_ms.store(0, Ordering::Relaxed);
-            tracing::debug!(
-                drawn = %mib(draw),
-                left = %mib(left),
-                "a write under way near the floor drew on the disk's reserve"
-            );
-        }
-        Ok(claim(bytes))
-    }
-
-    /// Whether room is short: new writes are refused, or the reserve is not whole. Then
-    /// the writers give back what they can (the views' WAL is cut back at its checkpoint)
-    /// even at some cost to their speed.
-    pub fn short(&self) -> bool {
-        self.refusing.load(Ordering::Acquire)
-            || (self.free_min_bytes.load(Ordering::Relaxed) > 0
-                && self
-                    .reserve
-                    .lock()
-                    .is_ok_and(|r| r.file.is_some() && r.held < RESERVE_BYTES))
-    }
-
-    /// Bytes the server's writes may still add without crossing the floor: the room above
-    /// it and the reserve. `u64::MAX` while the floor is off.
-    pub fn room(&self) -> u64 {
-        let min = self.free_min_bytes.load(Ordering::Relaxed);
-        if min == 0 {
-            return u64::MAX;
-        }
-        let held = self.reserve.lock().map_or(0, |r| r.held);
-        match free_bytes(&self.dir) {
-            Ok(free) => self.above_floor(free, min) + held,
-            Err(_) => u64::MAX,
-        }
-    }
-
-    /// The room above the floor, less what writers were granted and may not have written.
-    fn above_floor(&self, free: u64, min: u64) -> u64 {
-        free.saturating_sub(self.claimed.load(Ordering::Acquire))
-            .saturating_sub(min)
-    }
-
-    /// Makes the reserve whole if the disk has room for it above the floor. Whether it is
-    /// whole (always, while the floor is off).
-    fn keep_reserve(&self, reserve: &mut Reserve, free: u64) -> bool {
-        let min = self.free_min_bytes.load(Ordering::Relaxed);
-        if min == 0 {
-            return true;
-        }
-        let Some(file) = &reserve.file else {
-            // It could not be made (said at start): the writers have the floor's room only.
-            return true;
-        };
-        if reserve.held >= RESERVE_BYTES {
-            return true;
-        }
-        if self.above_floor(free, min) < RESERVE_BYTES - reserve.held {
-            return false;
-        }
-        if let Err(e) = fill(file, RESERVE_BYTES) {
-            tracing::warn!(error = %e, "cannot make the disk's reserve whole; trying again");
-        }
-        reserve.held = allocated(file).unwrap_or(reserve.held);
-        if reserve.held >= RESERVE_BYTES {
-            tracing::debug!(reserve = %mib(reserve.held), "the disk's reserve is whole again");
-        }
-        reserve.held >= RESERVE_BYTES
     }
 
     /// `Err(StoreError::DiskFull)` while new writes are refused (see the module's
@@ -318,18 +109,13 @@ impl Space {
             }
         };
         let min = self.free_min_bytes.load(Ordering::Relaxed);
-        let (whole, held) = match self.reserve.lock() {
-            Ok(mut reserve) => (self.keep_reserve(&mut reserve, free), reserve.held),
-            Err(_) => (true, 0),
-        };
-        let refuse = free < min || !whole || self.waiting.load(Ordering::Acquire) > 0;
+        let refuse = free < min || self.waiting.load(Ordering::Acquire) > 0;
         let was = self.refusing.swap(refuse, Ordering::AcqRel);
         if refuse && !was {
             tracing::error!(
                 data_dir = %self.dir.display(),
                 free = %mib(free),
                 min = %mib(min),
-                reserve = %mib(held),
                 "the data dir's disk is full: new writes are refused (503 disk_full) until it \
                  has room again; free space on that disk (do not delete files in the data \
                  dir, they hold acknowledged requests)"
@@ -413,38 +199,6 @@ impl Space {
 }
 
 const MIB: u64 = 1024 * 1024;
-/// The block a disk allocates, at most: 4 KiB for ext4, XFS and tmpfs on x86-64.
-const BLOCK_BYTES: u64 = 4096;
-
-/// Bytes `file` holds on its disk: its allocated blocks, not its length (a file cut short
-/// by a crash of `fill`, or copied sparse, holds less than its length says).
-fn allocated(file: &File) -> io::Result<u64> {
-    let meta = file.metadata()?;
-    Ok(meta.len().min(meta.blocks() * 512))
-}
-
-/// Allocates `file`'s first `len` bytes on the disk.
-fn fill(file: &File, len: u64) -> io::Result<()> {
-    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
-        Ok(()) => Ok(()),
-        // A filesystem without fallocate: zeros, written.
-        Err(rustix::io::Errno::OPNOTSUPP) => {
-            use std::io::{Seek, Write};
-            let mut f = file;
-            let from = allocated(file)?;
-            f.seek(io::SeekFrom::Start(from))?;
-            let zeros = vec![0u8; 1 << 20];
-            let mut at = from;
-            while at < len {
-                let n = (len - at).min(zeros.len() as u64) as usize;
-                f.write_all(&zeros[..n])?;
-                at += n as u64;
-            }
-            f.sync_data()
-        }
-        Err(e) => Err(e.into()),
-    }
-}
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / MIB as f64)
@@ -585,34 +339,6 @@ mod tests {
         );
         assert!(result.is_err());
         assert_eq!(tries, 1);
-    }
-
-    #[test]
-    fn a_write_past_the_floor_draws_on_the_reserve_which_is_made_whole_once_there_is_room() {
-        let dir = tempfile::tempdir().unwrap();
-        let space = Space::new(dir.path());
-        let free = free_bytes(dir.path()).unwrap();
-        // The floor just under the free space: the reserve, made at once, takes the rest.
-        space.set_free_min(free.saturating_sub(RESERVE_BYTES + MIB));
-        let made = space.reserve.lock().unwrap().held;
-        assert_eq!(made, RESERVE_BYTES);
-        assert!(space.admit().is_ok());
-        // Room for more than is above the floor: drawn from the reserve, and the gate
-        // closes until the reserve can be made whole again.
-        let claim = space.room_for(4 * MIB, 0).unwrap();
-        assert!(space.reserve.lock().unwrap().held < RESERVE_BYTES);
-        drop(claim);
-        space.set_free_min(free_bytes(dir.path()).unwrap() + MIB);
-        assert!(matches!(space.admit(), Err(StoreError::DiskFull)));
-        // More than the room and the reserve together: refused as a full disk.
-        let err = space.room_for(2 * RESERVE_BYTES, 0).err().unwrap();
-        assert!(io_no_room(&err), "{err}");
-        // Room again: the reserve is made whole and the gate opens.
-        space.set_free_min(MIB);
-        assert!(space.admit().is_ok());
-        assert_eq!(space.reserve.lock().unwrap().held, RESERVE_BYTES);
-        space.set_free_min(0);
-        assert!(!dir.path().join(RESERVE_FILE).exists());
     }
 
     #[test]

@@ -264,27 +264,6 @@ const VIEWS_LINGER: std::time::Duration = std::time::Duration::from_millis(20);
 /// How often the WAL is copied back into the database file, off the writer's thread.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The database's page size (see [`open`]).
-const PAGE_BYTES: u64 = 4_096;
-/// What a WAL file is cut back to once it starts over after a checkpoint
-/// (`journal_size_limit`). Without it a WAL file keeps the size of its largest burst
-/// (seen: 12 MB on a 64 MiB disk, given back only by a restart), room the disk's floor
-/// then lacks; reusing this much of it still spares most appends.
-const WAL_KEPT_BYTES: u64 = 4 * 1024 * 1024;
-/// A views transaction's WAL growth, bounded for the disk's floor ([`Space::room_for`]):
-/// this much for the pages every transaction touches (the log mark, the offsets, the
-/// B-trees' inner pages) and the WAL's index (`-shm`, 32 KiB more per 4,096 frames),
-/// plus [`Writer::entry_bytes`] per entry.
-const TXN_BYTES_FIXED: u64 = 96 * 1024;
-/// What one entry adds to the WAL at least in the bound: one frame (a page and its
-/// 24-byte header), the leaf of the request key index it lands in at random. The writer
-/// raises its bound to the largest growth per entry it sees, up to
-/// [`ENTRY_BYTES_LEARNED_MAX`].
-const ENTRY_BYTES_MIN: u64 = PAGE_BYTES + 24;
-/// The most the learned bound per entry goes to: one odd transaction (a few entries that
-/// split many pages) must not make every later one wait for room it never needs.
-const ENTRY_BYTES_LEARNED_MAX: u64 = 16 * ENTRY_BYTES_MIN;
-
 pub struct SqliteStore {
     path: std::path::PathBuf,
     /// Whether each commit is synced (see [`open`]).
@@ -327,52 +306,7 @@ fn open(path: &Path, durable: bool) -> Result<Connection, StoreError> {
     // 64 MiB of page cache: the index pages a batch touches stay in memory.
     conn.pragma_update(None, "cache_size", -65_536)
         .map_err(storage)?;
-    conn.pragma_update(None, "journal_size_limit", WAL_KEPT_BYTES as i64)
-        .map_err(storage)?;
     Ok(conn)
-}
-
-/// Bytes a checkpoint of the WAL now would add to the database file: the pages past the
-/// file's end. The pages the WAL holds of the file's own are copied over them.
-fn checkpoint_growth(conn: &Connection, path: &Path) -> Result<u64, rusqlite::Error> {
-    let pages: i64 = conn.query_row("PRAGMA page_count", [], |row| row.get(0))?;
-    let len = std::fs::metadata(path).map_or(0, |m| m.len());
-    Ok((pages.max(0) as u64 * PAGE_BYTES).saturating_sub(len))
-}
-
-/// A checkpoint (`mode`: PASSIVE, or TRUNCATE, which also cuts the WAL to nothing) within
-/// the disk's floor: it first asks for room for what it adds to the database file, and is
-/// skipped (`None`) when there is none; the next one tries again. Otherwise SQLite's
-/// answer: (busy, frames in the WAL, frames copied).
-fn checkpoint_within(
-    conn: &Connection,
-    path: &Path,
-    space: &Space,
-    mode: &str,
-) -> Result<Option<(i64, i64, i64)>, rusqlite::Error> {
-    let growth = checkpoint_growth(conn, path)?;
-    let Ok(_room) = space.room_for(growth, 0) else {
-        tracing::debug!(
-            growth,
-            "WAL checkpoint put off: no room above the disk's floor"
-        );
-        return Ok(None);
-    };
-    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
-        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-    })
-    .map(Some)
-}
-
-/// A refusal of [`Space::room_for`] as SQLite's own word for a full disk, so that the
-/// views' writer waits for room as it does for that ([`crate::space::sqlite_no_room`]).
-fn no_room(e: std::io::Error) -> rusqlite::Error {
-    let code = if crate::space::io_no_room(&e) {
-        rusqlite::ffi::SQLITE_FULL
-    } else {
-        rusqlite::ffi::SQLITE_IOERR
-    };
-    rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(e.to_string()))
 }
 
 impl SqliteStore {
@@ -465,9 +399,7 @@ impl SqliteStore {
         // instead, in PASSIVE mode, which never blocks the writer.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(storage)?;
-        let space = Space::new(dir);
         let checkpoint_conn = open(&path, durable)?;
-        let (checkpoint_space, checkpoint_path) = (space.clone(), path.clone());
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let checkpointer = std::thread::Builder::new()
             .name("journal-checkpoint".into())
@@ -475,20 +407,9 @@ impl SqliteStore {
                 while let Err(mpsc::RecvTimeoutError::Timeout) =
                     stop_rx.recv_timeout(CHECKPOINT_EVERY)
                 {
-                    // Near the floor the WAL is also cut back, which PASSIVE never does:
-                    // its file keeps its size until the next transaction starts it over,
-                    // and the gate, closed for want of that room, may let none through.
-                    let mode = if checkpoint_space.short() {
-                        "TRUNCATE"
-                    } else {
-                        "PASSIVE"
-                    };
-                    if let Err(e) = checkpoint_within(
-                        &checkpoint_conn,
-                        &checkpoint_path,
-                        &checkpoint_space,
-                        mode,
-                    ) {
+                    if let Err(e) =
+                        checkpoint_conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                    {
                         tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
                     }
                 }
@@ -507,8 +428,8 @@ impl SqliteStore {
             .collect();
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let writer_keys = keys.clone();
+        let space = Space::new(dir);
         let writer_space = space.clone();
-        let writer_path = path.clone();
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || {
@@ -517,14 +438,7 @@ impl SqliteStore {
                 } else {
                     VIEWS_LINGER
                 };
-                let mut writer = Writer::new(
-                    conn,
-                    writer_path,
-                    metrics,
-                    writer_keys,
-                    linger,
-                    writer_space,
-                );
+                let mut writer = Writer::new(conn, metrics, writer_keys, linger, writer_space);
                 writer.dirty = dirty;
                 writer.limited = limited;
                 writer.run(rx)
@@ -591,8 +505,9 @@ impl SqliteStore {
     pub fn durable_mark(&self) -> Result<Option<Chain>, StoreError> {
         let mark = self.log_mark()?;
         let complete = self.read(|conn| {
-            Ok(checkpoint_within(conn, &self.path, &self.space, "PASSIVE")?
-                .is_some_and(|(busy, log, done)| busy == 0 && log == done))
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                Ok(row.get::<_, i64>(0)? == 0 && row.get::<_, i64>(1)? == row.get::<_, i64>(2)?)
+            })
         })?;
         Ok(mark.filter(|_| complete))
     }
@@ -1781,9 +1696,6 @@ impl Lifecycle for SqliteStore {
 
 struct Writer {
     conn: Connection,
-    /// The database file: its size says what a checkpoint adds ([`checkpoint_growth`]),
-    /// its WAL's what a transaction added.
-    path: std::path::PathBuf,
     metrics: Arc<Metrics>,
     keys: Arc<KeyFilter>,
     /// Latest state of every item written since the last snapshot.
@@ -1797,21 +1709,12 @@ struct Writer {
     /// How long a transaction waits for more commands after its first: zero for a
     /// durable store (its callers wait for the commit), [`VIEWS_LINGER`] for views.
     linger: std::time::Duration,
-    /// The room on the disk: every transaction and checkpoint asks it first.
     space: Arc<Space>,
-    /// The bound of one entry's WAL growth: [`ENTRY_BYTES_MIN`], raised to the largest
-    /// seen (a `u64` of bytes; see [`Writer::write_within`]).
-    entry_bytes: u64,
-    /// Entries the prunes of the running transaction may delete at most: fewer than
-    /// asked when the disk's room near the floor holds no more (a prune is asked for
-    /// again every 2 s, and deletes what is left then).
-    prune_cap: usize,
 }
 
 impl Writer {
     fn new(
         conn: Connection,
-        path: std::path::PathBuf,
         metrics: Arc<Metrics>,
         keys: Arc<KeyFilter>,
         linger: std::time::Duration,
@@ -1819,7 +1722,6 @@ impl Writer {
     ) -> Writer {
         Writer {
             conn,
-            path,
             metrics,
             keys,
             dirty: HashMap::new(),
@@ -1828,89 +1730,72 @@ impl Writer {
             limited: HashSet::new(),
             linger,
             space,
-            entry_bytes: ENTRY_BYTES_MIN,
-            prune_cap: usize::MAX,
         }
     }
 
     fn run(mut self, rx: Receiver<Command>) {
         let mut closing = None;
         while closing.is_none() {
-            let Some((mut cmds, _)) = gather(&rx, TXN_ENTRIES_MAX, self.linger, Command::weight)
+            let Some((cmds, weight)) = gather(&rx, TXN_ENTRIES_MAX, self.linger, Command::weight)
             else {
                 break;
             };
-            // Near the disk's floor, a group in transactions that each fit in the room.
-            while !cmds.is_empty() && closing.is_none() {
-                let fit = self.commands_fitting(&cmds);
-                let rest = cmds.split_off(fit);
-                closing = self.commit(cmds);
-                cmds = rest;
+            let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
+            let started = Instant::now();
+            // A transaction that finds the disk full is rolled back and run again once
+            // there is room (see `crate::space`), rather than stopping the process.
+            let space = self.space.clone();
+            let result = space
+                .retry(
+                    "the journal's views",
+                    || self.write(&cmds, snapshot),
+                    crate::space::sqlite_no_room,
+                )
+                .map_err(storage);
+            self.metrics
+                .journal_write_seconds
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics.journal_txn_entries.observe(weight as f64);
+            match &result {
+                Ok(()) if snapshot => {
+                    self.txns_since_snapshot = 0;
+                    self.dirty.clear();
+                }
+                Ok(()) => self.txns_since_snapshot += 1,
+                Err(e) => tracing::error!(error = %e, "journal transaction failed"),
+            }
+            let failed = result.is_err();
+            for cmd in cmds {
+                match cmd {
+                    Command::Append(entries, done, _) => done(entries, result.clone()),
+                    Command::Accept(_, done, _) => done(result.clone()),
+                    Command::Retire(..) => {}
+                    Command::RelaySave(_, ack) => {
+                        let _ = ack.send(result.clone());
+                    }
+                    Command::Prune(_, _, _, ack) => {
+                        let _ = ack.send(result.clone().map(|()| self.pruned));
+                    }
+                    Command::Close(ack) => closing = Some(ack),
+                }
+            }
+            if snapshot && !failed {
+                self.checkpoint();
+            }
+            if failed {
+                // Memory (the processors' state, admitted requests) is now ahead of the
+                // store. Stopping is the only honest move: a restart rebuilds every item
+                // from what is durable, and callers poll or resubmit their keys.
+                tracing::error!("stopping: the journal can no longer be written");
+                std::process::exit(70);
             }
         }
-        if let Err(e) = self.write_within(&[], 0, true) {
+        if let Err(e) = self.write(&[], true) {
             tracing::error!(error = %e, "final snapshot failed; the next start replays the tail");
         }
         if let Some(ack) = closing {
             let _ = ack.send(());
         }
-    }
-
-    /// One transaction of `cmds`, then their callbacks. Returns the acknowledgement of a
-    /// `Close` among them.
-    fn commit(&mut self, cmds: Vec<Command>) -> Option<mpsc::Sender<()>> {
-        let mut closing = None;
-        let weight = cmds.iter().map(Command::weight).sum();
-        let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
-        let started = Instant::now();
-        // A transaction that finds the disk full is rolled back and run again once
-        // there is room (see `crate::space`), rather than stopping the process.
-        let space = self.space.clone();
-        let result = space
-            .retry(
-                "the journal's views",
-                || self.write_within(&cmds, weight, snapshot),
-                crate::space::sqlite_no_room,
-            )
-            .map_err(storage);
-        self.metrics
-            .journal_write_seconds
-            .observe(started.elapsed().as_secs_f64());
-        self.metrics.journal_txn_entries.observe(weight as f64);
-        match &result {
-            Ok(()) if snapshot => {
-                self.txns_since_snapshot = 0;
-                self.dirty.clear();
-            }
-            Ok(()) => self.txns_since_snapshot += 1,
-            Err(e) => tracing::error!(error = %e, "journal transaction failed"),
-        }
-        let failed = result.is_err();
-        for cmd in cmds {
-            match cmd {
-                Command::Append(entries, done, _) => done(entries, result.clone()),
-                Command::Accept(_, done, _) => done(result.clone()),
-                Command::Retire(..) => {}
-                Command::RelaySave(_, ack) => {
-                    let _ = ack.send(result.clone());
-                }
-                Command::Prune(_, _, _, ack) => {
-                    let _ = ack.send(result.clone().map(|()| self.pruned));
-                }
-                Command::Close(ack) => closing = Some(ack),
-            }
-        }
-        if snapshot && !failed {
-            self.checkpoint();
-        }
-        if failed {
-            // Memory (the processors' state, admitted requests) is now ahead of the
-            // store. Stopping is the only honest move: a restart rebuilds every item
-            // from what is durable, and callers poll or resubmit their keys.
-            tracing::error!("stopping: the journal can no longer be written");
-            std::process::exit(70);
-        }
-        closing
     }
 
     /// Completes the background checkpointer's work from the writer's own thread, after
@@ -1920,105 +1805,15 @@ impl Writer {
     /// benchmark). The background thread has copied most frames already, so this stall
     /// is short.
     fn checkpoint(&mut self) {
-        self.checkpoint_as("PASSIVE");
-    }
-
-    fn checkpoint_as(&mut self, mode: &str) {
-        match checkpoint_within(&self.conn, &self.path, &self.space, mode) {
-            Ok(Some((_, log, done))) => tracing::debug!(log, done, mode, "WAL checkpoint"),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, mode, "WAL checkpoint failed; retrying later"),
+        let result = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+            });
+        match result {
+            Ok((log, done)) => tracing::debug!(log, done, "WAL checkpoint"),
+            Err(e) => tracing::warn!(error = %e, "WAL checkpoint failed; retrying later"),
         }
-    }
-
-    /// How many of `cmds`, from the first, one transaction takes: all of them while the
-    /// disk has room, or as many as fit in its room above the floor with the checkpoint
-    /// of what they add ([`Writer::write_within`]'s bound), and at least one: a command
-    /// is written whole (its log mark covers all of it), and one larger than the room
-    /// waits for room. A command holds one processor batch, at most `--batch-max`
-    /// entries (4,096 by default: 17 MB in the bound, 34 MB of room with its checkpoint).
-    fn commands_fitting(&self, cmds: &[Command]) -> usize {
-        let room = self.space.room();
-        if room == u64::MAX {
-            return cmds.len();
-        }
-        let copy = checkpoint_growth(&self.conn, &self.path).unwrap_or(0);
-        let mut budget = (room.saturating_sub(copy) / 2)
-            .saturating_sub(TXN_BYTES_FIXED + self.dirty.len() as u64 * ENTRY_BYTES_MIN);
-        let mut fit = 0;
-        for cmd in cmds {
-            let bytes = cmd.weight() as u64 * self.entry_bytes;
-            if fit > 0 && bytes > budget {
-                break;
-            }
-            budget = budget.saturating_sub(bytes);
-            fit += 1;
-        }
-        fit
-    }
-
-    /// [`Writer::write`] within the disk's floor: room is asked for the transaction's WAL
-    /// growth (bounded: [`TXN_BYTES_FIXED`] and [`Writer::entry_bytes`] per entry, a page
-    /// per item of a snapshot, the prunes cut to what fits) with room left after it for
-    /// the checkpoint that copies the WAL into the database file. Without that room a
-    /// checkpoint that cuts the WAL back is tried first; then the transaction fails as
-    /// on a full disk, and is tried again once there is room ([`Space::retry`]).
-    fn write_within(
-        &mut self,
-        cmds: &[Command],
-        weight: usize,
-        snapshot: bool,
-    ) -> Result<(), rusqlite::Error> {
-        let snapshot_pages = if snapshot { self.dirty.len() as u64 } else { 0 };
-        let bytes =
-            TXN_BYTES_FIXED + weight as u64 * self.entry_bytes + snapshot_pages * ENTRY_BYTES_MIN;
-        let prunes: usize = cmds
-            .iter()
-            .map(|c| match c {
-                Command::Prune(_, max, _, _) => *max,
-                _ => 0,
-            })
-            .sum();
-        let mut copy = checkpoint_growth(&self.conn, &self.path)?;
-        self.prune_cap = usize::MAX;
-        if prunes > 0 {
-            let room = self.space.room();
-            let spare = room.saturating_sub(copy).saturating_sub(2 * bytes) / 2;
-            self.prune_cap = (spare / self.entry_bytes).min(prunes as u64) as usize;
-        }
-        let bytes = bytes + self.prune_cap.min(prunes) as u64 * self.entry_bytes;
-        let space = self.space.clone();
-        let room = match space.room_for(bytes, copy + bytes) {
-            Ok(room) => room,
-            Err(_) => {
-                // The WAL copied into the file and cut back gives room back.
-                self.checkpoint_as("TRUNCATE");
-                copy = checkpoint_growth(&self.conn, &self.path)?;
-                space.room_for(bytes, copy + bytes).map_err(no_room)?
-            }
-        };
-        let wal = self.path.with_extension("db-wal");
-        let wal_before = std::fs::metadata(&wal).map_or(0, |m| m.len());
-        self.write(cmds, snapshot)?;
-        drop(room);
-        let grown = std::fs::metadata(&wal)
-            .map_or(0, |m| m.len())
-            .saturating_sub(wal_before);
-        if grown > bytes {
-            tracing::warn!(
-                grown,
-                bound = bytes,
-                entries = weight,
-                "a views transaction grew the WAL past its bound"
-            );
-        }
-        if weight > 0 {
-            let per_entry = grown
-                .saturating_sub(TXN_BYTES_FIXED + snapshot_pages * ENTRY_BYTES_MIN)
-                / weight as u64;
-            self.entry_bytes = self.entry_bytes.max(per_entry.min(ENTRY_BYTES_LEARNED_MAX));
-        }
-        Ok(())
     }
 
     fn write(&mut self, cmds: &[Command], snapshot: bool) -> Result<(), rusqlite::Error> {
@@ -2141,7 +1936,6 @@ impl Writer {
                         }
                     }
                     Command::Prune(before, max, returnable_from, _) => {
-                        let max = &(*max).min(self.prune_cap);
                         // Only entries a snapshot covers (recovery starts after it), and
                         // only those the outbox relay has published, if it runs.
                         const PRUNED: &str = "SELECT id FROM journal

@@ -504,14 +504,9 @@ fn commit(
         // room, while new writes are refused (see `crate::space`); nothing of this group
         // is answered before its sync.
         let space = views.space();
-        let bytes = (segment::HEADER_LEN + body.len()) as u64;
         match space.retry(
             "the journal's log",
-            || {
-                // Within the floor: a record that would cross it waits for room.
-                let _room = space.room_for(bytes, 0).map_err(LogError::Io)?;
-                log.append(kind, now, body)
-            },
+            || log.append(kind, now, body),
             LogError::no_room,
         ) {
             Ok(_) => marks.push(Some(log.chain())),
