@@ -17,6 +17,7 @@ pub mod processor;
 pub mod reply;
 pub mod returns;
 pub mod shop_stats;
+pub mod shrink;
 pub mod types;
 pub mod verify;
 pub mod wheel;

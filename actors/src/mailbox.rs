@@ -112,6 +112,10 @@ impl PriorityMailbox {
             }
         }
         self.weight -= taken;
+        // Once per batch: a lane that held a burst's backlog gives its room back as it
+        // drains (bounded by admission while full, not after; see `crate::shrink`).
+        crate::shrink::queue(&mut self.high);
+        crate::shrink::queue(&mut self.low);
         out
     }
 }

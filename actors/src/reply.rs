@@ -182,6 +182,11 @@ impl Deadlines {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// Gives back the room a burst of calls left (see `crate::shrink`).
+    pub fn shrink(&mut self) {
+        crate::shrink::queue(&mut self.0);
+    }
 }
 
 #[cfg(test)]

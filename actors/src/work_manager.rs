@@ -548,6 +548,10 @@ impl WorkManager {
         for flight in self.in_flight.values_mut() {
             flight.waiters.retain(|w| !w.call.is_done());
         }
+        // Once per sweep: the tables a burst grew give their room back as they drain
+        // (up to `shop_pending_max` entries while full; see `crate::shrink`).
+        crate::shrink::map(&mut self.in_flight);
+        self.deadlines.shrink();
         let idle_ms = now_ms() - self.status.last_active_ms.load(Ordering::Relaxed);
         if self.in_flight.is_empty() && idle_ms >= self.deps.shop_idle.as_millis() as i64 {
             self.passivate(ctx);
