@@ -359,6 +359,17 @@ def kill_cycles(binary, work, cycles, sig, rnd):
     }
 
 
+def flip_bit(path, rnd):
+    """Flips one bit of one byte of the file at `path`, both chosen by `rnd`."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        at = rnd.randrange(size)
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ (1 << rnd.randrange(8))]))
+
+
 def corruption(binary, work, rnd, quick=False):
     """A clean data dir with acknowledged traffic; each file damaged two ways in a copy."""
     base = os.path.join(work, "data-clean")
@@ -405,12 +416,7 @@ def corruption(binary, work, rnd, quick=False):
                 continue
             tried += 1
             if damage == "flip":
-                with open(path, "r+b") as f:
-                    at = rnd.randrange(size)
-                    f.seek(at)
-                    b = f.read(1)
-                    f.seek(at)
-                    f.write(bytes([b[0] ^ (1 << rnd.randrange(8))]))
+                flip_bit(path, rnd)
             else:
                 with open(path, "r+b") as f:
                     f.truncate(size // 2)

@@ -78,16 +78,6 @@ def cut(path, bytes_):
         f.truncate(max(0, size - bytes_))
 
 
-def flip(path, rnd):
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        at = rnd.randrange(size)
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ (1 << rnd.randrange(8))]))
-
-
 def drop_views(data):
     for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"]:
         try:
@@ -114,9 +104,9 @@ def variants(base, rnd):
         out.append((f"{name} cut to half",
                     lambda d, a=at: cut(a(d), os.path.getsize(a(d)) // 2)))
         out.append((f"{name} deleted", lambda d, a=at: os.remove(a(d))))
-        out.append((f"{name} a byte flipped", lambda d, a=at: flip(a(d), rnd)))
+        out.append((f"{name} a byte flipped", lambda d, a=at: faults.flip_bit(a(d), rnd)))
     out.append(("DURABLE a byte flipped",
-                lambda d: flip(os.path.join(d, "journal", "DURABLE"), rnd)))
+                lambda d: faults.flip_bit(os.path.join(d, "journal", "DURABLE"), rnd)))
     return out
 
 
@@ -180,14 +170,16 @@ def log_ends(ctx):
             status, view = faults.call(s.port, "GET", f"/v1/shops/{faults.SHOP}/items/{item}")
             if status != 200 or (view["stock"], view["reserved"], view["seq"]) != want:
                 missing.append(f"{item} {view} want {want}")
-        damaged = damaged_segments(s.port) if "flipped" in name and name != "DURABLE a byte flipped" else 0
+        # A flip inside a segment the start may not read: the full read must report it.
+        segment_flip = name.endswith(".log a byte flipped")
+        damaged = damaged_segments(s.port) if segment_flip else 0
         s.stop()
         if missing:
             lost += 1
             notes.append(f"{name}: started without acknowledged state: {missing[:3]}")
         elif damaged:
             found_after += 1
-        elif "flipped" in name and name != "DURABLE a byte flipped":
+        elif segment_flip:
             wrong += 1
             notes.append(f"{name}: started, the damage not reported")
         else:

@@ -69,6 +69,17 @@ async fn start_and_stop(dir: &Path) {
     );
 }
 
+/// A start on damaged views (`what`) is refused, its message saying each of `says`;
+/// once the views are moved away the next start rebuilds them from the log, whole.
+async fn refused_then_rebuilt(dir: &Path, answered: &[Value], what: &str, says: &[&str]) {
+    let (status, stderr) = serve_expecting_exit(dir, &["--listen", "127.0.0.1:0"]);
+    assert!(!status.success(), "started on {what}");
+    assert!(says.iter().all(|s| stderr.contains(s)), "{stderr}");
+    delete_views(&dir.join("data"));
+    let server = Server::start(dir, &[]);
+    check_answers(&server, answered).await;
+}
+
 /// Deletes the views (SQLite's files), as an operator moving damaged ones away does.
 fn delete_views(data: &Path) {
     for f in ["nrtxn.db", "nrtxn.db-wal", "nrtxn.db-shm"] {
@@ -262,17 +273,16 @@ async fn a_damaged_snapshot_in_the_views_refuses_the_start_and_the_log_rebuilds_
         &data,
         "UPDATE items SET stock = (stock | 4) - (stock & 4) WHERE item = 'sku'",
     );
-    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
-    assert!(!status.success(), "started on a damaged snapshot");
-    assert!(
-        stderr.contains(
-            "the snapshot of item \"sku\" of shop \"shop\" (seq 21) does not match its checksum"
-        ) && stderr.contains("rebuilt from the log"),
-        "{stderr}"
-    );
-    delete_views(&data);
-    let server = Server::start(dir.path(), &[]);
-    check_answers(&server, &answered).await;
+    refused_then_rebuilt(
+        dir.path(),
+        &answered,
+        "a damaged snapshot",
+        &[
+            "the snapshot of item \"sku\" of shop \"shop\" (seq 21) does not match its checksum",
+            "rebuilt from the log",
+        ],
+    )
+    .await;
 }
 
 /// An entry in the views damaged behind nrtxn's back (here: a sale's status changed) is
@@ -389,15 +399,13 @@ async fn a_flipped_bit_in_a_views_rows_key_refuses_the_start_and_the_log_rebuild
     let data = dir.path().join("data");
     // A journal row: ..., prev_seq, request_key, op, ...
     flip_in_views_page(&data, 0x0D, b"k5decrement");
-    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
-    assert!(!status.success(), "started on views with a damaged key");
-    assert!(
-        stderr.contains("do not match their checksums") && stderr.contains("rebuilt from the log"),
-        "{stderr}"
-    );
-    delete_views(&data);
-    let server = Server::start(dir.path(), &[]);
-    check_answers(&server, &answered).await;
+    refused_then_rebuilt(
+        dir.path(),
+        &answered,
+        "views with a damaged key",
+        &["do not match their checksums", "rebuilt from the log"],
+    )
+    .await;
 }
 
 /// The views file cut short (a disk that lost its end, a copy cut off) refuses the start
@@ -417,15 +425,13 @@ async fn truncated_views_refuse_the_start_and_the_log_rebuilds_them() {
         .unwrap();
     f.set_len(len / 2).unwrap();
     drop(f);
-    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
-    assert!(!status.success(), "started on truncated views");
-    assert!(
-        stderr.contains("nrtxn.db") && stderr.contains("rebuilt from the log"),
-        "{stderr}"
-    );
-    delete_views(&data);
-    let server = Server::start(dir.path(), &[]);
-    check_answers(&server, &answered).await;
+    refused_then_rebuilt(
+        dir.path(),
+        &answered,
+        "truncated views",
+        &["nrtxn.db", "rebuilt from the log"],
+    )
+    .await;
 }
 
 /// A value of the wrong type in the views (a row damaged where SQLite's own check does
@@ -442,15 +448,13 @@ async fn a_views_value_of_the_wrong_type_refuses_the_start_saying_what_to_do() {
         "UPDATE journal SET request_key = CAST(request_key AS BLOB) \
          WHERE rowid = (SELECT max(rowid) FROM journal WHERE request_key IS NOT NULL)",
     );
-    let (status, stderr) = serve_expecting_exit(dir.path(), &["--listen", "127.0.0.1:0"]);
-    assert!(!status.success(), "started on damaged views");
-    assert!(
-        stderr.contains("nrtxn.db is damaged") && stderr.contains("rebuilt from the log"),
-        "{stderr}"
-    );
-    delete_views(&data);
-    let server = Server::start(dir.path(), &[]);
-    check_answers(&server, &answered).await;
+    refused_then_rebuilt(
+        dir.path(),
+        &answered,
+        "damaged views",
+        &["nrtxn.db is damaged", "rebuilt from the log"],
+    )
+    .await;
 }
 
 /// The first record number of a segment, from its name.

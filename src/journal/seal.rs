@@ -30,9 +30,9 @@ use std::io::{self, Read, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
+use xxhash_rust::xxh3::xxh3_64;
 
-use super::segment::{Header, LogError, BODY_MAX, HEADER_LEN, VERSION};
+use super::segment::{checked_record, Header, LogError, HEADER_LEN};
 
 pub const FOOTER_LEN: usize = 64;
 const FOOTER_MAGIC: &[u8; 8] = b"NRTXSEAL";
@@ -235,16 +235,7 @@ pub fn verify_segment(path: &Path, first: u64, next: Successor) -> Result<(), Lo
                 break;
             }
         }
-        let header = Header::decode(&data[at..])
-            .filter(|h| h.version == VERSION)
-            .ok_or_else(|| corrupt(at, lsn, "header checksum does not match".into()))?;
-        let end = at + HEADER_LEN + header.body_len as usize;
-        if header.body_len as usize > BODY_MAX || end > data.len() {
-            return Err(corrupt(at, lsn, "the record runs past the file".into()));
-        }
-        if xxh3_128(&data[at + HEADER_LEN..end]) != header.body_checksum {
-            return Err(corrupt(at, lsn, "body checksum does not match".into()));
-        }
+        let (header, end) = checked_record(&data, at).map_err(|d| corrupt(at, lsn, d))?;
         if header.lsn != lsn || parent.is_some_and(|p| p != header.parent) {
             return Err(corrupt(
                 at,

@@ -540,7 +540,7 @@ impl<V: FnMut(Record<'_>) -> Result<(), String>> Scanner<V> {
 }
 
 /// The record at `at`, if its header and body check out; the reason otherwise.
-fn checked_record(data: &[u8], at: usize) -> Result<(Header, usize), String> {
+pub(super) fn checked_record(data: &[u8], at: usize) -> Result<(Header, usize), String> {
     let header = Header::decode(&data[at..]).ok_or("header checksum does not match")?;
     if header.version != VERSION {
         return Err(format!(
