@@ -46,6 +46,18 @@ def rss_mb(pid):
     return int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) / 1024
 
 
+def memory(port):
+    """The `nrtxn_memory_bytes` gauge by part, in MB ({} if unread)."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    except OSError:
+        return {}
+    return {m.group(1): round(float(m.group(2)) / 1e6, 1) for m in
+            re.finditer(r'^nrtxn_memory_bytes\{part="(\w+)"\} (\S+)$', text, re.M)}
+
+
 def inflight(port):
     """The `nrtxn_queue_depth{queue="inflight"}` gauge (requests admitted and undecided),
     None if unread."""
@@ -70,7 +82,7 @@ def repeated_burst(ctx, rounds=None, seconds=None, connections=None):
     base = f"http://127.0.0.1:{server.port}"
     batch_conns = max(1, connections // 5)
     sale_conns = connections - batch_conns
-    after, tried, errors, notes = [], 0, 0, []
+    after, parts, tried, errors, notes, kinds = [], [], 0, 0, [], {}
     start_rss = rss_mb(server.proc.pid)
     try:
         for n in range(rounds):
@@ -94,6 +106,9 @@ def repeated_burst(ctx, rounds=None, seconds=None, connections=None):
                     out = json.load(open(r[-1]))
                     tried += out["ok"] + out["rejected"] + out["overloaded"] + out["errors"]
                     errors += out["errors"]
+                    for kind, n in out["counts"].items():
+                        if kind.startswith("error_") or kind.startswith("http_5"):
+                            kinds[kind] = kinds.get(kind, 0) + n
                 except (OSError, ValueError, KeyError):
                     notes.append(f"round {n + 1}: a load generator wrote no result")
             deadline = time.time() + 120
@@ -105,8 +120,11 @@ def repeated_burst(ctx, rounds=None, seconds=None, connections=None):
                 notes.append(f"round {n + 1}: requests still in flight after 120 s")
             time.sleep(2)
             after.append(round(rss_mb(server.proc.pid), 1))
+            parts.append(memory(server.port))
         time.sleep(10)
         idle = round(rss_mb(server.proc.pid), 1)
+        if kinds:
+            notes.append("load errors by kind: " + ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items())))
     finally:
         server.stop()
     growth = max(after) - after[0]
@@ -137,6 +155,7 @@ def repeated_burst(ctx, rounds=None, seconds=None, connections=None):
         "tried": tried,
         "rss_after_rounds_mb": after,
         "rss_idle_mb": idle,
+        "memory_after_rounds_mb": parts,
         "lost": 0,
         "doubled": 0,
         "wrong": wrong,

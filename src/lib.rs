@@ -11,6 +11,7 @@ pub mod follow;
 pub mod journal;
 pub mod keyfilter;
 pub mod keys;
+pub mod memory;
 pub mod mongo;
 pub mod outbound;
 pub mod secret_file;

@@ -11,11 +11,21 @@ use nrtxn_actors::EVENTS_LIMIT_MAX;
 use nrtxn_kafka::EventsTopic;
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc instead of glibc's malloc: every request allocates its JSON, its `Arc<str>`s
-/// and its journal entry, and glibc's allocator was about a sixth of the server's CPU on
-/// the batch route (`perf record`: `_int_malloc`, `malloc_consolidate`, `_int_free`).
+/// jemalloc, for SQLite's and librdkafka's `malloc` too: every request allocates its
+/// JSON, its `Arc<str>`s and its journal entry, and glibc's allocator was about a sixth of
+/// the server's CPU on the batch route; mimalloc, used before, kept most of what an
+/// overload burst had taken (docs/decisions/allocator.md).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read once at its start: its background threads return pages left
+/// unused for a second (`dirty_decay_ms`) straight to the system (`muzzy_decay_ms: 0`),
+/// so memory a burst took comes back once the burst is over, even on an idle server.
+/// `MALLOC_CONF` in the environment overrides them.
+#[allow(non_upper_case_globals)]
+#[export_name = "malloc_conf"]
+pub static malloc_conf: &[u8; 60] =
+    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 /// The binary's commands: the server's (declared with its configuration in
 /// `nrtxn::config`) and the clients' (declared here, beside the code that runs them).

@@ -165,6 +165,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             .map(|(rate_per_s, burst)| ShopRateLimiter::new(rate_per_s, burst)),
     ));
     let metrics = Arc::new(Metrics::new());
+    crate::memory::start_gauges(&metrics);
     // The data dir always holds the request log's durable part (fire-and-forget
     // requests): in the embedded journal's log, or beside a MongoDB journal in SQLite.
     let cannot_open = || format!("data_dir: cannot open {}", settings.data_dir.display());

@@ -387,6 +387,45 @@ async fn a_burst_of_new_shops_at_the_bound_is_taken_in_while_idle_shops_remain()
     }
 }
 
+/// Many new shops at once, each deciding once: the dashboard's figures keep at most
+/// 1,024 shops (`SHOPS_TRACKED_MAX`). Each processor records its shops' decisions on its
+/// own thread; before, each checked the bound and then inserted, so new shops decided at
+/// once on two shards could both pass it, and the figures kept a shop more with each
+/// such race: what each shop seen left behind (about 0.85 KB a shop, the issue's RSS
+/// growing with the shops ever seen, and new-shop throughput falling as the bound's scan
+/// grew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboards_figures_keep_their_bound_of_shops_when_many_new_shops_come_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--shops-max", "200"]);
+    let c = client();
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let callers = (0..32).map(|_| {
+        let (c, next, base) = (c.clone(), next.clone(), server.url("/v1/shops"));
+        async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= 4_000 {
+                    return;
+                }
+                let (status, body) = post(
+                    &c,
+                    &format!("{base}/new-{i}/txns"),
+                    json!({"seller": "x", "item": "sku", "qty": 1, "request_id": "r"}),
+                )
+                .await;
+                assert_eq!(status, 200, "shop new-{i}: {body}");
+            }
+        }
+    });
+    futures::future::join_all(callers).await;
+    let kept = bound_used(&c, &server, "shops_with_figures").await;
+    assert!(
+        (1..=1_024).contains(&kept),
+        "{kept} shops with figures, bound 1,024"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shops_past_the_bound_passivate_idle_ones_and_come_back_with_their_outcomes() {
     let dir = tempfile::tempdir().unwrap();

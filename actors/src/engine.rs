@@ -562,6 +562,8 @@ impl Engine {
             .set(self.shops_in_memory() as i64);
         used.with_label_values(&["outcomes_cached"])
             .set(self.outcomes_cached() as i64);
+        used.with_label_values(&["shops_with_figures"])
+            .set(self.deps.metrics.shops.tracked() as i64);
     }
 
     /// Shops with a WorkManager in memory now.

@@ -76,6 +76,9 @@ pub struct Metrics {
     /// (WorkManagers in memory, of `shops_max`), `outcomes_cached` (of
     /// `outcome_cache_total`), `body_bytes` (request bodies held, of `body_bytes_max`).
     pub bound_used: IntGaugeVec,
+    /// The process's memory by part (`allocated`, `resident`, `sqlite`), filled each
+    /// second by the binary, which owns the allocator (`src/memory.rs`).
+    pub memory: IntGaugeVec,
     /// Where a request's time goes: `nrtxn_stage_seconds{stage}` (see [`STAGE_HELP`]),
     /// its children looked up once. The Kafka request log gets a clone (`produce`,
     /// `consume`).
@@ -107,6 +110,15 @@ impl Metrics {
                 "Use of each memory bound (shops, outcomes_cached, body_bytes)",
             ),
             &["bound"],
+        )
+        .expect("static metric definition");
+        let memory = IntGaugeVec::new(
+            Opts::new(
+                "nrtxn_memory_bytes",
+                "Memory by part: allocated (live blocks), resident (the allocator's pages \
+                 in RAM), sqlite (SQLite's share of allocated)",
+            ),
+            &["part"],
         )
         .expect("static metric definition");
         let sizes = exponential_buckets(1.0, 4.0, 9).expect("static buckets");
@@ -191,6 +203,7 @@ impl Metrics {
             Box::new(check_dead_letters.clone()),
             Box::new(events_relayed.clone()),
             Box::new(bound_used.clone()),
+            Box::new(memory.clone()),
             Box::new(stage.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
@@ -210,6 +223,7 @@ impl Metrics {
             check_dead_letters,
             events_relayed,
             bound_used,
+            memory,
             stage: Stages {
                 produce: stage.with_label_values(&["produce"]),
                 consume: stage.with_label_values(&["consume"]),

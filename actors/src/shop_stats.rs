@@ -228,16 +228,22 @@ impl ShopStats {
                 continue;
             };
             let shop = first.shop.clone();
-            if !self.shops.contains_key(&shop) && self.shops.len() >= SHOPS_TRACKED_MAX {
-                self.make_room();
+            {
+                let w = self
+                    .shops
+                    .entry(shop.clone())
+                    .or_insert_with(|| Mutex::new(Window::new()));
+                let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                for o in counted {
+                    w.record(o);
+                }
             }
-            let w = self
-                .shops
-                .entry(shop)
-                .or_insert_with(|| Mutex::new(Window::new()));
-            let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-            for o in counted {
-                w.record(o);
+            // After the insert, not before it: processors record on several threads,
+            // and a check before would let two new shops at once both pass it.
+            while self.shops.len() > SHOPS_TRACKED_MAX {
+                if !self.make_room(&shop) {
+                    break;
+                }
             }
         }
     }
@@ -247,16 +253,22 @@ impl ShopStats {
         self.record_all(&[o]);
     }
 
-    /// Drops the shop whose last decision is oldest (a scan of at most
-    /// [`SHOPS_TRACKED_MAX`], paid once per new shop past the bound).
-    fn make_room(&self) {
+    /// Drops the shop whose last decision is oldest, `keep` aside (a scan of at most
+    /// [`SHOPS_TRACKED_MAX`] and a few more, paid once per new shop past the bound);
+    /// false if there was none to drop.
+    fn make_room(&self, keep: &Arc<str>) -> bool {
         let oldest = self
             .shops
             .iter()
+            .filter(|e| e.key() != keep)
             .min_by_key(|e| e.value().lock().unwrap_or_else(|e| e.into_inner()).last_s)
             .map(|e| e.key().clone());
-        if let Some(shop) = oldest {
-            self.shops.remove(&shop);
+        match oldest {
+            Some(shop) => {
+                self.shops.remove(&shop);
+                true
+            }
+            None => false,
         }
     }
 
@@ -398,5 +410,40 @@ mod tests {
         assert!(stats.shops.get("s0").is_none(), "the oldest went");
         assert!(stats.shops.get("s1").is_some());
         assert!(stats.shops.get("new").is_some());
+    }
+
+    /// Processors on several threads record new shops at once (as a flood of new shops
+    /// does): the bound holds once they are done, however their checks and inserts
+    /// interleave. Before, each thread checked the bound and then inserted, so two new
+    /// shops at once could both pass it and the map grew by one with every such race (the
+    /// issue's "RSS grows with the number of distinct shops ever seen").
+    #[test]
+    fn shops_recorded_from_many_threads_at_once_stay_within_the_bound() {
+        let stats = Arc::new(ShopStats::default());
+        let t0 = 1_700_000_000_000;
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let stats = stats.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2 * SHOPS_TRACKED_MAX as i64 {
+                        let at = t0 + i * 1000;
+                        stats.record(&outcome(&format!("t{t}-{i}"), Status::Ok, at, at));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a recording thread panicked");
+        }
+        assert!(
+            stats.tracked() <= SHOPS_TRACKED_MAX,
+            "{} shops tracked, bound {SHOPS_TRACKED_MAX}",
+            stats.tracked()
+        );
+        // The newest shops stay: each thread's last one is tracked.
+        for t in 0..8 {
+            let last = format!("t{t}-{}", 2 * SHOPS_TRACKED_MAX - 1);
+            assert!(stats.shops.get(last.as_str()).is_some(), "{last} went");
+        }
     }
 }
