@@ -255,11 +255,15 @@ impl FollowArgs {
 
 /// Logs to stderr, at `RUST_LOG`'s levels (info without it), in `format`. Set once, by
 /// the command: `serve` reads its format from its configuration (flag, environment or
-/// file), the clients write text.
+/// file), the clients write text. Colours only on a terminal, and not with `NO_COLOR`
+/// set: a log written to a file or a pipe carries no escape sequences.
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => fmt.init(),

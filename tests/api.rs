@@ -462,6 +462,25 @@ async fn health_readiness_and_metrics_are_served() {
     }
 }
 
+/// A text log written to a file holds no terminal escape sequences (colours), and a
+/// warning in it still reads as one: `serve 2> file` is for reading with `less` and
+/// `grep`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_log_written_to_a_file_carries_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    // A refused call logs nothing by itself; a sale does (at info, `nrtxn=info`).
+    load(&c, &server, "s", &[("sku", 1)]).await;
+    let log = std::fs::read_to_string(server.dir.join("server.log")).unwrap();
+    assert!(log.contains(" INFO "), "no info line in the log:\n{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "the log holds escape sequences:\n{}",
+        log.escape_debug()
+    );
+}
+
 /// The access lines (`nrtxn::http` at debug) of the server's JSON log, in order: each
 /// line of the log must be a JSON object.
 fn access_lines(server: &Server) -> Vec<Value> {
