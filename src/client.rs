@@ -4,7 +4,7 @@
 //! what to do; stdout carries only what a script reads.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -348,56 +348,70 @@ struct Line {
     per_buyer_max: Option<i64>,
 }
 
-/// Splits one CSV record into fields: commas separate; a field in double quotes may hold
-/// commas and doubled quotes (`""`); spaces around a field are trimmed. Records span one
-/// line (item names hold no line breaks).
-fn split_csv(line: &str) -> Result<Vec<String>, String> {
-    let mut fields = Vec::new();
-    let mut chars = line.chars().peekable();
-    loop {
-        while chars.peek() == Some(&' ') {
-            chars.next();
-        }
-        let mut field = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            loop {
-                match chars.next() {
-                    Some('"') if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        field.push('"');
-                    }
-                    Some('"') => break,
-                    Some(c) => field.push(c),
-                    None => return Err("a quoted field is not closed".into()),
-                }
-            }
-            while chars.peek() == Some(&' ') {
-                chars.next();
-            }
-            match chars.next() {
-                None => {
-                    fields.push(field);
-                    return Ok(fields);
-                }
-                Some(',') => fields.push(field),
-                Some(c) => return Err(format!("{c:?} after a quoted field")),
-            }
-        } else {
-            loop {
-                match chars.next() {
-                    None => {
-                        fields.push(field.trim_end().to_string());
-                        return Ok(fields);
-                    }
-                    Some(',') => break,
-                    Some('"') => return Err("a quote inside an unquoted field".into()),
-                    Some(c) => field.push(c),
-                }
-            }
-            fields.push(field.trim_end().to_string());
+/// A load file's records, RFC 4180 (the `csv` crate): commas separate, a field in double
+/// quotes may hold commas, doubled quotes (`""`) and line breaks; spaces around a field
+/// are trimmed; blank lines are skipped. A record with another number of fields than the
+/// header is read as it is and reported by [`parse_line`], not fatal to the file.
+fn csv_reader<R: std::io::Read>(from: R) -> csv::Reader<R> {
+    csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(from)
+}
+
+/// The line (1-based) a record starts on, from its byte offset: the `csv` crate's own
+/// line count skips blank lines and counts a record's line breaks inside quotes once.
+/// Reads the file a second time alongside the records, forward only.
+struct LineOf<R> {
+    from: std::io::BufReader<R>,
+    at: u64,
+    line: usize,
+}
+
+impl<R: std::io::Read> LineOf<R> {
+    fn new(from: R) -> Self {
+        LineOf {
+            from: std::io::BufReader::new(from),
+            at: 0,
+            line: 1,
         }
     }
+
+    /// The line of the record the reader placed at `offset`, at or past the last one
+    /// asked for. The reader places a record where the one before it ended, before its
+    /// line break and any blank lines: those are skipped here too.
+    fn line(&mut self, offset: u64) -> std::io::Result<usize> {
+        use std::io::BufRead;
+        assert!(offset >= self.at, "records are read forward");
+        loop {
+            let buf = self.from.fill_buf()?;
+            let take = if self.at < offset {
+                buf.len().min((offset - self.at) as usize)
+            } else {
+                buf.iter()
+                    .take_while(|b| **b == b'\r' || **b == b'\n')
+                    .count()
+            };
+            if take == 0 {
+                return Ok(self.line);
+            }
+            self.line += buf[..take].iter().filter(|b| **b == b'\n').count();
+            self.from.consume(take);
+            self.at += take as u64;
+        }
+    }
+}
+
+/// One record's fields as text.
+fn fields(record: &csv::ByteRecord) -> Result<Vec<String>, String> {
+    record
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            String::from_utf8(f.to_vec()).map_err(|_| format!("field {} is not UTF-8", i + 1))
+        })
+        .collect()
 }
 
 /// Where each column is, from the header line.
@@ -408,8 +422,18 @@ struct Columns {
     count: usize,
 }
 
-fn columns(header: &str) -> Result<Columns, String> {
-    let names = split_csv(header.trim_start_matches('\u{feff}'))?;
+fn columns(header: &[String]) -> Result<Columns, String> {
+    let names: Vec<&str> = header
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if i == 0 {
+                n.trim_start_matches('\u{feff}')
+            } else {
+                n.as_str()
+            }
+        })
+        .collect();
     let find = |n: &str| names.iter().position(|c| c.eq_ignore_ascii_case(n));
     let (Some(item), Some(stock)) = (find("item"), find("stock")) else {
         return Err(format!(
@@ -433,8 +457,7 @@ fn columns(header: &str) -> Result<Columns, String> {
     })
 }
 
-fn parse_line(cols: &Columns, number: usize, text: &str) -> Result<Line, String> {
-    let fields = split_csv(text)?;
+fn parse_line(cols: &Columns, number: usize, fields: &[String]) -> Result<Line, String> {
     if fields.len() != cols.count {
         return Err(format!(
             "{} fields, the header has {}",
@@ -476,88 +499,102 @@ struct LoadReport {
     refused: Vec<(usize, String)>,
 }
 
-/// `items load`: reads the file once to check it and count its lines (the progress bar's
-/// total), then streams it in batches of `batch` lines (by line number, so that fixing
-/// one line changes only its batch's request id).
+/// `items load`: reads the file once to check its header and count its records (the
+/// progress bar's total), then streams it in batches of `batch` records, each batch's
+/// request id made of its first and last record's lines and its content, so that fixing
+/// one record changes only its batch's id.
 async fn load_csv(
     client: &Client,
     file: &Path,
     batch: usize,
     run: Option<String>,
 ) -> anyhow::Result<()> {
-    let open = || {
-        std::fs::File::open(file)
-            .map(std::io::BufReader::new)
-            .with_context(|| format!("items load: cannot read {}", file.display()))
+    let cannot_read = || format!("items load: cannot read {}", file.display());
+    let open = || -> anyhow::Result<csv::Reader<std::fs::File>> {
+        Ok(csv_reader(
+            std::fs::File::open(file).with_context(cannot_read)?,
+        ))
     };
     let run = run.unwrap_or_else(|| {
         file.file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "load".into())
     });
-    // First pass: the header and the number of lines, without keeping them.
-    let mut lines = open()?.lines();
-    let header = match lines.next() {
-        Some(h) => h.with_context(|| format!("items load: cannot read {}", file.display()))?,
+    // First pass: the header and the number of records, without keeping them.
+    let mut records = open()?.into_byte_records();
+    let header = match records.next() {
+        Some(h) => h.with_context(cannot_read)?,
         None => bail!(
             "items load: {} is empty (expected a header item,stock)",
             file.display()
         ),
     };
-    let cols = columns(&header).map_err(|e| anyhow!("{}:1: {e}", file.display()))?;
-    let total = lines.count();
-    let bar = indicatif::ProgressBar::new(total as u64);
+    let cols = fields(&header)
+        .and_then(|h| columns(&h))
+        .map_err(|e| anyhow!("{}:1: {e}", file.display()))?;
+    let mut total = 0u64;
+    for r in records {
+        r.with_context(cannot_read)?;
+        total += 1;
+    }
+    let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} lines ({per_sec}, eta {eta}) {msg}",
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} records ({per_sec}, eta {eta}) {msg}",
         )
         .map_err(|e| anyhow!("progress bar: {e}"))?,
     );
     let mut report = LoadReport::default();
-    let mut lines = open()?.lines().enumerate().skip(1);
-    let mut first = 2;
+    let mut records = open()?.into_byte_records().skip(1);
+    let mut line_of = LineOf::new(std::fs::File::open(file).with_context(cannot_read)?);
     loop {
-        // One batch: lines first..first+batch (1-based), malformed ones reported.
+        // One batch: the next `batch` records, malformed ones reported by line.
         let mut entries = Vec::with_capacity(batch);
-        let mut seen = 0;
-        for (i, text) in lines.by_ref().take(batch) {
-            seen += 1;
-            let text =
-                text.with_context(|| format!("items load: cannot read {}", file.display()))?;
-            if text.trim().is_empty() {
+        let (mut first, mut last, mut seen) = (0, 0, 0);
+        for record in records.by_ref().take(batch) {
+            let record = record.with_context(cannot_read)?;
+            let at = record.position().map_or(0, |p| p.byte());
+            let line = line_of.line(at).with_context(cannot_read)?;
+            if seen == 0 {
+                first = line;
+            }
+            (last, seen) = (line, seen + 1);
+            if record.len() == 1 && record[0].is_empty() {
+                // A line of spaces only.
                 continue;
             }
-            match parse_line(&cols, i + 1, &text) {
+            match fields(&record).and_then(|f| parse_line(&cols, line, &f)) {
                 Ok(line) => entries.push(line),
                 Err(why) => {
-                    bar.suspend(|| eprintln!("{}:{}: {why}", file.display(), i + 1));
-                    report.refused.push((i + 1, why));
+                    bar.suspend(|| eprintln!("{}:{line}: {why}", file.display()));
+                    report.refused.push((line, why));
                 }
             }
         }
         if seen == 0 {
             break;
         }
-        let last = first + seen - 1;
         load_batch(client, &run, first, last, entries, &mut report, &bar, file).await?;
         bar.inc(seen as u64);
-        first = last + 1;
     }
     bar.finish_and_clear();
     let refused = report.refused.len();
     eprintln!(
-        "nrtxn items load: {} items loaded from {} ({} lines), {refused} lines refused{}",
+        "nrtxn items load: {} items loaded from {} ({} records), {refused} records refused{}",
         report.loaded,
         file.display(),
         total,
         if refused > 0 {
-            "; fix them and run the same command again (lines already loaded are not loaded twice)"
+            "; fix them and run the same command again (records already loaded are not loaded twice)"
         } else {
             ""
         }
     );
     if refused > 0 {
-        bail!("items load: {refused} lines of {} refused", file.display());
+        bail!(
+            "items load: {refused} records of {} refused",
+            file.display()
+        );
     }
     Ok(())
 }
@@ -908,24 +945,55 @@ impl SseReader {
 mod tests {
     use super::*;
 
+    /// Every record of `text` as fields, with the line each starts on.
+    fn records(text: &str) -> Vec<(usize, Vec<String>)> {
+        let mut line_of = LineOf::new(text.as_bytes());
+        csv_reader(text.as_bytes())
+            .into_byte_records()
+            .map(|r| {
+                let r = r.unwrap();
+                let line = line_of.line(r.position().unwrap().byte()).unwrap();
+                (line, fields(&r).unwrap())
+            })
+            .collect()
+    }
+
     #[test]
-    fn csv_fields_split_on_commas_and_keep_quoted_ones_whole() {
-        assert_eq!(split_csv("a,1,2").unwrap(), ["a", "1", "2"]);
-        assert_eq!(split_csv(" a , 1 ").unwrap(), ["a", "1"]);
+    fn csv_fields_split_on_commas_and_keep_quoted_ones_whole_across_lines() {
         assert_eq!(
-            split_csv(r#""a, ""big"" one",3"#).unwrap(),
-            [r#"a, "big" one"#, "3"]
+            records("a,1,2"),
+            [(1, vec!["a".into(), "1".into(), "2".into()])]
         );
-        assert_eq!(split_csv("a,").unwrap(), ["a", ""]);
-        assert!(split_csv(r#""open,1"#).is_err());
-        assert!(split_csv(r#"a"b,1"#).is_err());
+        assert_eq!(records(" a , 1 "), [(1, vec!["a".into(), "1".into()])]);
+        assert_eq!(
+            records(r#""a, ""big"" one",3"#),
+            [(1, vec![r#"a, "big" one"#.into(), "3".into()])]
+        );
+        assert_eq!(records("a,"), [(1, vec!["a".into(), "".into()])]);
+        // A quoted field may span lines; the next record starts on the line after it,
+        // and blank lines are skipped.
+        assert_eq!(
+            records("\"two\nlines\",1\r\n\nb,2\n"),
+            [
+                (1, vec!["two\nlines".into(), "1".into()]),
+                (4, vec!["b".into(), "2".into()])
+            ]
+        );
+        assert_eq!(records("a,1\r\n\r\nb,2")[1].0, 3);
+        let bad = csv_reader(&b"\xff,1"[..])
+            .into_byte_records()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert_eq!(fields(&bad).unwrap_err(), "field 1 is not UTF-8");
     }
 
     #[test]
     fn a_line_with_a_bad_stock_or_the_wrong_field_count_is_malformed() {
-        let cols = columns("item,stock,per_buyer_max").unwrap();
+        let cols = columns(&records("item,stock,per_buyer_max")[0].1).unwrap();
+        let f = |t: &str| records(t).remove(0).1;
         assert_eq!(
-            parse_line(&cols, 2, "sku,5,").unwrap(),
+            parse_line(&cols, 2, &f("sku,5,")).unwrap(),
             Line {
                 number: 2,
                 item: "sku".into(),
@@ -934,21 +1002,24 @@ mod tests {
             }
         );
         assert_eq!(
-            parse_line(&cols, 3, "sku,5,2").unwrap().per_buyer_max,
+            parse_line(&cols, 3, &f("sku,5,2")).unwrap().per_buyer_max,
             Some(2)
         );
-        assert!(parse_line(&cols, 4, "sku,-5,")
+        assert!(parse_line(&cols, 4, &f("sku,-5,"))
             .unwrap_err()
             .contains("stock"));
-        assert!(parse_line(&cols, 5, "sku,five,")
+        assert!(parse_line(&cols, 5, &f("sku,five,"))
             .unwrap_err()
             .contains("stock"));
-        assert!(parse_line(&cols, 6, "sku,5")
+        assert!(parse_line(&cols, 6, &f("sku,5"))
             .unwrap_err()
             .contains("fields"));
-        assert!(parse_line(&cols, 7, ",5,").unwrap_err().contains("item"));
-        assert!(columns("name,stock").is_err());
-        assert!(columns("item,stock,colour").is_err());
+        assert!(parse_line(&cols, 7, &f(",5,"))
+            .unwrap_err()
+            .contains("item"));
+        assert!(columns(&f("name,stock")).is_err());
+        assert!(columns(&f("item,stock,colour")).is_err());
+        assert!(columns(&f("\u{feff}item,stock")).is_ok());
         assert_eq!(
             entry_index("items[12].item: longer than 128 bytes"),
             Some(12)

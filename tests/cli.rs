@@ -71,7 +71,7 @@ async fn items_load_reports_bad_lines_by_number_and_a_rerun_loads_only_the_rest(
         );
     }
     assert!(err.contains("2496 items loaded"), "{err}");
-    assert!(err.contains("4 lines refused"), "{err}");
+    assert!(err.contains("4 records refused"), "{err}");
     assert_eq!(stock(&c, &server, "sku-0000").await, 10);
     assert_eq!(stock(&c, &server, "sku-2499").await, 2_509);
     let (status, _) = get(&c, &server.url("/v1/shops/shop/items/sku-2000")).await;
@@ -109,6 +109,45 @@ async fn items_load_reports_bad_lines_by_number_and_a_rerun_loads_only_the_rest(
     // 2,499 sku-NNNN (sku-2300 became sku-long) and sku-long.
     assert_eq!(rows.len(), 1 + 2_500, "{}", &listed[..200]);
     assert!(rows.contains(&"sku-0005\t0\t0\t2"), "sku-0005");
+}
+
+/// The load file is RFC 4180: a quoted field keeps its commas and doubled quotes, may
+/// span lines (one record, reported by the line it starts on), and blank lines are
+/// skipped; a bad record after them is reported by its own line in the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_load_reads_quoted_fields_across_lines_and_names_the_lines_in_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    let csv = dir.path().join("items.csv");
+    std::fs::write(
+        &csv,
+        "item,stock\r\n\"sku, \"\"big\"\"\",3\r\n\"two\nlines\",4\r\n\r\nbad,-1\r\nlast,5\r\n",
+    )
+    .unwrap();
+    let out = nrtxn(
+        &server.base,
+        "shop",
+        &["items", "load", csv.to_str().unwrap()],
+        &[],
+    );
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    // Line 3 holds a name with a line break (the server refuses control characters),
+    // line 5 is blank, line 6 has a negative stock.
+    assert!(err.contains("items.csv:3: "), "{err}");
+    assert!(err.contains("control characters"), "{err}");
+    assert!(err.contains("items.csv:6: stock \"-1\""), "{err}");
+    assert!(err.contains("2 items loaded"), "{err}");
+    let (status, body) = get(&c, &server.url("/v1/shops/shop/items")).await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["item"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["last", "sku, \"big\""], "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
