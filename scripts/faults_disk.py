@@ -5,7 +5,8 @@ On a tmpfs of its own (the server's log stays outside it), with `--disk-free-min
 8, one server under the campaign's mixed load (12 callers) goes through:
 
 1. filling: a filler file leaves the server 8 MiB plus some room; the load's own
-   writes use that room until writes are refused (`503 disk_full`), and then some more;
+   writes use that room until writes are refused (`503 disk_full`), and then some more,
+   never taking the free space below the floor (read every 2 ms, here and in 2 and 4);
 2. room again: the filler shrinks; writes must be taken again, without a restart;
 3. no room at all: the filler takes every byte at once, under load, so that writes
    already admitted find no room (the log's and the views' writers wait for it); the
@@ -153,6 +154,33 @@ class Meter:
         return sum(c[label] for c in self.counts.values())
 
 
+class FloorWatch:
+    """The least free space on the tmpfs, read every 2 ms while watching: the server's
+    own writes must never take it below the floor (issue 26). Not watched while the
+    filler itself takes every byte."""
+
+    def __init__(self, path):
+        self.path = path
+        self.least = None
+        self.watching = False
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopped:
+            if self.watching:
+                free = free_bytes(self.path)
+                # Read again: the filler may have moved between the flag and the reading.
+                if self.watching and (self.least is None or free < self.least):
+                    self.least = free
+            time.sleep(0.002)
+
+    def stop(self):
+        self.stopped = True
+        self.thread.join(timeout=5)
+
+
 def wait_for(what, limit_s):
     """Seconds until `what()` is true, or None past `limit_s`."""
     t0 = time.monotonic()
@@ -216,6 +244,8 @@ def disk_full(ctx):
         faults.load_items(server.port)
         filler = Filler(os.path.join(mnt, "filler"))
         filler.leave_free(FREE_MIN_MB * MB + room)
+        floor = FloorWatch(mnt)
+        floor.watching = True
         faults.call = meter.wrap(real_call)
         port_ref = [server.port]
         stop, workers = faults.run_load(port_ref, book, 0, 0)
@@ -244,6 +274,7 @@ def disk_full(ctx):
         # 3. No room at all, at once, under load: admitted writes wait for room.
         time.sleep(0.5)
         meter.phase = "no room"
+        floor.watching = False
         filler.take_all()
         time.sleep(hold_s + 1.0)
         if server.proc.poll() is not None:
@@ -259,6 +290,7 @@ def disk_full(ctx):
         meter.phase = "room again"
         t_free = time.monotonic()
         filler.leave_free(FREE_MIN_MB * MB + room)
+        floor.watching = True
         took = wait_for(lambda: meter.last_write_ok > t_free, 10)
         if took is None:
             bad("after no room at all, writes not taken again within 10 s of freeing room")
@@ -268,6 +300,15 @@ def disk_full(ctx):
 
         # 5. Full again, and the server stopped on the full disk.
         meter.phase = "no room"
+        floor.watching = False
+        floor.stop()
+        if floor.least is None:
+            bad("the free space was never read")
+        elif floor.least < FREE_MIN_MB * MB:
+            bad(f"the server's writes took free space to {floor.least / MB:.2f} MiB, "
+                f"below the {FREE_MIN_MB} MiB floor")
+        else:
+            figures.append(f"least free space while the server wrote: {floor.least / MB:.2f} MiB")
         filler.take_all()
         time.sleep(1.0)
         stop.set()

@@ -46,6 +46,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use sha2::Sha256;
 
 use crate::outbound::{Outbound, OutboundPolicy};
+use crate::space::{Claim, Space};
 
 /// How often every node reads the shops' settings again.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
@@ -73,14 +74,15 @@ struct ShopCheck {
 }
 
 enum Store {
-    Sqlite(Mutex<Connection>),
+    /// The file in the data dir, whose writes keep the disk's floor ([`sqlite_room`]).
+    Sqlite(Mutex<Connection>, Arc<Space>),
     Mongo(mongodb::Collection<Document>),
 }
 
 impl Store {
     async fn load_all(&self) -> anyhow::Result<Vec<(String, ShopCheck)>> {
         let rows: Vec<(String, String, String)> = match self {
-            Store::Sqlite(conn) => {
+            Store::Sqlite(conn, _) => {
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
@@ -115,7 +117,7 @@ impl Store {
 
     async fn secret_of(&self, shop: &str) -> anyhow::Result<Option<String>> {
         Ok(match self {
-            Store::Sqlite(conn) => {
+            Store::Sqlite(conn, _) => {
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
@@ -135,17 +137,20 @@ impl Store {
 
     async fn put(&self, shop: &str, check: Option<&ShopCheck>) -> anyhow::Result<()> {
         match (self, check) {
-            (Store::Sqlite(conn), Some(c)) => {
+            (Store::Sqlite(conn, space), Some(c)) => {
+                let settings = serde_json::to_string(&c.settings)?;
+                let _room = sqlite_room(space, settings.len() + c.secret.len(), 1)?;
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
                 conn.execute(
                     "INSERT INTO shop_checks (shop, settings, secret) VALUES (?1, ?2, ?3)
                      ON CONFLICT (shop) DO UPDATE SET settings = ?2, secret = ?3",
-                    params![shop, serde_json::to_string(&c.settings)?, c.secret],
+                    params![shop, settings, c.secret],
                 )?;
             }
-            (Store::Sqlite(conn), None) => {
+            (Store::Sqlite(conn, space), None) => {
+                let _room = sqlite_room(space, 0, 1)?;
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
@@ -175,7 +180,9 @@ impl Store {
     async fn put_dead(&self, shop: &str, letter: &DeadLetter) -> anyhow::Result<()> {
         let json = serde_json::to_string(letter)?;
         match self {
-            Store::Sqlite(conn) => {
+            Store::Sqlite(conn, space) => {
+                // The letter and its index entry, and the oldest one's it may drop.
+                let _room = sqlite_room(space, json.len(), 4)?;
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
@@ -227,7 +234,7 @@ impl Store {
     /// The dead letters of `shop`, oldest first; only `id`'s when it is given.
     async fn dead(&self, shop: &str, id: Option<&str>) -> anyhow::Result<Vec<DeadLetter>> {
         let rows: Vec<String> = match self {
-            Store::Sqlite(conn) => {
+            Store::Sqlite(conn, _) => {
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
@@ -304,6 +311,7 @@ impl HttpCheckBack {
         mongo_uri: Option<&str>,
         metrics: Arc<Metrics>,
         policy: OutboundPolicy,
+        space: Arc<Space>,
     ) -> anyhow::Result<HttpCheckBack> {
         let (data_dir, mongo_uri) = (data_dir.to_path_buf(), mongo_uri.map(str::to_string));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -326,7 +334,7 @@ impl HttpCheckBack {
                         return;
                     }
                 };
-                let opened = runtime.block_on(open(data_dir, mongo_uri, metrics, policy));
+                let opened = runtime.block_on(open(data_dir, mongo_uri, metrics, policy, space));
                 let ok = opened.is_ok();
                 let _ = tx.send(opened.map(|inner| (inner, runtime.handle().clone())));
                 if ok {
@@ -359,12 +367,30 @@ impl HttpCheckBack {
     }
 }
 
+/// Room on the data dir's disk for one write of `checks.sqlite` (see `crate::space`):
+/// `rows` rows of at most `bytes` bytes together, each a leaf page and the pages it
+/// overflows into, the pages above them a split may change, and what SQLite's own
+/// checkpoint, which a commit runs once the WAL holds 64 frames, may add to the file (it
+/// copies those frames and this write's). Without room the write fails, saying so: a
+/// shop's settings are refused, a dead letter is written at the engine's next look.
+fn sqlite_room(space: &Arc<Space>, bytes: usize, rows: u64) -> anyhow::Result<Claim> {
+    let pages = 4 + 2 * rows + (bytes as u64).div_ceil(4_000);
+    let bytes = pages * (4_096 + 24) + 64 * 1024 + (64 + pages) * 4_096;
+    space.room_for(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "the data dir's disk has no room above its floor (--disk-free-min-mb) for \
+             {CHECKS_FILE}: {e}"
+        )
+    })
+}
+
 /// Opens the settings store and reads every shop's settings.
 async fn open(
     data_dir: std::path::PathBuf,
     mongo_uri: Option<String>,
     metrics: Arc<Metrics>,
     policy: OutboundPolicy,
+    space: Arc<Space>,
 ) -> anyhow::Result<Arc<Inner>> {
     let store = match mongo_uri {
         Some(uri) => {
@@ -404,10 +430,11 @@ async fn open(
                      letter TEXT NOT NULL,
                      PRIMARY KEY (shop, id)
                  );
-                 CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters (shop, at);",
+                 CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters (shop, at);
+                 PRAGMA wal_autocheckpoint = 64;",
             )
             .with_context(|| format!("data_dir: cannot set up {}", path.display()))?;
-            Store::Sqlite(Mutex::new(conn))
+            Store::Sqlite(Mutex::new(conn), space)
         }
     };
     let outbound = Outbound::new(policy).context("check-backs")?;
@@ -836,7 +863,7 @@ mod tests {
                  at INTEGER NOT NULL, letter TEXT NOT NULL, PRIMARY KEY (shop, id));",
         )
         .unwrap();
-        let store = Store::Sqlite(Mutex::new(conn));
+        let store = Store::Sqlite(Mutex::new(conn), Space::new(dir.path(), 0));
         store.put_dead("other", &letter("o", 1)).await.unwrap();
         for i in 0..(DEAD_LETTERS_PER_SHOP as i64 + 5) {
             store

@@ -143,9 +143,10 @@ pub struct ServeArgs {
     /// Size of one segment of the embedded journal's log, in MiB [default: 64].
     #[arg(long, env = "NRTXN_JOURNAL_SEGMENT_MB")]
     pub journal_segment_mb: Option<u64>,
-    /// Free space, in MiB, the server leaves on the data dir's disk: below it new writes
-    /// are refused (503 disk_full) and a start is refused, saying what to do; 0 turns the
-    /// check off [default: 64].
+    /// Free space, in MiB, the server leaves on the data dir's disk, whatever it writes:
+    /// below it plus an eighth of it new writes are refused (503 disk_full), below it
+    /// plus 1 MiB a start is refused, saying what to do; 0 turns the floor off
+    /// [default: 64].
     #[arg(long, env = "NRTXN_DISK_FREE_MIN_MB")]
     pub disk_free_min_mb: Option<u64>,
     /// Serve without access keys on a non-loopback address while the key store has no

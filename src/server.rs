@@ -171,7 +171,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let cannot_open = || format!("data_dir: cannot open {}", settings.data_dir.display());
     let mut side_store = None;
     let mut leases: Option<Arc<dyn Leases>> = None;
-    let space;
+    // The floor holds from the first write on, recovery's included (`crate::space`).
+    let space = crate::space::Space::new(&settings.data_dir, settings.disk_free_min_bytes);
     let (journal, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = match &settings.mongo_uri
     {
         Some(uri) => {
@@ -182,21 +183,23 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
                 metrics.clone(),
             )
             .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
-            let store =
-                SqliteStore::open(&settings.data_dir, metrics.clone()).with_context(cannot_open)?;
+            let store = SqliteStore::open_in(&settings.data_dir, metrics.clone(), space.clone())
+                .with_context(cannot_open)?;
             side_store = Some(store.clone());
-            space = store.space().clone();
             leases = Some(journal.clone());
             (journal, store)
         }
         None => {
-            let journal = LogJournal::open(&settings.data_dir, metrics.clone(), settings.retention)
-                .with_context(cannot_open)?;
-            space = journal.space().clone();
+            let journal = LogJournal::open_in(
+                &settings.data_dir,
+                metrics.clone(),
+                settings.retention,
+                space.clone(),
+            )
+            .with_context(cannot_open)?;
             (journal.clone(), journal)
         }
     };
-    space.set_free_min(settings.disk_free_min_bytes);
     let journal_is_store = settings.mongo_uri.is_none();
     let outbox = journal.clone();
     let feed_journal: Arc<dyn nrtxn_actors::Outbox> = journal.clone();
@@ -210,6 +213,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.mongo_uri.as_deref(),
         metrics.clone(),
         settings.outbound.clone(),
+        space.clone(),
     )?;
     let engine = Engine::start_with_checkback(
         settings.engine.clone(),

@@ -264,6 +264,30 @@ const VIEWS_LINGER: std::time::Duration = std::time::Duration::from_millis(20);
 /// How often the WAL is copied back into the database file, off the writer's thread.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// The database's page size (see [`open`]).
+const PAGE_BYTES: u64 = 4_096;
+/// The page cache of each connection: 64 MiB, so that the index pages a batch touches
+/// stay in memory. A transaction dirtying fewer pages never spills into the WAL before
+/// it commits.
+const CACHE_PAGES: u64 = 16_384;
+/// One WAL frame: a page and its 24-byte header.
+const FRAME_BYTES: u64 = PAGE_BYTES + 24;
+/// What a WAL file is cut back to when it starts over after a checkpoint
+/// (`journal_size_limit`). Without it a WAL file keeps the size of its largest burst
+/// (seen: 12 MB on a 64 MiB disk, 1.3 GB after the HTTP benchmark), room the disk's floor
+/// then lacks; reusing this much of it still spares most appends.
+const WAL_KEPT_BYTES: u64 = 4 * 1024 * 1024;
+/// Pages every views transaction may dirty besides its rows' (see [`Writer::txn_pages`]):
+/// page 1 (the file's header holds its size), the `meta` and `log_offsets` pages, and
+/// the root of each of the thirteen tables and indexes a transaction reaches, which a
+/// split below it may change.
+const TXN_PAGES_FIXED: u64 = 16;
+/// Pages one pruned entry may dirty: its journal row and its two index entries, the
+/// `sales` row it may become, one `sales` and one `returned` row past the return window
+/// (each prune deletes as many of those as entries), and one for the leaves that merge
+/// and the free list.
+const PRUNE_PAGES_PER_ENTRY: u64 = 7;
+
 pub struct SqliteStore {
     path: std::path::PathBuf,
     /// Whether each commit is synced (see [`open`]).
@@ -278,6 +302,90 @@ pub struct SqliteStore {
     /// The room on the data dir's disk: the writer waits for it when a transaction
     /// finds none, and the embedded journal refuses new writes while it is short.
     space: Arc<Space>,
+    /// Room granted for what checkpoints will add to the database file.
+    growth: Arc<FileGrowth>,
+}
+
+/// The pages the WAL holds past the database file's end, which a checkpoint will write
+/// there: room for them is granted before the transaction that adds them commits
+/// ([`FileGrowth::grant_to`]), so that a checkpoint, which cannot wait (it is what gives
+/// the WAL's room back), never takes the disk below its floor; it is given back as the
+/// file grows ([`FileGrowth::settle`]).
+struct FileGrowth {
+    /// The database file.
+    path: std::path::PathBuf,
+    /// The room granted: the file's length at the largest committed transaction, less
+    /// what the file holds on the disk.
+    claim: Mutex<crate::space::Claim>,
+    /// Pages of the database at its largest transaction committed (or about to be).
+    pages: std::sync::atomic::AtomicU64,
+}
+
+impl FileGrowth {
+    fn new(path: &Path, space: &Arc<Space>) -> FileGrowth {
+        FileGrowth {
+            path: path.to_path_buf(),
+            claim: Mutex::new(space.claim()),
+            pages: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Before a commit that leaves the database `pages` long: room for what its
+    /// checkpoint will add to the file, or a full disk's error (the transaction is then
+    /// rolled back and waits for room).
+    fn grant_to(&self, pages: u64) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        let mut claim = self
+            .claim
+            .lock()
+            .map_err(|_| std::io::Error::other("the file growth grant is poisoned"))?;
+        let pages = pages.max(self.pages.load(Ordering::Acquire));
+        claim.try_grow_to((pages * PAGE_BYTES).saturating_sub(allocated(&self.path)))?;
+        self.pages.store(pages, Ordering::Release);
+        Ok(())
+    }
+
+    /// Gives back the room of what the file now holds (after a checkpoint or a commit).
+    fn settle(&self) {
+        use std::sync::atomic::Ordering;
+        if let Ok(mut claim) = self.claim.lock() {
+            let pages = self.pages.load(Ordering::Acquire);
+            claim.shrink_to((pages * PAGE_BYTES).saturating_sub(allocated(&self.path)));
+        }
+    }
+}
+
+/// Bytes `path` holds on its disk: its blocks, not its length (a checkpoint may write a
+/// page past others not yet written). 0 if it cannot be read.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+/// A WAL checkpoint (`mode`: PASSIVE, or TRUNCATE, which also cuts the WAL to nothing
+/// and waits for the writer and readers, up to the busy timeout). Its growth of the file
+/// was granted before ([`FileGrowth`]), and is given back once written.
+fn checkpoint(
+    conn: &Connection,
+    growth: &FileGrowth,
+    mode: &str,
+) -> Result<(i64, i64, i64), rusqlite::Error> {
+    let done = conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+    });
+    growth.settle();
+    done
+}
+
+/// A refusal of [`Space::room_for`] as SQLite's own word for a full disk, so that the
+/// views' writer waits for room as it does for that ([`crate::space::sqlite_no_room`]).
+fn no_room(e: std::io::Error) -> rusqlite::Error {
+    let code = if crate::space::io_no_room(&e) {
+        rusqlite::ffi::SQLITE_FULL
+    } else {
+        rusqlite::ffi::SQLITE_IOERR
+    };
+    rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(e.to_string()))
 }
 
 fn storage(e: impl std::fmt::Display) -> StoreError {
@@ -303,8 +411,14 @@ fn open(path: &Path, durable: bool) -> Result<Connection, StoreError> {
     // survives a crash whole, losing at most the last commits, which the log replays.
     conn.pragma_update(None, "synchronous", if durable { "FULL" } else { "NORMAL" })
         .map_err(storage)?;
-    // 64 MiB of page cache: the index pages a batch touches stay in memory.
-    conn.pragma_update(None, "cache_size", -65_536)
+    // 64 MiB of page cache (see [`CACHE_PAGES`]).
+    conn.pragma_update(
+        None,
+        "cache_size",
+        -((CACHE_PAGES * PAGE_BYTES / 1024) as i64),
+    )
+    .map_err(storage)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_KEPT_BYTES as i64)
         .map_err(storage)?;
     Ok(conn)
 }
@@ -324,13 +438,26 @@ impl SqliteStore {
 
     /// Opens (or creates) `dir/nrtxn.db` and starts the writer thread.
     pub fn open(dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<SqliteStore>, StoreError> {
-        SqliteStore::open_as(dir, metrics, true)
+        SqliteStore::open_as(dir, metrics, true, Space::new(dir, 0))
+    }
+
+    /// [`SqliteStore::open`] keeping the floor of `space` (see [`crate::space`]).
+    pub fn open_in(
+        dir: &Path,
+        metrics: Arc<Metrics>,
+        space: Arc<Space>,
+    ) -> Result<Arc<SqliteStore>, StoreError> {
+        SqliteStore::open_as(dir, metrics, true, space)
     }
 
     /// Opens `dir/nrtxn.db` as views derived from the journal's log: commits are not
-    /// synced one by one (see [`open`]).
-    pub fn open_views(dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<SqliteStore>, StoreError> {
-        SqliteStore::open_as(dir, metrics, false)
+    /// synced one by one (see [`open`]). Every write keeps the floor of `space`.
+    pub fn open_views_in(
+        dir: &Path,
+        metrics: Arc<Metrics>,
+        space: Arc<Space>,
+    ) -> Result<Arc<SqliteStore>, StoreError> {
+        SqliteStore::open_as(dir, metrics, false, space)
     }
 
     /// [`SqliteStore::open_inner`], with SQLite's own word for a damaged file turned
@@ -339,6 +466,7 @@ impl SqliteStore {
         dir: &Path,
         metrics: Arc<Metrics>,
         durable: bool,
+        space: Arc<Space>,
     ) -> Result<Arc<SqliteStore>, StoreError> {
         // SQLite's words for a damaged file, and rusqlite's for a value of the wrong
         // type read back (a row damaged where SQLite does not look).
@@ -349,7 +477,7 @@ impl SqliteStore {
             "Invalid column type",
             "out of range",
         ];
-        SqliteStore::open_inner(dir, metrics, durable).map_err(|e| match e {
+        SqliteStore::open_inner(dir, metrics, durable, space).map_err(|e| match e {
             StoreError::Storage(msg) if DAMAGE.iter().any(|d| msg.contains(d)) => {
                 let path = dir.join("nrtxn.db");
                 StoreError::Storage(format!(
@@ -369,6 +497,7 @@ impl SqliteStore {
         dir: &Path,
         metrics: Arc<Metrics>,
         durable: bool,
+        space: Arc<Space>,
     ) -> Result<Arc<SqliteStore>, StoreError> {
         std::fs::create_dir_all(dir).map_err(storage)?;
         let path = dir.join("nrtxn.db");
@@ -399,7 +528,21 @@ impl SqliteStore {
         // instead, in PASSIVE mode, which never blocks the writer.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(storage)?;
+        let growth = Arc::new(FileGrowth::new(&path, &space));
+        // What the WAL holds now (a start after a crash) goes into the file at the first
+        // checkpoint: granted like any transaction's.
+        let pages: i64 = conn
+            .query_row("PRAGMA page_count", [], |row| row.get(0))
+            .map_err(storage)?;
+        space
+            .retry(
+                "the journal's views",
+                || growth.grant_to(pages.max(0) as u64),
+                crate::space::io_no_room,
+            )
+            .map_err(storage)?;
         let checkpoint_conn = open(&path, durable)?;
+        let (checkpoint_space, checkpoint_growth) = (space.clone(), growth.clone());
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let checkpointer = std::thread::Builder::new()
             .name("journal-checkpoint".into())
@@ -407,10 +550,16 @@ impl SqliteStore {
                 while let Err(mpsc::RecvTimeoutError::Timeout) =
                     stop_rx.recv_timeout(CHECKPOINT_EVERY)
                 {
-                    if let Err(e) =
-                        checkpoint_conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    {
-                        tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+                    // When room is short the WAL is also cut to nothing, which PASSIVE
+                    // never does: its file keeps its size until a transaction starts it
+                    // over, and the views' writer may be waiting for that very room.
+                    let mode = if checkpoint_space.short() {
+                        "TRUNCATE"
+                    } else {
+                        "PASSIVE"
+                    };
+                    if let Err(e) = checkpoint(&checkpoint_conn, &checkpoint_growth, mode) {
+                        tracing::warn!(error = %e, mode, "WAL checkpoint failed; retrying");
                     }
                 }
             })
@@ -428,8 +577,9 @@ impl SqliteStore {
             .collect();
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let writer_keys = keys.clone();
-        let space = Space::new(dir);
         let writer_space = space.clone();
+        let writer_growth = growth.clone();
+        let wal_path = dir.join("nrtxn.db-wal");
         let writer = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || {
@@ -438,7 +588,17 @@ impl SqliteStore {
                 } else {
                     VIEWS_LINGER
                 };
-                let mut writer = Writer::new(conn, metrics, writer_keys, linger, writer_space);
+                let mut writer = Writer::new(
+                    conn,
+                    metrics,
+                    writer_keys,
+                    linger,
+                    Room {
+                        space: writer_space,
+                        growth: writer_growth,
+                        wal_path,
+                    },
+                );
                 writer.dirty = dirty;
                 writer.limited = limited;
                 writer.run(rx)
@@ -453,6 +613,7 @@ impl SqliteStore {
             keys,
             checkpointer: Mutex::new(Some((stop_tx, checkpointer))),
             space,
+            growth,
         }))
     }
 
@@ -505,9 +666,8 @@ impl SqliteStore {
     pub fn durable_mark(&self) -> Result<Option<Chain>, StoreError> {
         let mark = self.log_mark()?;
         let complete = self.read(|conn| {
-            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-                Ok(row.get::<_, i64>(0)? == 0 && row.get::<_, i64>(1)? == row.get::<_, i64>(2)?)
-            })
+            checkpoint(conn, &self.growth, "PASSIVE")
+                .map(|(busy, log, done)| busy == 0 && log == done)
         })?;
         Ok(mark.filter(|_| complete))
     }
@@ -1702,6 +1862,10 @@ struct Writer {
     dirty: States,
     /// Entries the last [`Command::Prune`] deleted.
     pruned: usize,
+    /// Entries the prunes of the running transaction may still delete: fewer than asked
+    /// when the disk's room near the floor holds no more (a prune is asked for again
+    /// every 2 s, and deletes what is left then).
+    prune_left: usize,
     txns_since_snapshot: u32,
     /// The items with a per-buyer limit (`buyer_limits`): the entries of these keep
     /// their buyers' units in `buyer_units`.
@@ -1709,7 +1873,59 @@ struct Writer {
     /// How long a transaction waits for more commands after its first: zero for a
     /// durable store (its callers wait for the commit), [`VIEWS_LINGER`] for views.
     linger: std::time::Duration,
+    /// The room on the disk: every transaction asks it first.
+    room: Room,
+}
+
+/// What the views' writer needs to keep the disk's floor (see [`crate::space`]).
+struct Room {
     space: Arc<Space>,
+    /// Room for what checkpoints add to the database file, granted before each commit.
+    growth: Arc<FileGrowth>,
+    /// The WAL: what a transaction added to it (and to its index, `-shm`) is checked
+    /// against the transaction's bound.
+    wal_path: std::path::PathBuf,
+}
+
+impl Room {
+    /// Bytes the WAL and its index hold on the disk.
+    fn wal_allocated(&self) -> u64 {
+        allocated(&self.wal_path) + allocated(&self.wal_path.with_extension("db-shm"))
+    }
+}
+
+/// What a transaction that dirties at most `pages` pages may add to the WAL: a frame per
+/// page (a page written twice in one transaction, when the cache spills, is written over
+/// its frame), the WAL's header, and its index (`-shm`: 32 KiB per 4,096 frames, one more
+/// for frames that cross into the next 32 KiB).
+fn wal_bytes(pages: u64) -> u64 {
+    pages * FRAME_BYTES + 32 + (pages.div_ceil(4_096) + 1) * 32 * 1024
+}
+
+/// Pages the rows one entry writes may dirty: a leaf for each row, and one more for the
+/// leaves that split and the pages above them (a row is at most a quarter of a page, so a
+/// leaf splits at most once in several rows, and a split dirties at most its two
+/// neighbours and its parent besides). A lifted per-buyer limit's units are counted apart
+/// ([`Writer::command_pages`]).
+fn entry_pages(e: &Entry) -> u64 {
+    // The journal's row and its (shop, item, seq) index entry, and the splits.
+    let mut pages = 3;
+    if e.request_key.is_some() {
+        pages += 1; // journal_request_key
+    }
+    if e.hold_id.is_some() {
+        pages += 2; // holds, holds_pending
+    }
+    if e.buyer.is_some() || ledger::limit_set(e).is_some() {
+        pages += 1; // buyer_units, or buyer_limits
+    }
+    if e.return_of.is_some() {
+        pages += 1; // returned
+    }
+    if e.logged {
+        pages += 2; // the requests row it retires, and its key's index entry
+    }
+    pages
 }
 
 impl Writer {
@@ -1718,7 +1934,7 @@ impl Writer {
         metrics: Arc<Metrics>,
         keys: Arc<KeyFilter>,
         linger: std::time::Duration,
-        space: Arc<Space>,
+        room: Room,
     ) -> Writer {
         Writer {
             conn,
@@ -1726,71 +1942,37 @@ impl Writer {
             keys,
             dirty: HashMap::new(),
             pruned: 0,
+            prune_left: usize::MAX,
             txns_since_snapshot: 0,
             limited: HashSet::new(),
             linger,
-            space,
+            room,
         }
     }
 
     fn run(mut self, rx: Receiver<Command>) {
         let mut closing = None;
         while closing.is_none() {
-            let Some((cmds, weight)) = gather(&rx, TXN_ENTRIES_MAX, self.linger, Command::weight)
+            let Some((mut cmds, _)) = gather(&rx, TXN_ENTRIES_MAX, self.linger, Command::weight)
             else {
                 break;
             };
-            let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
-            let started = Instant::now();
-            // A transaction that finds the disk full is rolled back and run again once
-            // there is room (see `crate::space`), rather than stopping the process.
-            let space = self.space.clone();
-            let result = space
-                .retry(
-                    "the journal's views",
-                    || self.write(&cmds, snapshot),
-                    crate::space::sqlite_no_room,
-                )
-                .map_err(storage);
-            self.metrics
-                .journal_write_seconds
-                .observe(started.elapsed().as_secs_f64());
-            self.metrics.journal_txn_entries.observe(weight as f64);
-            match &result {
-                Ok(()) if snapshot => {
-                    self.txns_since_snapshot = 0;
-                    self.dirty.clear();
+            // Near the disk's floor, a group in transactions that each fit in the room.
+            while !cmds.is_empty() {
+                let rest = cmds.split_off(self.commands_fitting(&cmds));
+                if let Some(ack) = self.commit(cmds) {
+                    closing = Some(ack);
                 }
-                Ok(()) => self.txns_since_snapshot += 1,
-                Err(e) => tracing::error!(error = %e, "journal transaction failed"),
-            }
-            let failed = result.is_err();
-            for cmd in cmds {
-                match cmd {
-                    Command::Append(entries, done, _) => done(entries, result.clone()),
-                    Command::Accept(_, done, _) => done(result.clone()),
-                    Command::Retire(..) => {}
-                    Command::RelaySave(_, ack) => {
-                        let _ = ack.send(result.clone());
-                    }
-                    Command::Prune(_, _, _, ack) => {
-                        let _ = ack.send(result.clone().map(|()| self.pruned));
-                    }
-                    Command::Close(ack) => closing = Some(ack),
-                }
-            }
-            if snapshot && !failed {
-                self.checkpoint();
-            }
-            if failed {
-                // Memory (the processors' state, admitted requests) is now ahead of the
-                // store. Stopping is the only honest move: a restart rebuilds every item
-                // from what is durable, and callers poll or resubmit their keys.
-                tracing::error!("stopping: the journal can no longer be written");
-                std::process::exit(70);
+                cmds = rest;
             }
         }
-        if let Err(e) = self.write(&[], true) {
+        let space = self.room.space.clone();
+        let last = space.retry(
+            "the journal's views",
+            || self.write_within(&[], true),
+            crate::space::sqlite_no_room,
+        );
+        if let Err(e) = last {
             tracing::error!(error = %e, "final snapshot failed; the next start replays the tail");
         }
         if let Some(ack) = closing {
@@ -1798,25 +1980,216 @@ impl Writer {
         }
     }
 
-    /// Completes the background checkpointer's work from the writer's own thread, after
-    /// the batch's callers are answered. With no commit running concurrently it can copy
-    /// the last frames, so the next transaction starts the WAL over: without this, under
-    /// sustained writes the WAL only grows (seen: 1.3 GB after 15 s of the HTTP
-    /// benchmark). The background thread has copied most frames already, so this stall
-    /// is short.
-    fn checkpoint(&mut self) {
-        let result = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-                Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
-            });
-        match result {
-            Ok((log, done)) => tracing::debug!(log, done, "WAL checkpoint"),
-            Err(e) => tracing::warn!(error = %e, "WAL checkpoint failed; retrying later"),
+    /// One transaction of `cmds`, then their callbacks. Returns the acknowledgement of a
+    /// `Close` among them.
+    fn commit(&mut self, cmds: Vec<Command>) -> Option<mpsc::Sender<()>> {
+        let mut closing = None;
+        let weight: usize = cmds.iter().map(Command::weight).sum();
+        let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
+        let started = Instant::now();
+        // A transaction that finds the disk full (or is not granted room above its
+        // floor) is rolled back and run again once there is room (see `crate::space`),
+        // rather than stopping the process.
+        let space = self.room.space.clone();
+        let result = space
+            .retry(
+                "the journal's views",
+                || self.write_within(&cmds, snapshot),
+                crate::space::sqlite_no_room,
+            )
+            .map_err(storage);
+        self.metrics
+            .journal_write_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.journal_txn_entries.observe(weight as f64);
+        match &result {
+            Ok(()) if snapshot => {
+                self.txns_since_snapshot = 0;
+                self.dirty.clear();
+            }
+            Ok(()) => self.txns_since_snapshot += 1,
+            Err(e) => tracing::error!(error = %e, "journal transaction failed"),
+        }
+        let failed = result.is_err();
+        for cmd in cmds {
+            match cmd {
+                Command::Append(entries, done, _) => done(entries, result.clone()),
+                Command::Accept(_, done, _) => done(result.clone()),
+                Command::Retire(..) => {}
+                Command::RelaySave(_, ack) => {
+                    let _ = ack.send(result.clone());
+                }
+                Command::Prune(_, _, _, ack) => {
+                    let _ = ack.send(result.clone().map(|()| self.pruned));
+                }
+                Command::Close(ack) => closing = Some(ack),
+            }
+        }
+        if snapshot && !failed {
+            self.checkpoint_as("PASSIVE");
+        }
+        if failed {
+            // Memory (the processors' state, admitted requests) is now ahead of the
+            // store. Stopping is the only honest move: a restart rebuilds every item
+            // from what is durable, and callers poll or resubmit their keys.
+            tracing::error!("stopping: the journal can no longer be written");
+            std::process::exit(70);
+        }
+        closing
+    }
+
+    /// A checkpoint from the writer's own thread. After a snapshot (PASSIVE), it
+    /// completes the background checkpointer's work after the batch's callers are
+    /// answered: with no commit running concurrently it can copy the last frames, so the
+    /// next transaction starts the WAL over; without this, under sustained writes the
+    /// WAL only grows (seen: 1.3 GB after 15 s of the HTTP benchmark). The background
+    /// thread has copied most frames already, so this stall is short. Near the floor
+    /// (TRUNCATE), it gives the WAL's room back before a transaction that found none.
+    fn checkpoint_as(&mut self, mode: &str) {
+        match checkpoint(&self.conn, &self.room.growth, mode) {
+            Ok((_, log, done)) => tracing::debug!(log, done, mode, "WAL checkpoint"),
+            Err(e) => tracing::warn!(error = %e, mode, "WAL checkpoint failed; retrying later"),
         }
     }
 
-    fn write(&mut self, cmds: &[Command], snapshot: bool) -> Result<(), rusqlite::Error> {
+    /// Pages `cmd` may dirty, at most (prunes are counted by [`Writer::write_within`]).
+    fn command_pages(&self, cmd: &Command) -> u64 {
+        match cmd {
+            Command::Append(entries, ..) => entries
+                .iter()
+                .map(|e| entry_pages(e) + self.units_lifted(e))
+                .sum(),
+            // A request's row and its key's index entry, and the splits.
+            Command::Accept(reqs, ..) => reqs.len() as u64 * 3,
+            Command::Retire(_, keys) => keys.len() as u64 * 3,
+            Command::RelaySave(..) => 1,
+            Command::Prune(..) | Command::Close(_) => 0,
+        }
+    }
+
+    /// Rows of `buyer_units` that entry `e` deletes by lifting its item's per-buyer
+    /// limit (rare: an operator's load), counted as a page each.
+    fn units_lifted(&self, e: &Entry) -> u64 {
+        if ledger::limit_set(e) != Some(0) {
+            return 0;
+        }
+        self.conn
+            .query_row(
+                "SELECT COUNT(*) FROM buyer_units WHERE shop = ?1 AND item = ?2",
+                params![&*e.shop, &*e.item],
+                |row| row.get::<_, i64>(0),
+            )
+            .map_or(0, |n| n.max(0) as u64)
+    }
+
+    /// Pages a transaction of `cmds` may dirty, prunes aside: its commands', the fixed
+    /// ones, and with a snapshot two for each item it writes (its row, and the splits).
+    fn txn_pages(&self, cmds: &[Command], snapshot: bool) -> u64 {
+        let commands: u64 = cmds.iter().map(|c| self.command_pages(c)).sum();
+        let items = if snapshot {
+            let entries: usize = cmds.iter().map(Command::weight).sum();
+            2 * (self.dirty.len() + entries) as u64
+        } else {
+            0
+        };
+        TXN_PAGES_FIXED + commands + items
+    }
+
+    /// How many of `cmds`, from the first, one transaction takes: all of them while the
+    /// disk has room, or as many as fit in half its room above the floor (the other half
+    /// for what their checkpoint adds to the file), and at least one: a command is
+    /// written whole (its log mark covers all of it), and one larger than the room waits
+    /// for room.
+    fn commands_fitting(&self, cmds: &[Command]) -> usize {
+        let room = self.room.space.room();
+        if room == u64::MAX {
+            return cmds.len();
+        }
+        let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
+        let mut budget = (room / 2).saturating_sub(wal_bytes(self.txn_pages(&[], snapshot)));
+        let mut fit = 0;
+        for cmd in cmds {
+            let bytes = self.command_pages(cmd) * FRAME_BYTES;
+            if fit > 0 && bytes > budget {
+                break;
+            }
+            budget = budget.saturating_sub(bytes);
+            fit += 1;
+        }
+        fit
+    }
+
+    /// [`Writer::write`] within the disk's floor ([`Writer::write_claimed`]). Without
+    /// room, a checkpoint that cuts the WAL to nothing is tried first, then the
+    /// transaction once more; then it fails as on a full disk, and is tried again once
+    /// there is room ([`Space::retry`]).
+    fn write_within(&mut self, cmds: &[Command], snapshot: bool) -> Result<(), rusqlite::Error> {
+        match self.write_claimed(cmds, snapshot) {
+            Err(e) if crate::space::sqlite_no_room(&e) => {
+                self.checkpoint_as("TRUNCATE");
+                self.write_claimed(cmds, snapshot)
+            }
+            other => other,
+        }
+    }
+
+    /// [`Writer::write`] with room asked for what it adds to the WAL and its index
+    /// ([`wal_bytes`]) before anything is written there: before the commit, for one
+    /// frame per page the transaction may have dirtied (its bound, [`Writer::txn_pages`],
+    /// with the prunes cut to what fits; and never more than the database's pages), and
+    /// before its statements when the bound is over [`CACHE_PAGES`] (the page cache may
+    /// then spill into the WAL before the commit). Before the commit too, room for what
+    /// its checkpoint will add to the file ([`FileGrowth::grant_to`]).
+    fn write_claimed(&mut self, cmds: &[Command], snapshot: bool) -> Result<(), rusqlite::Error> {
+        let prunes: usize = cmds
+            .iter()
+            .map(|c| match c {
+                Command::Prune(_, max, _, _) => *max,
+                _ => 0,
+            })
+            .sum();
+        let pages = self.txn_pages(cmds, snapshot);
+        self.prune_left = prunes;
+        if prunes > 0 {
+            let room_pages = self.room.space.room() / FRAME_BYTES;
+            let spare = room_pages.saturating_sub(2 * pages) / 2;
+            self.prune_left = (spare / PRUNE_PAGES_PER_ENTRY).min(prunes as u64) as usize;
+        }
+        let bound = pages + self.prune_left as u64 * PRUNE_PAGES_PER_ENTRY;
+        let mut claim = if bound >= CACHE_PAGES {
+            self.room
+                .space
+                .room_for(wal_bytes(bound))
+                .map_err(no_room)?
+        } else {
+            self.room.space.claim()
+        };
+        let before = self.room.wal_allocated();
+        let frames = self.write(cmds, snapshot, bound, &mut claim)?;
+        let grown = self.room.wal_allocated().saturating_sub(before);
+        drop(claim);
+        self.room.growth.settle();
+        if grown > wal_bytes(frames) {
+            // A bound that does not hold: the floor may have been crossed by the rest.
+            tracing::error!(
+                grown,
+                bound = wal_bytes(frames),
+                "a views transaction grew the WAL past its bound"
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes `cmds` in one transaction, which dirties at most `bound` pages; `claim`
+    /// is grown to what its commit may add to the WAL before it commits. Returns the
+    /// frames that bound came to.
+    fn write(
+        &mut self,
+        cmds: &[Command],
+        snapshot: bool,
+        bound: u64,
+        claim: &mut crate::space::Claim,
+    ) -> Result<u64, rusqlite::Error> {
         let tx = self.conn.transaction()?;
         {
             // Entries go in by statements of ROWS_PER_INSERT rows (the rest one by one):
@@ -1936,6 +2309,9 @@ impl Writer {
                         }
                     }
                     Command::Prune(before, max, returnable_from, _) => {
+                        // What fits in the disk's room (see `write_within`).
+                        let max = &(*max).min(self.prune_left);
+                        self.prune_left -= *max;
                         // Only entries a snapshot covers (recovery starts after it), and
                         // only those the outbox relay has published, if it runs.
                         const PRUNED: &str = "SELECT id FROM journal
@@ -2022,6 +2398,16 @@ impl Writer {
                 [],
             )?;
         }
-        tx.commit()
+        // The commit writes a frame for each page dirtied (a page written before in
+        // this transaction is written over its frame, but for the last), so at most one
+        // more than the database's pages; and room for the pages this adds past the
+        // file's end, which a checkpoint will write there.
+        let pages = tx.query_row("PRAGMA page_count", [], |row| row.get::<_, i64>(0))?;
+        let pages = pages.max(0) as u64;
+        let frames = bound.min(pages + 1);
+        claim.try_grow_to(wal_bytes(frames)).map_err(no_room)?;
+        self.room.growth.grant_to(pages).map_err(no_room)?;
+        tx.commit()?;
+        Ok(frames)
     }
 }

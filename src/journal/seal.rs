@@ -40,6 +40,8 @@ const MARK_MAGIC: &[u8; 8] = b"NRTXDURA";
 const SLOT_LEN: usize = 64;
 /// The durable mark's file, beside the segments.
 pub const MARK_FILE: &str = "DURABLE";
+/// What the durable mark's file holds on the disk: its two slots, written in place.
+pub const MARK_BYTES: u64 = 2 * SLOT_LEN as u64;
 
 /// A sealed segment's footer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

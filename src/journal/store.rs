@@ -32,6 +32,7 @@ use super::codec;
 use super::seal;
 use super::segment::{self, scan, Chain, LogError, LogWriter, Unread};
 use crate::embedded_log::AcceptDone;
+use crate::space::Space;
 use crate::sqlite::{gather, SqliteStore};
 
 /// Record kinds.
@@ -47,6 +48,9 @@ const GROUP_ENTRIES_MAX: usize = 65_536;
 const VIEWS_WAIT: Duration = Duration::from_secs(10);
 /// How often old segments are retired and old entries pruned from the views.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(2);
+/// Room the log's writer asks for at a time, near the disk's floor as elsewhere: each
+/// grant reads the free space once (see `crate::space`).
+const LOG_ROOM_STEP: u64 = 1024 * 1024;
 /// Entries one prune deletes at most (one short transaction of the views' writer).
 const PRUNE_MAX: usize = 10_000;
 
@@ -195,13 +199,24 @@ impl LogJournal {
         metrics: Arc<Metrics>,
         retention: Retention,
     ) -> Result<Arc<LogJournal>, StoreError> {
+        LogJournal::open_in(data_dir, metrics, retention, Space::new(data_dir, 0))
+    }
+
+    /// [`LogJournal::open`] keeping the floor of `space` (see [`crate::space`]) in every
+    /// write it makes, recovery's included.
+    pub fn open_in(
+        data_dir: &Path,
+        metrics: Arc<Metrics>,
+        retention: Retention,
+        space: Arc<Space>,
+    ) -> Result<Arc<LogJournal>, StoreError> {
         let dir = data_dir.join("journal");
         // Held from before the views are touched: a second process on this data dir is
         // refused before it can read or replay anything.
         let lock = segment::lock(&dir).map_err(store_error)?;
         // What the log holds is read back only once it is on disk for good.
         segment::sync_newest(&dir).map_err(store_error)?;
-        let views = SqliteStore::open_views(data_dir, metrics.clone())?;
+        let views = SqliteStore::open_views_in(data_dir, metrics.clone(), space.clone())?;
         // Views with no mark hold nothing of the log: either they were written before
         // the log existed (a data dir of the SQLite journal, migrated as it is: the log
         // starts after them), or they were lost, and are rebuilt from the log's first
@@ -290,8 +305,17 @@ impl LogJournal {
             ms = started.elapsed().as_millis() as u64,
             "journal log read and views brought up to it"
         );
+        // The durable mark's first write takes a block of its own.
+        let mark_room = space
+            .retry(
+                "the journal's durable mark",
+                || space.room_for(seal::MARK_BYTES),
+                crate::space::io_no_room,
+            )
+            .map_err(|e| store_error(LogError::Io(e)))?;
         let writer =
             LogWriter::open(&dir, &end, 0, retention.segment_bytes, lock).map_err(store_error)?;
+        drop(mark_room);
         verify_in_background(end.unread, metrics.clone())?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
         let thread_views = views.clone();
@@ -481,6 +505,11 @@ fn commit(
     let now = now_ms();
     let mut marks = Vec::with_capacity(cmds.len());
     let mut result: Result<(), LogError> = Ok(());
+    // Room for the group's records within the disk's floor (see `crate::space`), asked
+    // for by the MiB rather than by the record: one reading of the free space per MiB.
+    let space = views.space();
+    let mut room = space.claim();
+    let mut used = 0;
     for cmd in &cmds {
         body.clear();
         let kind = match cmd {
@@ -500,16 +529,28 @@ fn commit(
                 continue;
             }
         };
-        // A record that finds the disk full is cut off and written again once there is
-        // room, while new writes are refused (see `crate::space`); nothing of this group
-        // is answered before its sync.
-        let space = views.space();
+        // A record that finds the disk full, or no room above its floor, is cut off
+        // and written again once there is room, while new writes are refused; nothing
+        // of this group is answered before its sync. Its bound: the record, the footer
+        // of the segment it may end first, and the block the next segment starts in.
+        let need = used + (segment::HEADER_LEN + body.len() + seal::FOOTER_LEN) as u64;
         match space.retry(
             "the journal's log",
-            || log.append(kind, now, body),
+            || {
+                if need + crate::space::BLOCK_BYTES > room.bytes()
+                    && room.try_grow_to(need + LOG_ROOM_STEP).is_err()
+                {
+                    room.try_grow_to(need + crate::space::BLOCK_BYTES)
+                        .map_err(LogError::Io)?;
+                }
+                log.append(kind, now, body)
+            },
             LogError::no_room,
         ) {
-            Ok(_) => marks.push(Some(log.chain())),
+            Ok(_) => {
+                used = need;
+                marks.push(Some(log.chain()));
+            }
             Err(e) => {
                 result = Err(e);
                 break;
@@ -519,6 +560,7 @@ fn commit(
     if result.is_ok() {
         result = log.sync();
     }
+    drop(room);
     metrics
         .journal_write_seconds
         .observe(started.elapsed().as_secs_f64());

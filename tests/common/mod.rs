@@ -44,6 +44,14 @@ impl Server {
         Server::spawn(dir, listen, CHECKS_ON_LOOPBACK, extra, &[])
     }
 
+    /// [`Server::start`] with the data dir at `data` (on a disk of its own, say), its log
+    /// still in `dir`.
+    pub fn start_data_at(dir: &Path, data: &Path, extra: &[&str]) -> Server {
+        let mut args = vec!["--data-dir", data.to_str().expect("a UTF-8 path")];
+        args.extend_from_slice(extra);
+        Server::spawn_in(dir, None, "127.0.0.1:0", CHECKS_ON_LOOPBACK, &args, &[])
+    }
+
     /// [`Server::start`] with the server's own defaults for check-backs (https only,
     /// nothing inside), not [`CHECKS_ON_LOOPBACK`].
     pub fn start_strict(dir: &Path, extra: &[&str]) -> Server {
@@ -62,14 +70,29 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Server {
+        Server::spawn_in(dir, Some(&dir.join("data")), listen, checks, extra, env)
+    }
+
+    /// `data`: the data dir, or `None` when `extra` names it.
+    fn spawn_in(
+        dir: &Path,
+        data: Option<&Path>,
+        listen: &str,
+        checks: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("server.log"))
             .expect("server log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nrtxn"))
-            .args(["serve", "--listen", listen, "--data-dir"])
-            .arg(dir.join("data"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_nrtxn"));
+        command.args(["serve", "--listen", listen]);
+        if let Some(data) = data {
+            command.arg("--data-dir").arg(data);
+        }
+        let mut child = command
             .args(checks)
             .args(extra)
             .env("RUST_LOG", "warn,nrtxn=info")
