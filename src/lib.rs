@@ -3,11 +3,9 @@
 
 pub mod backup;
 pub mod checkback;
-pub mod client;
 pub mod config;
 pub mod embedded_log;
 pub mod faults;
-pub mod follow;
 pub mod journal;
 pub mod keyfilter;
 pub mod keys;

@@ -5,9 +5,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use nrtxn::config::{Command, KeyStoreArgs, LogFormat, ServeArgs};
-use nrtxn::follow::{FollowError, Follower, HttpBackfill};
 use nrtxn::keys::{generate, KeyStore, Revoked};
 use nrtxn_actors::EVENTS_LIMIT_MAX;
+use nrtxn_client::follow::{FollowError, Follower, HttpBackfill};
 use nrtxn_kafka::EventsTopic;
 use tracing_subscriber::EnvFilter;
 
@@ -55,20 +55,20 @@ enum MainCommand {
     /// A shop's items on a running server: load a CSV file, list, read one.
     Items {
         #[command(flatten)]
-        conn: nrtxn::client::Conn,
+        conn: nrtxn_client::Conn,
         #[command(subcommand)]
-        command: nrtxn::client::ItemsCommand,
+        command: nrtxn_client::ItemsCommand,
     },
     /// Transactions on a running server: submit one, read one's outcome by its key.
     Txn {
         #[command(flatten)]
-        conn: nrtxn::client::Conn,
+        conn: nrtxn_client::Conn,
         #[command(subcommand)]
-        command: nrtxn::client::TxnCommand,
+        command: nrtxn_client::TxnCommand,
     },
     /// An item's live stock in the terminal, from the shop's event stream (needs an
     /// operator key of the shop, or admin, when keys are on).
-    Watch(nrtxn::client::WatchArgs),
+    Watch(nrtxn_client::WatchArgs),
     /// Manage access keys, in the store `serve` reads with the same --data-dir or
     /// --mongo-uri (works while servers run; they pick changes up within 5 s).
     Keys(KeysArgs),
@@ -291,9 +291,9 @@ fn main() -> ExitCode {
             .build()
             .context("cannot start the runtime")
             .and_then(|rt| rt.block_on(follow(args))),
-        MainCommand::Items { conn, command } => nrtxn::client::items(&conn, command),
-        MainCommand::Txn { conn, command } => nrtxn::client::txn(&conn, command),
-        MainCommand::Watch(args) => nrtxn::client::watch(args),
+        MainCommand::Items { conn, command } => nrtxn_client::items(&conn, command),
+        MainCommand::Txn { conn, command } => nrtxn_client::txn(&conn, command),
+        MainCommand::Watch(args) => nrtxn_client::watch(args),
         MainCommand::Keys(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

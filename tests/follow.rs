@@ -11,8 +11,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use nrtxn::follow::{Follower, HttpBackfill};
 use nrtxn_actors::Event;
+use nrtxn_client::follow::{Follower, HttpBackfill};
 use serde_json::json;
 
 const SHOP: &str = "s";

@@ -16,6 +16,7 @@ pub mod ports;
 pub mod processor;
 pub mod reply;
 pub mod returns;
+pub mod secret;
 pub mod shop_stats;
 pub mod shrink;
 pub mod types;
@@ -31,5 +32,6 @@ pub use ports::{
     RelayPage, RemoteReplies, RequestLog, Sharing, StoreError,
 };
 pub use reply::{Answers, Reply};
+pub use secret::Secret;
 pub use types::*;
 pub use work_manager::PollResult;

@@ -5,32 +5,8 @@
 use std::path::PathBuf;
 
 use rdkafka::config::ClientConfig;
-use serde::Deserialize;
 
-/// A password: its `Debug` and `Display` never show it, so a configuration printed for
-/// debugging or an error that formats one leaks nothing.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Secret, Self::Err> {
-        Ok(Secret(s.to_string()))
-    }
-}
+pub use nrtxn_actors::Secret;
 
 /// librdkafka's `security.protocol` values.
 pub const SECURITY_PROTOCOLS: [&str; 4] = ["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"];
@@ -153,7 +129,7 @@ mod tests {
             protocol: Some("sasl_ssl".into()),
             sasl_mechanism: Some("SCRAM-SHA-512".into()),
             sasl_username: Some("nrtxn".into()),
-            sasl_password: Some(Secret("pw".into())),
+            sasl_password: Some("pw".parse::<Secret>().unwrap()),
             ssl_ca: None,
         }
     }
@@ -204,7 +180,7 @@ mod tests {
                     protocol: Some(protocol.into()),
                     sasl_mechanism: sasl.then(|| mechanism.to_string()),
                     sasl_username: sasl.then(|| "nrtxn".into()),
-                    sasl_password: sasl.then(|| Secret("pw".into())),
+                    sasl_password: sasl.then(|| "pw".parse::<Secret>().unwrap()),
                     ssl_ca: None,
                 };
                 assert_eq!(security.check(), Ok(()));

@@ -7,9 +7,9 @@
 //! from a [`Backfill`] source (the item's events route: [`HttpBackfill`]) before the event
 //! that revealed it is emitted; an unfillable gap is an error, never a silent skip.
 //!
-//! The follower does not know where the events come from: today `nrtxn follow` polls the
-//! events route and feeds what it reads through it; a consumer of the outbox's events
-//! topic (at least once, in order per item) will feed it the same way.
+//! The follower does not know where the events come from: `nrtxn follow` feeds it what it
+//! reads from the events topic (at least once, in order per item) with
+//! `--kafka-brokers`, or from polls of the events route without.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;

@@ -36,7 +36,7 @@ pub struct Conn {
         env = "NRTXN_KEY",
         hide_env_values = true
     )]
-    pub access_key: Option<nrtxn_kafka::Secret>,
+    pub access_key: Option<nrtxn_actors::Secret>,
     /// Bound on each HTTP request (connect and answer), in ms (1 to 600000); `watch`'s
     /// stream is bounded only while it connects.
     #[arg(long, global = true, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
