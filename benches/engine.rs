@@ -9,12 +9,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nrtxn::embedded_log::{EmbeddedLog, RequestStore};
-use nrtxn::journal::{LogJournal, Retention};
-use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::{
     now_ms, Engine, EngineConfig, Journal, Metrics, Op, Reply, Request, RequestLog, Status,
 };
+use nrtxn_embedded::journal::{LogJournal, Retention};
+use nrtxn_embedded::request_log::{EmbeddedLog, RequestStore};
+use nrtxn_embedded::views::SqliteStore;
 
 fn arg(n: usize, default: usize) -> usize {
     std::env::args()

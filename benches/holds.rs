@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nrtxn::embedded_log::EmbeddedLog;
-use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::{
     now_ms, Engine, EngineConfig, ItemReads, Metrics, Op, Reply, Request, RequestLog, Status,
 };
+use nrtxn_embedded::request_log::EmbeddedLog;
+use nrtxn_embedded::views::SqliteStore;
 
 const ITEMS: usize = 100;
 

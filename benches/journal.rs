@@ -10,9 +10,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::apply::apply;
 use nrtxn_actors::{Entry, ItemState, JournalWrite, Lifecycle, Metrics, Op, Request};
+use nrtxn_embedded::views::SqliteStore;
 
 const NOW_MS: i64 = 1_700_000_000_000;
 

@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use rusqlite::{Connection, OpenFlags};
 
-use crate::journal::segment::{scan, segments, verify_unread, Chain};
-use crate::sqlite::read_log_mark;
+use nrtxn_embedded::views::read_log_mark;
+use nrtxn_log::segment::{scan, segments, verify_unread, Chain};
 
 const VIEWS: &str = "nrtxn.db";
 const KEYS: &str = "keys.sqlite";

@@ -46,7 +46,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use sha2::Sha256;
 
 use crate::outbound::{Outbound, OutboundPolicy};
-use crate::space::{Claim, Space};
+use nrtxn_log::space::{Claim, Space};
 
 /// How often every node reads the shops' settings again.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);

@@ -257,7 +257,7 @@ pub mod defaults {
     /// A month, as return policies go.
     pub const RETURN_WINDOW_DAYS: u64 = 30;
     pub const JOURNAL_SEGMENT_MB: u64 = 64;
-    pub const DISK_FREE_MIN_MB: u64 = crate::space::FREE_MIN_MB_DEFAULT;
+    pub const DISK_FREE_MIN_MB: u64 = nrtxn_log::space::FREE_MIN_MB_DEFAULT;
 }
 
 /// Where the access keys are: the options `serve` and `keys` share.
@@ -317,7 +317,7 @@ pub struct Settings {
     pub body_bytes_max: usize,
     pub connections_max: usize,
     /// What the embedded journal keeps on disk, and for how long.
-    pub retention: crate::journal::Retention,
+    pub retention: nrtxn_embedded::journal::Retention,
     /// See [`ServeArgs::disk_free_min_mb`].
     pub disk_free_min_bytes: u64,
     pub engine: EngineConfig,
@@ -512,7 +512,7 @@ impl ServeArgs {
                 1,
                 1_000_000,
             )?,
-            retention: crate::journal::Retention {
+            retention: nrtxn_embedded::journal::Retention {
                 key_window_ms: in_range(
                     "key_window_secs",
                     pick!(key_window_secs, defaults::KEY_WINDOW_SECS),

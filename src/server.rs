@@ -14,12 +14,12 @@ use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
 
 use crate::config::{EdgeSettings, Settings};
-use crate::embedded_log::{EmbeddedLog, RequestStore};
-use crate::journal::LogJournal;
 use crate::keys::{redact_uri, KeyReloader};
-use crate::mongo::MongoJournal;
-use crate::sqlite::SqliteStore;
+use nrtxn_embedded::journal::LogJournal;
+use nrtxn_embedded::request_log::{EmbeddedLog, RequestStore};
+use nrtxn_embedded::views::SqliteStore;
 use nrtxn_kafka::{EventsRelay, KafkaLog};
+use nrtxn_mongo::MongoJournal;
 
 /// The addresses `listen` names, resolved once: the server binds exactly these, so what
 /// protected mode checked is what is bound (a name resolved twice could answer another
@@ -136,7 +136,7 @@ fn tls_config(cert: &Path, key: &Path) -> anyhow::Result<rustls::ServerConfig> {
 /// actix system.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     // Room on the disk first: even reading the access keys writes (SQLite's WAL).
-    crate::space::check_at_start(&settings.data_dir, settings.disk_free_min_bytes)?;
+    nrtxn_log::space::check_at_start(&settings.data_dir, settings.disk_free_min_bytes)?;
     // Access keys and TLS first: a server that may not start should say so before it
     // spends a recovery.
     let (keys, reloader) = KeyReloader::start(&settings.data_dir, settings.mongo_uri.as_deref())
@@ -172,7 +172,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut side_store = None;
     let mut leases: Option<Arc<dyn Leases>> = None;
     // The floor holds from the first write on, recovery's included (`crate::space`).
-    let space = crate::space::Space::new(&settings.data_dir, settings.disk_free_min_bytes);
+    let space = nrtxn_log::space::Space::new(&settings.data_dir, settings.disk_free_min_bytes);
     let (journal, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = match &settings.mongo_uri
     {
         Some(uri) => {

@@ -238,7 +238,7 @@ impl CursorKey {
                     .insert_one(doc! { "_id": CURSOR_KEY_ID, "key": hex::encode(fresh) })
                     .await
                 {
-                    let duplicate = crate::mongo::is_duplicate(&e);
+                    let duplicate = nrtxn_mongo::is_duplicate(&e);
                     if !duplicate {
                         return Err(e).with_context(|| {
                             format!("mongo_uri: cannot write the stream's cursor key to {shown}")

@@ -20,12 +20,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nrtxn::embedded_log::EmbeddedLog;
-use nrtxn::journal::{LogJournal, Retention};
 use nrtxn_actors::{
     hold_end_key, now_ms, Engine, EngineConfig, Journal, Metrics, Op, PollResult, Reply, Request,
     RequestLog, Status,
 };
+use nrtxn_embedded::journal::{LogJournal, Retention};
+use nrtxn_embedded::request_log::EmbeddedLog;
 use proptest::prelude::*;
 
 /// Items the steps pick from; the last is never loaded.

@@ -632,9 +632,9 @@ async fn a_backup_taken_under_load_restores_every_outcome_acknowledged_before_it
 /// SQLite store, synced at every commit, as the journal itself): `sku` loaded with 10
 /// and three sales, keys `m0`..`m2`.
 fn legacy_data_dir(data: &Path) {
-    use nrtxn::embedded_log::EmbeddedLog;
-    use nrtxn::sqlite::SqliteStore;
     use nrtxn_actors::{now_ms, Engine, EngineConfig, Metrics, Op, Reply, Request};
+    use nrtxn_embedded::request_log::EmbeddedLog;
+    use nrtxn_embedded::views::SqliteStore;
     let data = data.to_path_buf();
     std::thread::spawn(move || {
         actix_rt::System::new().block_on(async move {

@@ -10,13 +10,13 @@ mod common;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use nrtxn::journal::{LogJournal, Retention};
-use nrtxn::mongo::MongoJournal;
-use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::apply::{apply, apply_load};
 use nrtxn_actors::{
     Entry, HoldStatus, ItemState, Journal, Metrics, Op, Request, Status, StoreError,
 };
+use nrtxn_embedded::journal::{LogJournal, Retention};
+use nrtxn_embedded::views::SqliteStore;
+use nrtxn_mongo::MongoJournal;
 
 /// Opens (or opens again) one adapter on its store.
 type Open = Box<dyn Fn() -> Arc<dyn Journal>>;

@@ -8,14 +8,14 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use nrtxn::embedded_log::EmbeddedLog;
-use nrtxn::sqlite::SqliteStore;
 use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
 use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
 use nrtxn_actors::{
     now_ms, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome, Reply, Request,
     RequestLog, Status, StoreError,
 };
+use nrtxn_embedded::request_log::EmbeddedLog;
+use nrtxn_embedded::views::SqliteStore;
 
 /// The real journal, except that every third append is refused with `Full` before it
 /// returns, having kept nothing (the fault double).

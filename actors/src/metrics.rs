@@ -62,7 +62,7 @@ pub struct Metrics {
     /// writer, fenced).
     pub journal_fenced: IntCounter,
     /// Kept segments of the embedded log that the full read after a start found damaged
-    /// (a start checks them by their footer alone; see `src/journal/seal.rs`).
+    /// (a start checks them by their footer alone; see `log/src/seal.rs`).
     pub journal_damaged_segments: IntGauge,
     /// Check-backs asked of shops, by what came of them (`confirm`, `release`,
     /// `extend`, `default`: no answer, so the shop's default applied).

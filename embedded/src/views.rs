@@ -40,9 +40,9 @@ use nrtxn_actors::{
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::journal::segment::Chain;
-use crate::keyfilter::KeyFilter;
-use crate::space::Space;
+use nrtxn_log::keyfilter::KeyFilter;
+use nrtxn_log::segment::Chain;
+use nrtxn_log::space::Space;
 
 /// Commands waiting for the writer; senders block beyond it (admission control upstream
 /// keeps it from filling in practice).
@@ -225,7 +225,7 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 ";
 
-use crate::embedded_log::AcceptDone;
+use crate::AcceptDone;
 
 enum Command {
     /// Entries to write; with a log mark when they come from the journal's log (the
@@ -316,7 +316,7 @@ struct FileGrowth {
     path: std::path::PathBuf,
     /// The room granted: the file's length at the largest committed transaction, less
     /// what the file holds on the disk.
-    claim: Mutex<crate::space::Claim>,
+    claim: Mutex<nrtxn_log::space::Claim>,
     /// Pages of the database at its largest transaction committed (or about to be).
     pages: std::sync::atomic::AtomicU64,
 }
@@ -378,9 +378,9 @@ fn checkpoint(
 }
 
 /// A refusal of [`Space::room_for`] as SQLite's own word for a full disk, so that the
-/// views' writer waits for room as it does for that ([`crate::space::sqlite_no_room`]).
+/// views' writer waits for room as it does for that ([`sqlite_no_room`]).
 fn no_room(e: std::io::Error) -> rusqlite::Error {
-    let code = if crate::space::io_no_room(&e) {
+    let code = if nrtxn_log::space::io_no_room(&e) {
         rusqlite::ffi::SQLITE_FULL
     } else {
         rusqlite::ffi::SQLITE_IOERR
@@ -538,7 +538,7 @@ impl SqliteStore {
             .retry(
                 "the journal's views",
                 || growth.grant_to(pages.max(0) as u64),
-                crate::space::io_no_room,
+                nrtxn_log::space::io_no_room,
             )
             .map_err(storage)?;
         let checkpoint_conn = open(&path, durable)?;
@@ -1970,7 +1970,7 @@ impl Writer {
         let last = space.retry(
             "the journal's views",
             || self.write_within(&[], true),
-            crate::space::sqlite_no_room,
+            sqlite_no_room,
         );
         if let Err(e) = last {
             tracing::error!(error = %e, "final snapshot failed; the next start replays the tail");
@@ -1995,7 +1995,7 @@ impl Writer {
             .retry(
                 "the journal's views",
                 || self.write_within(&cmds, snapshot),
-                crate::space::sqlite_no_room,
+                sqlite_no_room,
             )
             .map_err(storage);
         self.metrics
@@ -2125,7 +2125,7 @@ impl Writer {
     /// there is room ([`Space::retry`]).
     fn write_within(&mut self, cmds: &[Command], snapshot: bool) -> Result<(), rusqlite::Error> {
         match self.write_claimed(cmds, snapshot) {
-            Err(e) if crate::space::sqlite_no_room(&e) => {
+            Err(e) if sqlite_no_room(&e) => {
                 self.checkpoint_as("TRUNCATE");
                 self.write_claimed(cmds, snapshot)
             }
@@ -2188,7 +2188,7 @@ impl Writer {
         cmds: &[Command],
         snapshot: bool,
         bound: u64,
-        claim: &mut crate::space::Claim,
+        claim: &mut nrtxn_log::space::Claim,
     ) -> Result<u64, rusqlite::Error> {
         let tx = self.conn.transaction()?;
         {
@@ -2410,4 +2410,9 @@ impl Writer {
         tx.commit()?;
         Ok(frames)
     }
+}
+
+/// Whether an SQLite error means the disk has no room (`SQLITE_FULL`).
+pub fn sqlite_no_room(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
 }

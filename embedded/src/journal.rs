@@ -28,12 +28,12 @@ use nrtxn_actors::{
     now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
 };
 
-use super::codec;
-use super::seal;
-use super::segment::{self, scan, Chain, LogError, LogWriter, Unread};
-use crate::embedded_log::AcceptDone;
-use crate::space::Space;
-use crate::sqlite::{gather, SqliteStore};
+use crate::views::{gather, SqliteStore};
+use crate::AcceptDone;
+use nrtxn_log::codec;
+use nrtxn_log::seal;
+use nrtxn_log::segment::{self, scan, Chain, LogError, LogWriter, Unread};
+use nrtxn_log::space::Space;
 
 /// Record kinds.
 const KIND_ENTRIES: u8 = 1;
@@ -105,7 +105,7 @@ struct Progress {
     /// The room on the disk: views waiting for it will not catch up in time, and a read
     /// waiting for them is refused at once (503 `disk_full`) rather than at the end of
     /// [`VIEWS_WAIT`].
-    space: Option<Arc<crate::space::Space>>,
+    space: Option<Arc<nrtxn_log::space::Space>>,
 }
 
 /// How many entries the views may be behind the log. A read that needs the views (a
@@ -167,7 +167,7 @@ impl Progress {
             waited = true;
             applied = self
                 .caught_up
-                .wait_timeout(applied, left.min(crate::space::RETRY_EVERY))
+                .wait_timeout(applied, left.min(nrtxn_log::space::RETRY_EVERY))
                 .map_err(|_| StoreError::Closed)?
                 .0;
         }
@@ -310,7 +310,7 @@ impl LogJournal {
             .retry(
                 "the journal's durable mark",
                 || space.room_for(seal::MARK_BYTES),
-                crate::space::io_no_room,
+                nrtxn_log::space::io_no_room,
             )
             .map_err(|e| store_error(LogError::Io(e)))?;
         let writer =
@@ -326,7 +326,7 @@ impl LogJournal {
             .map_err(|e| StoreError::Storage(e.to_string()))?;
         let (stop, stopped) = mpsc::channel::<()>();
         let (m_views, m_dir) = (views.clone(), dir.clone());
-        let keep_segments = crate::faults::keep_segments();
+        let keep_segments = nrtxn_log::faults::keep_segments();
         let maintainer = std::thread::Builder::new()
             .name("journal-retention".into())
             .spawn(move || {
@@ -346,7 +346,7 @@ impl LogJournal {
             writer: Mutex::new(Some(writer)),
             maintainer: Mutex::new(Some((stop, maintainer))),
             dir,
-            read_hold: crate::faults::journal_read_hold(),
+            read_hold: nrtxn_log::faults::journal_read_hold(),
         }))
     }
 
@@ -374,7 +374,7 @@ impl LogJournal {
     }
 
     /// The room on the data dir's disk (see [`crate::space`]).
-    pub fn space(&self) -> &Arc<crate::space::Space> {
+    pub fn space(&self) -> &Arc<nrtxn_log::space::Space> {
         self.views.space()
     }
 }
@@ -451,7 +451,7 @@ fn run(
 ) {
     let mut body = Vec::new();
     let mut closing = None;
-    let hold = crate::faults::journal_hold();
+    let hold = nrtxn_log::faults::journal_hold();
     while closing.is_none() {
         progress.wait_room();
         let Some((cmds, weight)) = gather(&rx, GROUP_ENTRIES_MAX, Duration::ZERO, Command::weight)
@@ -537,10 +537,10 @@ fn commit(
         match space.retry(
             "the journal's log",
             || {
-                if need + crate::space::BLOCK_BYTES > room.bytes()
+                if need + nrtxn_log::space::BLOCK_BYTES > room.bytes()
                     && room.try_grow_to(need + LOG_ROOM_STEP).is_err()
                 {
-                    room.try_grow_to(need + crate::space::BLOCK_BYTES)
+                    room.try_grow_to(need + nrtxn_log::space::BLOCK_BYTES)
                         .map_err(LogError::Io)?;
                 }
                 log.append(kind, now, body)

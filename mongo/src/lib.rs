@@ -50,7 +50,7 @@ use nrtxn_actors::{
 };
 use tokio::sync::mpsc;
 
-use crate::keyfilter::KeyFilter;
+use nrtxn_log::keyfilter::KeyFilter;
 
 /// Most entries one `insert_many` takes.
 const TXN_ENTRIES_MAX: usize = 16_384;
@@ -116,7 +116,7 @@ fn to_doc(entry: &Entry, batch: i64, node: u32) -> Result<Document, StoreError> 
 /// keeps it: stored in each document and checked when it is read, so a document altered
 /// in those fields is refused, not served.
 fn fingerprint_of(e: &Entry) -> i64 {
-    crate::journal::codec::fingerprint(e.op, &e.item, e.qty, e.ttl_ms) as i64
+    nrtxn_log::codec::fingerprint(e.op, &e.item, e.qty, e.ttl_ms) as i64
 }
 
 fn from_doc(doc: Document) -> Result<Entry, StoreError> {
@@ -317,7 +317,7 @@ impl MongoJournal {
             node,
             written_batch: written_batch.clone(),
             session: None,
-            hold: crate::faults::journal_hold(),
+            hold: nrtxn_log::faults::journal_hold(),
             unsnapshotted: HashMap::new(),
             snapshot_at: Instant::now(),
         };
@@ -739,7 +739,7 @@ struct Writer {
     written_batch: Arc<AtomicI64>,
     /// The session the transactions run in; made again after an error.
     session: Option<ClientSession>,
-    /// A fault for tests ([`crate::faults::journal_hold`]).
+    /// A fault for tests ([`nrtxn_log::faults::journal_hold`]).
     hold: Option<Duration>,
     /// Items' states written since the last snapshot, which is written at most every
     /// [`SNAPSHOT_EVERY`], off the answer path (recovery replays what it lacks).
@@ -1109,7 +1109,7 @@ impl Writer {
 }
 
 /// Whether `e` is a unique index's refusal (code 11000).
-pub(crate) fn is_duplicate(e: &mongodb::error::Error) -> bool {
+pub fn is_duplicate(e: &mongodb::error::Error) -> bool {
     match e.kind.as_ref() {
         ErrorKind::InsertMany(f) => f.write_errors.iter().flatten().any(|w| w.code == 11000),
         ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => w.code == 11000,

@@ -13,10 +13,8 @@ use nrtxn_actors::{Dispatcher, Durable, Request, RequestLog, StoreError};
 use tokio::sync::oneshot;
 
 use crate::journal::LogJournal;
-use crate::sqlite::SqliteStore;
-
-/// Called once requests handed to [`RequestStore::accept`] are durable (or failed).
-pub type AcceptDone = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+use crate::views::SqliteStore;
+use crate::AcceptDone;
 
 /// Where fire-and-forget requests are made durable before their 202: the journal's log
 /// when it is the embedded journal, or the SQLite store beside a MongoDB journal.

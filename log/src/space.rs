@@ -1,4 +1,4 @@
-//! Room on the data dir's disk: the disk-full case (issue 14) and the floor (issue 26).
+//! Room on the data dir's disk: a full disk, and the floor the server's writes keep.
 //!
 //! A full disk must not stop the server, lose an answer or hang a caller, and the
 //! server's own writes must leave `--disk-free-min-mb` free (the **floor**) for everything
@@ -430,11 +430,6 @@ pub fn io_no_room(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
     )
-}
-
-/// Whether an SQLite error means the disk has no room (`SQLITE_FULL`).
-pub fn sqlite_no_room(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
 }
 
 #[cfg(test)]

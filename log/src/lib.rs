@@ -1,0 +1,17 @@
+//! The embedded journal's append-only log and what the stores beside it share.
+//!
+//! The log is segment files of checksummed, hash-chained records ([`segment`]) whose
+//! bodies are packed batches of entries ([`codec`]); a sealed segment ends with a footer,
+//! and the durable mark tells an acknowledged record lost from a torn write ([`seal`]);
+//! see `docs/decisions/journal-log.md` and `docs/decisions/log-ends.md`. Beside it: the
+//! room on the data dir's disk that every writer asks before it writes ([`space`]), the
+//! fixed-size filter of request keys the journals fill at start ([`keyfilter`]), and the
+//! faults tests inject through the environment ([`faults`]). The group commit that writes
+//! this log, and the views derived from it, are in `nrtxn-embedded`.
+
+pub mod codec;
+pub mod faults;
+pub mod keyfilter;
+pub mod seal;
+pub mod segment;
+pub mod space;
