@@ -12,6 +12,7 @@
 pub mod codec;
 pub mod faults;
 pub mod keyfilter;
+pub mod record;
 pub mod seal;
 pub mod segment;
 pub mod space;

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::segment::{checked_record, Header, LogError, HEADER_LEN};
+use crate::record::{checked_record, Header, LogError, HEADER_LEN};
 
 pub const FOOTER_LEN: usize = 64;
 const FOOTER_MAGIC: &[u8; 8] = b"NRTXSEAL";
