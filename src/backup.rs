@@ -81,14 +81,14 @@ pub fn backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
 
 fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
     let log_to = to.join(LOG_DIR);
-    crate::secret_file::create_dir(to)?;
+    nrtxn_log::secret_file::create_dir(to)?;
     std::fs::create_dir_all(&log_to)?;
     let mut copied: Vec<(PathBuf, u64)> = Vec::new();
     copy_segments(&from.join(LOG_DIR), &log_to, &mut copied)?;
     snapshot_sqlite(&from.join(VIEWS), &to.join(VIEWS))?;
     for f in [KEYS, CHECKS] {
         if from.join(f).exists() {
-            crate::secret_file::prepare(&to.join(f))?;
+            nrtxn_log::secret_file::prepare(&to.join(f))?;
             snapshot_sqlite(&from.join(f), &to.join(f))?;
         }
     }
@@ -155,7 +155,7 @@ fn copy_private(from: &Path, to: &Path) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", from.display())),
     };
-    crate::secret_file::prepare(to)?;
+    nrtxn_log::secret_file::prepare(to)?;
     std::fs::write(to, bytes).with_context(|| format!("cannot write {}", to.display()))
 }
 
@@ -235,13 +235,13 @@ pub fn restore(backup: &Path, data_dir: &Path, keys: &KeysFrom) -> anyhow::Resul
     std::fs::copy(backup.join(VIEWS), data_dir.join(VIEWS))?;
     let mut report = RestoreReport::default();
     if backup.join(CHECKS).exists() {
-        crate::secret_file::prepare(&data_dir.join(CHECKS))?;
+        nrtxn_log::secret_file::prepare(&data_dir.join(CHECKS))?;
         snapshot_sqlite(&backup.join(CHECKS), &data_dir.join(CHECKS))?;
         report.checks = true;
     }
     match keys_source {
         Some(path) if path.exists() => {
-            crate::secret_file::prepare(&data_dir.join(KEYS))?;
+            nrtxn_log::secret_file::prepare(&data_dir.join(KEYS))?;
             snapshot_sqlite(&path, &data_dir.join(KEYS))?;
             report.keys = active_keys(&data_dir.join(KEYS))?;
         }

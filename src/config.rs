@@ -324,7 +324,7 @@ pub struct Settings {
     pub edge: EdgeSettings,
     pub log_format: LogFormat,
     /// What the shops' check-backs (every call made on a shop's behalf) may reach.
-    pub outbound: crate::outbound::OutboundPolicy,
+    pub outbound: nrtxn_checkback::outbound::OutboundPolicy,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<ServeArgs> {
@@ -539,11 +539,11 @@ impl ServeArgs {
             engine,
             edge: self.edge(&file)?,
             log_format: pick!(log_format, LogFormat::default()),
-            outbound: crate::outbound::OutboundPolicy {
+            outbound: nrtxn_checkback::outbound::OutboundPolicy {
                 allow_nets: pick!(check_allow_net, Vec::new())
                     .iter()
                     .filter(|n| !n.trim().is_empty())
-                    .map(|n| crate::outbound::Net::parse(n))
+                    .map(|n| nrtxn_checkback::outbound::Net::parse(n))
                     .collect::<Result<_, _>>()
                     .map_err(|e| anyhow::anyhow!("check_allow_net: {e}"))?,
                 allow_http: self.check_allow_http || file.check_allow_http,
@@ -755,7 +755,7 @@ mod tests {
         assert_eq!(nets, ["10.0.0.0/8", "fd00::/8"]);
         assert_eq!(
             ServeArgs::default().resolve().unwrap().outbound,
-            crate::outbound::OutboundPolicy::default(),
+            nrtxn_checkback::outbound::OutboundPolicy::default(),
             "nothing inside, https only, by default"
         );
         let err = format!(

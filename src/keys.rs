@@ -10,6 +10,7 @@
 //! A record holds the SHA-256 of the secret, never the secret: the secret is printed once
 //! by `nrtxn keys create` and exists nowhere else.
 
+use nrtxn_mongo::{mongo_database, redact_uri};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -168,7 +169,7 @@ impl KeyStore {
                 }
                 std::fs::create_dir_all(data_dir)
                     .with_context(|| format!("data_dir: cannot create {}", data_dir.display()))?;
-                crate::secret_file::prepare(&path)
+                nrtxn_log::secret_file::prepare(&path)
                     .with_context(|| format!("data_dir: cannot create {}", path.display()))?;
                 let conn = open_sqlite(&path)
                     .with_context(|| format!("data_dir: cannot open {}", path.display()))?;
@@ -398,34 +399,6 @@ impl StoredKey {
             created_at: self.created_at,
             revoked_at: self.revoked_at,
         })
-    }
-}
-
-/// The database of a MongoDB URI (its path, else `nrtxn`), for the stores that live beside
-/// the journal (keys, check-back settings, the stream's cursor key). An error names the
-/// URI without its credentials.
-pub async fn mongo_database(uri: &str) -> anyhow::Result<mongodb::Database> {
-    let client = mongodb::Client::with_uri_str(uri)
-        .await
-        .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
-    Ok(client
-        .default_database()
-        .unwrap_or_else(|| client.database("nrtxn")))
-}
-
-/// A MongoDB URI with its password replaced by `***`, for messages and logs.
-pub fn redact_uri(uri: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.to_string();
-    };
-    // Credentials end at the last '@' before the host list's first '/'.
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
-        }
-        None => uri.to_string(),
     }
 }
 

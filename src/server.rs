@@ -14,11 +14,12 @@ use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
 
 use crate::config::{EdgeSettings, Settings};
-use crate::keys::{redact_uri, KeyReloader};
+use crate::keys::KeyReloader;
 use nrtxn_embedded::journal::LogJournal;
 use nrtxn_embedded::request_log::{EmbeddedLog, RequestStore};
 use nrtxn_embedded::views::SqliteStore;
 use nrtxn_kafka::{EventsRelay, KafkaLog};
+use nrtxn_mongo::redact_uri;
 use nrtxn_mongo::MongoJournal;
 
 /// The addresses `listen` names, resolved once: the server binds exactly these, so what
@@ -208,7 +209,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut log_error = None;
     // Shops' check-backs before an expiry: their settings, and the calls to the shops.
     // Attached as the engine starts, before any hold it recovers can come due.
-    let checks = crate::checkback::HttpCheckBack::start(
+    let checks = nrtxn_checkback::HttpCheckBack::start(
         &settings.data_dir,
         settings.mongo_uri.as_deref(),
         metrics.clone(),

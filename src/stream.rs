@@ -229,8 +229,8 @@ impl CursorKey {
         let hex_key = match mongo_uri {
             Some(uri) => {
                 use mongodb::bson::{doc, Document};
-                let shown = crate::keys::redact_uri(uri);
-                let secrets = crate::keys::mongo_database(uri)
+                let shown = nrtxn_mongo::redact_uri(uri);
+                let secrets = nrtxn_mongo::mongo_database(uri)
                     .await?
                     .collection::<Document>(SECRETS_COLLECTION);
                 // Whoever inserts first made the key; the others read it.

@@ -5,8 +5,9 @@
 //! and the durable mark tells an acknowledged record lost from a torn write ([`seal`]);
 //! see `docs/decisions/journal-log.md` and `docs/decisions/log-ends.md`. Beside it: the
 //! room on the data dir's disk that every writer asks before it writes ([`space`]), the
-//! fixed-size filter of request keys the journals fill at start ([`keyfilter`]), and the
-//! faults tests inject through the environment ([`faults`]). The group commit that writes
+//! fixed-size filter of request keys the journals fill at start ([`keyfilter`]), the
+//! faults tests inject through the environment ([`faults`]), and files of secrets kept
+//! owner-only ([`secret_file`]). The group commit that writes
 //! this log, and the views derived from it, are in `nrtxn-embedded`.
 
 pub mod codec;
@@ -14,5 +15,6 @@ pub mod faults;
 pub mod keyfilter;
 pub mod record;
 pub mod seal;
+pub mod secret_file;
 pub mod segment;
 pub mod space;

@@ -1744,6 +1744,35 @@ impl Lifecycle for MongoJournal {
     }
 }
 
+/// The database of a MongoDB URI (its path, else `nrtxn`), for the stores that live beside
+/// the journal (keys, check-back settings, the stream's cursor key). An error names the
+/// URI without its credentials.
+pub async fn mongo_database(uri: &str) -> anyhow::Result<mongodb::Database> {
+    use anyhow::Context as _;
+    let client = mongodb::Client::with_uri_str(uri)
+        .await
+        .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
+    Ok(client
+        .default_database()
+        .unwrap_or_else(|| client.database("nrtxn")))
+}
+
+/// A MongoDB URI with its password replaced by `***`, for messages and logs.
+pub fn redact_uri(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.to_string();
+    };
+    // Credentials end at the last '@' before the host list's first '/'.
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+        }
+        None => uri.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{durable_read_concern, durable_write_concern};

@@ -1,5 +1,5 @@
-//! The shops' check-backs over HTTP (issue 15): the adapter of
-//! [`nrtxn_actors::checkback`].
+//! The shops' check-backs over HTTP: the adapter of [`nrtxn_actors::checkback`], and
+//! the guarded client every call to a shop's URL goes through ([`outbound`]).
 //!
 //! - Settings are kept beside the access keys: `{data_dir}/checks.sqlite` on the
 //!   embedded default, the collection `shop_checks` with MongoDB (shared by every node).
@@ -10,7 +10,7 @@
 //! - A call is `POST check_url` with the JSON body of [`CheckCall`] and the header
 //!   `X-Nrtxn-Signature: t=<unix ms>,v1=<hex HMAC-SHA256 of "{t}.{body}", keyed by the
 //!   secret>`: the time is signed with the body, so a receiver can refuse a replay.
-//!   Calls go through [`crate::outbound`] (no inside address, https only, no redirect,
+//!   Calls go through [`outbound`] (no inside address, https only, no redirect,
 //!   answers up to 64 KiB, bounded in flight per shop and per node: a call waits its
 //!   turn before its attempts start).
 //!   Failures (an error status, an answer that is not one of the actions, no answer
@@ -28,6 +28,8 @@
 //!   they survive a restart.
 //! - The calls run on a small runtime of their own, never on a processor or an HTTP
 //!   worker.
+
+pub mod outbound;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -394,7 +396,7 @@ async fn open(
 ) -> anyhow::Result<Arc<Inner>> {
     let store = match mongo_uri {
         Some(uri) => {
-            let checks = crate::keys::mongo_database(&uri)
+            let checks = nrtxn_mongo::mongo_database(&uri)
                 .await
                 .context("cannot open the check-back settings")?
                 .collection("shop_checks");
@@ -412,7 +414,7 @@ async fn open(
         None => {
             let path = data_dir.join(CHECKS_FILE);
             // It holds the shops' signing secrets: owner-only.
-            crate::secret_file::prepare(&path)
+            nrtxn_log::secret_file::prepare(&path)
                 .with_context(|| format!("data_dir: cannot create {}", path.display()))?;
             let conn = Connection::open(&path)
                 .with_context(|| format!("data_dir: cannot open {}", path.display()))?;
