@@ -3,9 +3,10 @@
 //!
 //! A caller that waits (respond=true) needs no durable request: its answer is given only
 //! once the outcome is journaled, and a crash before that leaves no promise behind. A
-//! fire-and-forget caller is promised an outcome by its 202, so its request is written
-//! to the store's `requests` table before the 202 and retired in the same transaction
-//! that journals its outcome; at start, what is left there is resumed.
+//! fire-and-forget caller is promised an outcome by its 202, so its request is made
+//! durable before the 202 (a record of the embedded journal's log, or a row of
+//! `requests` in the SQLite store beside a MongoDB journal) and retired when its outcome
+//! is journaled; at start, what is left is resumed.
 
 use std::sync::Arc;
 

@@ -1,10 +1,17 @@
-//! The embedded journal: SQLite (bundled, WAL mode, `synchronous=FULL`).
+//! The journal's views in SQLite (bundled, WAL mode): every read of the embedded journal
+//! (a key's outcome, an item's events, holds, item snapshots) is answered from here.
+//!
+//! [`SqliteStore`] plays three roles, chosen when it is opened: the **views** of the
+//! embedded journal, derived from the log off the commit path (`synchronous=NORMAL`: the
+//! log is what is durable, and a start catches the views up from it); the **request
+//! log** beside a MongoDB journal (fire-and-forget requests in `requests`, `synchronous=
+//! FULL`); and a **journal of its own** (`synchronous=FULL`), which only tests and
+//! benches still open. The next change of the write path removes the third.
 //!
 //! Why SQLite: the most widely deployed and tested embedded database, with a documented
 //! file format, crash safety proven by its own test suite (power-loss simulation), and a
-//! CLI that lets an operator inspect the journal with plain SQL. WAL mode lets the API's
-//! readers look outcomes up while the writer commits, and `synchronous=FULL` syncs the
-//! WAL on every commit, so a committed batch survives a crash of the process or machine.
+//! CLI that lets an operator inspect the views with plain SQL. WAL mode lets the API's
+//! readers look outcomes up while the writer commits.
 //!
 //! One writer thread owns the write connection. It takes every command waiting (journal
 //! batches from all shards, fire-and-forget acceptances) into one transaction, so one
