@@ -515,6 +515,13 @@ fn commit(
         let kind = match cmd {
             Command::Append(entries, _) => {
                 codec::encode(entries, now, body);
+                // What the log writes is what recovery reads back (a debug build decodes
+                // every record it writes: a codec change that loses a field fails here).
+                debug_assert_eq!(
+                    codec::decode(body, now).map(|back| back.len()),
+                    Ok(entries.len()),
+                    "a record does not decode to the entries written"
+                );
                 KIND_ENTRIES
             }
             Command::Accept(reqs, _) => {

@@ -568,6 +568,12 @@ impl LogWriter {
             at_ms,
         };
         let encoded = header.encode();
+        // The header written reads back as itself, chained to the record before it.
+        debug_assert_eq!(
+            Header::decode(&encoded).map(|h| (h.lsn, h.parent, h.body_checksum)),
+            Some((header.lsn, self.chain.parent, header.body_checksum)),
+            "a header does not read back as written"
+        );
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         buf.extend_from_slice(&encoded);
@@ -576,6 +582,13 @@ impl LogWriter {
         self.buf = buf;
         written?;
         self.offset += len;
+        // A segment passes its size only by a record that is larger on its own.
+        assert!(
+            self.offset <= self.segment_bytes || self.offset == len,
+            "segment past its size: {} bytes of {}",
+            self.offset,
+            self.segment_bytes
+        );
         let lsn = header.lsn;
         self.chain = Chain {
             next_lsn: lsn + 1,
@@ -588,6 +601,7 @@ impl LogWriter {
     /// Makes every record appended so far durable, then says so in the durable mark.
     pub fn sync(&mut self) -> Result<(), LogError> {
         self.file.sync_data()?;
+        assert!(self.chain.next_lsn >= 1, "a log's first record is number 1");
         let acked = Acked {
             lsn: self.chain.next_lsn - 1,
             checksum: self.chain.parent,
