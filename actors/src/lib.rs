@@ -18,12 +18,13 @@ pub mod reply;
 pub mod returns;
 pub mod shop_stats;
 pub mod shrink;
+pub mod topology;
 pub mod types;
 pub mod verify;
 pub mod wheel;
 pub mod work_manager;
 
-pub use engine::{Dispatcher, Engine, EngineConfig, EngineError};
+pub use engine::{Dispatcher, Engine, EngineBuilder, EngineConfig, EngineError};
 pub use metrics::Metrics;
 pub use ports::{
     AppendDone, Durable, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal,
@@ -31,5 +32,6 @@ pub use ports::{
     RelayPage, RemoteReplies, RequestLog, Sharing, StoreError,
 };
 pub use reply::{Answers, Reply};
+pub use topology::Topology;
 pub use types::*;
 pub use work_manager::PollResult;

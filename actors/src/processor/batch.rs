@@ -32,14 +32,15 @@ impl Processor {
             let Some(works) = self.pipeline.next_works(self.batch_max) else {
                 break;
             };
-            if !self.pipeline.in_flight_empty() && self.cluster.epoch_moves(&works) {
-                self.pipeline.park(works);
-                break;
-            }
-            let works = if self.ports.hooks.get().is_some() {
-                self.cluster.drop_stale(works)
-            } else {
-                works
+            let works = match &mut self.cluster {
+                Some(cluster) => {
+                    if !self.pipeline.in_flight_empty() && cluster.epoch_moves(&works) {
+                        self.pipeline.park(works);
+                        break;
+                    }
+                    cluster.drop_stale(works)
+                }
+                None => works,
             };
             self.decide_or_read(works, ctx);
         }
@@ -154,12 +155,11 @@ impl Processor {
     /// One request of a batch: a repeat of a key in flight or in the journal (a shared
     /// log), or decided.
     fn apply_txn(&mut self, req: Request, now: Millis, b: &mut BatchBuilder) {
-        let shared_log = self.ports.hooks.get().is_some();
-        if shared_log {
+        if let Some(cluster) = &self.cluster {
             let key = (req.shop.clone(), req.key.clone());
             // Not removed from `prefetched` when found: a second copy of the key in
             // this batch is a repeat too.
-            let found = match self.cluster.undurable(&key) {
+            let found = match cluster.undurable(&key) {
                 Some(o) => Some(o.clone()),
                 None => self.prefetched.keys.get(&key).cloned().flatten(),
             };
@@ -174,12 +174,10 @@ impl Processor {
         }
         match self.decide(&req, now, &mut b.touched) {
             Decision::Apply(entry) => {
-                if shared_log {
-                    if let Some(o) = entry.outcome() {
-                        let key = (req.shop.clone(), req.key.clone());
-                        self.cluster.applied(key.clone(), Arc::new(o));
-                        b.keys.push(key);
-                    }
+                if let (Some(cluster), Some(o)) = (&mut self.cluster, entry.outcome()) {
+                    let key = (req.shop.clone(), req.key.clone());
+                    cluster.applied(key.clone(), Arc::new(o));
+                    b.keys.push(key);
                 }
                 if let (Status::Ok, Some(sale)) = (entry.status, &entry.return_of) {
                     b.returns

@@ -9,13 +9,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::mailbox::Work;
+use crate::ports::LogHooks;
+use crate::topology::SharedLog;
 use crate::types::{Outcome, Request};
 
 /// A request key by shop and key.
 type KeyOfShop = (Arc<str>, Arc<str>);
 
-#[derive(Default)]
 pub(super) struct ClusterScreen {
+    /// The shared log, and whether the journal is shared too.
+    log: Arc<SharedLog>,
     /// Outcomes of keys applied but not yet durable, by shop and key: a repeat of one of
     /// them is found here, since the journal does not hold it yet (bounded by the
     /// batches in flight).
@@ -30,6 +33,25 @@ pub(super) struct ClusterScreen {
 }
 
 impl ClusterScreen {
+    pub(super) fn new(log: Arc<SharedLog>) -> ClusterScreen {
+        ClusterScreen {
+            log,
+            undurable: HashMap::new(),
+            partition_epochs: HashMap::new(),
+            learned: HashMap::new(),
+        }
+    }
+
+    pub(super) fn hooks(&self) -> &LogHooks {
+        &self.log.hooks
+    }
+
+    /// Whether other nodes write the journal too: an item is read back when its
+    /// partition comes (back), and a hold's expiry goes through the log.
+    pub(super) fn journal_shared(&self) -> bool {
+        self.log.journal_shared
+    }
+
     /// Whether `works` carry a partition's epoch newer than the one this shard last
     /// saw: the partition was assigned again (a lease taken again, with leases).
     pub(super) fn epoch_moves(&self, works: &[Work]) -> bool {

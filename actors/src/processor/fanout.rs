@@ -49,8 +49,10 @@ impl Processor {
         } else {
             unfence(&mut batch, entries, &is_fenced)
         };
-        for key in &batch.keys {
-            self.cluster.retired(key);
+        if let Some(cluster) = &mut self.cluster {
+            for key in &batch.keys {
+                cluster.retired(key);
+            }
         }
         for key in &batch.ended {
             self.holds.retire_ended(key);
@@ -64,7 +66,7 @@ impl Processor {
         for (reply, views) in batch.loads {
             let _ = reply.send(views);
         }
-        if let Some(hooks) = self.ports.hooks.get() {
+        if let Some(hooks) = self.cluster.as_ref().map(ClusterScreen::hooks) {
             let positions: Vec<_> = entries
                 .iter()
                 .filter_map(|e| e.log_pos)
@@ -86,7 +88,7 @@ impl Processor {
     /// Outcomes to the WorkManagers that hold the reply handles: this node's, one
     /// message per shop, and other nodes' through the log's hook.
     fn answer(&self, entries: &[Entry], repeats: Vec<Repeat>) {
-        let hooks = self.ports.hooks.get();
+        let hooks = self.cluster.as_ref().map(ClusterScreen::hooks);
         let metrics = &self.ports.metrics;
         let mut routes = Routes::default();
         let mut counts = [0u64; Status::ALL.len()];

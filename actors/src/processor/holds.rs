@@ -50,26 +50,23 @@ impl Processor {
             }
         };
         let due = hold_book::due_at(&key.1, h.expires_at);
-        let (why, next) = match self.ports.order_hook.get() {
-            // Not attached yet: the node is starting.
-            None => (None, now.saturating_add(ORDER_HOOK_WAIT_MS)),
-            Some(_) if h.check && now < due => (Some(Nudge::Recovered), due),
-            Some(_) if h.check => (
-                Some(Nudge::Recovered),
-                now.saturating_add(ORDER_NUDGE_RETRY_MS),
-            ),
-            Some(_) => (Some(Nudge::Due), now.saturating_add(ORDER_NUDGE_RETRY_MS)),
+        let (why, next) = match h.check {
+            true if now < due => (Nudge::Recovered, due),
+            true => (Nudge::Recovered, now.saturating_add(ORDER_NUDGE_RETRY_MS)),
+            false => (Nudge::Due, now.saturating_add(ORDER_NUDGE_RETRY_MS)),
         };
-        self.holds.rearm(key, next);
-        if why.is_some() {
+        let taken = (self.ports.order_hook)(OrderNudge {
+            shop: key.0.clone(),
+            id: order_id,
+            why,
+        });
+        if taken {
+            self.holds.rearm(key, next);
             self.holds.checked(key);
-        }
-        if let (Some(why), Some(hook)) = (why, self.ports.order_hook.get()) {
-            hook(OrderNudge {
-                shop: key.0.clone(),
-                id: order_id,
-                why,
-            });
+        } else {
+            // The engine's queue of nudges is full: asked again a moment later.
+            self.holds
+                .rearm(key, now.saturating_add(ORDER_HOOK_WAIT_MS));
         }
     }
 
@@ -79,12 +76,12 @@ impl Processor {
         self.holds.woke();
         let now = now_ms();
         let mut via_log = Vec::new();
+        // With a shared log and journal, expiries go through the log to the item's owner.
         let resubmit = self
-            .ports
-            .hooks
-            .get()
-            .filter(|_| self.ports.journal.shared())
-            .map(|h| h.resubmit.clone());
+            .cluster
+            .as_ref()
+            .filter(|c| c.journal_shared())
+            .map(|c| c.hooks().resubmit.clone());
         for key in self.holds.fire(now) {
             let Some(h) = self.holds.get(&key) else {
                 continue;
@@ -96,7 +93,7 @@ impl Processor {
             if self
                 .ports
                 .checkback
-                .get()
+                .as_ref()
                 .is_some_and(|c| c.enabled(&key.0))
             {
                 self.nudge_check(&key, now);
@@ -124,19 +121,6 @@ impl Processor {
         let Some(h) = self.holds.get(&key) else {
             return Fired::Later;
         };
-        let shared = self.ports.journal.shared();
-        if shared && !via_log && self.ports.log_made.get().is_none() {
-            // The request log is not made yet: the node is starting, and armed every
-            // pending hold of the shared journal, overdue ones firing at once. Such an
-            // expiry must reach the item's owner through the log, never be decided
-            // here: this node may not own the item, and a write that did not come
-            // through the log carries no lease, so nothing fences it (the campaign saw
-            // a restarted node write an expiry of another node's item and stop on the
-            // conflict). Tried again later, without counting as a copy sent.
-            self.holds
-                .rearm(&key, now.saturating_add(EXPIRY_RESEND_MS as i64));
-            return Fired::Later;
-        }
         let (shop, hold_id) = key;
         let end_key = hold_end_key(&hold_id);
         let req = Request {
@@ -151,6 +135,11 @@ impl Processor {
             )
         };
         if !via_log {
+            // This node owns the item: its own log, or a journal only it writes. (With a
+            // shared log and journal, `via_log` is known from the first tick, since the
+            // topology is chosen before the shards start: an overdue expiry recovered at
+            // start never is decided here for an item another node may own, which a
+            // write with no lease would not be fenced from.)
             return Fired::Here(req);
         }
         // Armed again, in case this copy is lost on its way (the producer refuses it,
@@ -177,15 +166,13 @@ impl Processor {
     /// engine asks once at a time per hold).
     fn nudge_check(&mut self, key: &HoldKey, now: Millis) {
         self.holds.rearm(key, now.saturating_add(CHECK_RESEND_MS));
-        match self.ports.order_hook.get() {
-            Some(hook) => hook(OrderNudge {
-                shop: key.0.clone(),
-                id: key.1.clone(),
-                why: Nudge::HoldDue,
-            }),
-            None => {
-                tracing::debug!(hold = %key.1, "hold due before the engine attached; asked again later")
-            }
+        let taken = (self.ports.order_hook)(OrderNudge {
+            shop: key.0.clone(),
+            id: key.1.clone(),
+            why: Nudge::HoldDue,
+        });
+        if !taken {
+            tracing::debug!(hold = %key.1, "the engine's queue of nudges is full; asked again later");
         }
     }
 

@@ -30,7 +30,7 @@
 //! sending its outcomes). This file holds the actor, its ports and its messages.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -42,6 +42,7 @@ use crate::ledger::BuyerLedger;
 use crate::mailbox::{LoadChunk, Work};
 use crate::metrics::Metrics;
 use crate::ports::{Journal, LogHooks, StoreError};
+use crate::topology::Topology;
 use crate::types::{
     hold_end_key, is_order_item, now_ms, order_of_line, Entry, HoldStatus, HoldView, ItemState,
     ItemView, LogPos, Millis, Op, Outcome, Request, Status, LINE_PREFIX,
@@ -74,6 +75,10 @@ pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
 /// The hold-expiry wheel's tick: a hold is released within one tick of `expires_at`
 /// (plus the wait for the shard's next batch).
 pub const WHEEL_TICK_MS: u64 = 1;
+/// Order nudges waiting for the engine at most (see [`OrderHook`]); past it a nudge is
+/// tried again [`ORDER_HOOK_WAIT_MS`] later. Each pending order record or line nudges
+/// at most once per [`ORDER_NUDGE_RETRY_MS`], and the engine settles one order at a time.
+pub const NUDGES_QUEUED_MAX: usize = 65_536;
 /// With a shared log, how long after sending a hold's expiry through the log it is sent
 /// again if the hold is still pending here.
 const EXPIRY_RESEND_MS: u64 = 1_000;
@@ -90,7 +95,7 @@ const ORDER_NUDGE_RETRY_MS: i64 = 5_000;
 /// How often a due hold of a shop with a check-back is reported again while it is
 /// still pending (the check itself may take its shop's timeout times its attempts).
 const CHECK_RESEND_MS: i64 = 5_000;
-/// How long a nudge waits for the orders' hook while the node is starting.
+/// How long a nudge the engine's queue had no room for waits before it is tried again.
 const ORDER_HOOK_WAIT_MS: i64 = 100;
 /// Order lines one shard keeps waiting at most; past it a line is answered
 /// [`Status::Tentative`] and its order asks again a moment later.
@@ -118,8 +123,10 @@ pub struct OrderNudge {
     pub why: Nudge,
 }
 
-/// Where the processors send [`OrderNudge`]s: set by the engine once it is running.
-pub type OrderHook = Arc<dyn Fn(OrderNudge) + Send + Sync>;
+/// Where the processors send [`OrderNudge`]s: made by the engine's builder before any
+/// shard starts (a bounded queue the engine drains once it runs). `false`: the queue
+/// had no room, and the nudge is tried again later.
+pub type OrderHook = Arc<dyn Fn(OrderNudge) -> bool + Send + Sync>;
 
 /// What every shard shares with the others.
 #[derive(Clone)]
@@ -128,11 +135,9 @@ pub struct ShardShared {
     /// Where outcomes go: the shops' WorkManagers.
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
-    /// Set by a log that several nodes share (Kafka): see [`LogHooks`].
-    pub hooks: Arc<OnceLock<LogHooks>>,
-    /// Set once the request log is made: from then on, `hooks` unset means no shared
-    /// log will attach (the embedded log beside a shared journal).
-    pub log_made: Arc<OnceLock<()>>,
+    /// Whether requests come through a log several nodes share (then the cluster
+    /// screen is on), chosen before the shards start.
+    pub topology: Topology,
     /// Pending holds one shard keeps at most; a hold beyond it is refused
     /// (`limit_exceeded`), so the holds map and the wheel stay bounded.
     pub holds_max: usize,
@@ -144,10 +149,10 @@ pub struct ShardShared {
     /// (see `Items::evict`) and are read back from the journal when next needed.
     pub items_max: usize,
     /// Where orders' records and lines past their time are reported.
-    pub order_hook: Arc<OnceLock<OrderHook>>,
+    pub order_hook: OrderHook,
     /// The shops' check-backs: a due hold of a shop with one is reported rather than
     /// expired here.
-    pub checkback: Arc<OnceLock<Arc<dyn CheckBack>>>,
+    pub checkback: Option<Arc<dyn CheckBack>>,
     /// How long a sale stays returnable ([`crate::returns`]).
     pub return_window_ms: i64,
 }
@@ -177,11 +182,10 @@ struct Ports {
     /// Where outcomes go: the shops' WorkManagers.
     registry: Registry,
     metrics: Arc<Metrics>,
-    hooks: Arc<OnceLock<LogHooks>>,
-    /// See [`ShardShared::log_made`].
-    log_made: Arc<OnceLock<()>>,
-    order_hook: Arc<OnceLock<OrderHook>>,
-    checkback: Arc<OnceLock<Arc<dyn CheckBack>>>,
+    /// Where orders' records and lines past their time, and due holds of shops with a
+    /// check-back, are reported.
+    order_hook: OrderHook,
+    checkback: Option<Arc<dyn CheckBack>>,
 }
 
 /// The actor: it sequences its parts, each of which owns its state and keeps its own
@@ -198,7 +202,8 @@ pub struct Processor {
     holds: HoldBook,
     lines: OrderLines,
     pipeline: Pipeline,
-    cluster: ClusterScreen,
+    /// On with a log several nodes share, off (`None`) with this node's own.
+    cluster: Option<ClusterScreen>,
     returns: Returns,
     /// The journal's answers for the batch about to be applied (see `reads`).
     prefetched: Prefetched,
@@ -219,8 +224,7 @@ impl Processor {
             journal,
             registry,
             metrics,
-            hooks,
-            log_made,
+            topology,
             holds_max,
             holds_per_shop_max,
             items_max,
@@ -240,15 +244,13 @@ impl Processor {
             holds: HoldBook::new(holds_max, holds_per_shop_max),
             lines: OrderLines::default(),
             pipeline: Pipeline::new(depth_gauge),
-            cluster: ClusterScreen::default(),
+            cluster: topology.log().cloned().map(ClusterScreen::new),
             returns: Returns::new(return_window_ms),
             prefetched: Prefetched::default(),
             ports: Ports {
                 journal,
                 registry,
                 metrics,
-                hooks,
-                log_made,
                 order_hook,
                 checkback,
             },

@@ -290,10 +290,14 @@ impl Processor {
                 plan.sales.insert(key);
             }
         }
-        if self.ports.hooks.get().is_some() {
-            self.plan_key(req, plan);
+        if let Some(cluster) = &self.cluster {
+            self.plan_key(cluster, req, plan);
         }
-        let reloaded = self.ports.journal.shared() && req.log_pos.is_some();
+        let reloaded = self
+            .cluster
+            .as_ref()
+            .is_some_and(ClusterScreen::journal_shared)
+            && req.log_pos.is_some();
         if reloaded {
             // Read under another epoch: another node may have changed it.
             let current = self.items.get(&req.shop, &req.item).map(|s| s.epoch);
@@ -311,11 +315,11 @@ impl Processor {
 
     /// With a shared log: the request's partition learned by the journal (under a new
     /// epoch), and its key looked up unless it was applied here in a batch in flight.
-    fn plan_key(&self, req: &Request, plan: &mut Plan) {
+    fn plan_key(&self, cluster: &ClusterScreen, req: &Request, plan: &mut Plan) {
         if let Some(pos) = req.log_pos {
             // The journal learns the keys of a partition seen under a new epoch, so its
             // lookups are exact for them.
-            if self.cluster.learned(pos.partition) != Some(req.epoch()) {
+            if cluster.learned(pos.partition) != Some(req.epoch()) {
                 let f = plan
                     .learn
                     .entry(pos.partition)
@@ -324,7 +328,7 @@ impl Processor {
             }
         }
         let key = (req.shop.clone(), req.key.clone());
-        if self.cluster.undurable(&key).is_none() && !self.prefetched.keys.contains_key(&key) {
+        if cluster.undurable(&key).is_none() && !self.prefetched.keys.contains_key(&key) {
             plan.keys.insert(key);
         }
     }
@@ -369,8 +373,10 @@ impl Processor {
         } = fetched;
         self.prefetched.sales.extend(sales);
         self.take_ledgers(&reloaded, &faulted, ledgers);
-        for (partition, epoch) in learned {
-            self.cluster.learn(partition, epoch);
+        if let Some(cluster) = &mut self.cluster {
+            for (partition, epoch) in learned {
+                cluster.learn(partition, epoch);
+            }
         }
         if !reloaded.is_empty() {
             // The holds of these items as the journal has them replace any armed here:
