@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix_web::middleware::{from_fn, Condition};
 use actix_web::{web, App, HttpServer};
 use anyhow::{bail, Context};
-use nrtxn_actors::{Engine, Journal, Leases, Lifecycle, Metrics, RequestLog};
+use nrtxn_actors::{EngineBuilder, Journal, Leases, Lifecycle, Metrics, RequestLog, Topology};
 use nrtxn_api::auth::{Gate, KeySet, OpenWhenNoKey, ShopRateLimiter};
 use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
@@ -208,7 +208,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let stages = metrics.stage.clone();
     let mut log_error = None;
     // Shops' check-backs before an expiry: their settings, and the calls to the shops.
-    // Attached as the engine starts, before any hold it recovers can come due.
+    // Given to the engine as it is built, before any hold it recovers can come due.
     let checks = nrtxn_checkback::HttpCheckBack::start(
         &settings.data_dir,
         settings.mongo_uri.as_deref(),
@@ -216,27 +216,35 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.outbound.clone(),
         space.clone(),
     )?;
-    let engine = Engine::start_with_checkback(
-        settings.engine.clone(),
-        journal,
-        |dispatcher, _recovered| match kafka {
+    // With Kafka, its producer and the processors' hooks are made before the shards
+    // start, so every shard knows from its first tick that its requests and its holds'
+    // expiries go through a log several nodes share; the readers start once the shards
+    // run.
+    let (kafka, topology) = match kafka {
+        None => (None, Topology::Alone),
+        Some(k) => {
+            let prepared = KafkaLog::prepare(k, stages)
+                .context("kafka_brokers: cannot start the request log")?;
+            let topology = Topology::shared(prepared.hooks(), journal.shared());
+            (Some(prepared), topology)
+        }
+    };
+    let engine = EngineBuilder::new(settings.engine.clone(), journal, metrics)
+        .topology(topology)
+        .checkback(Arc::new(checks))
+        .start(|dispatcher, _recovered| match kafka {
             None => Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
                 as Arc<dyn RequestLog>,
-            Some(k) => {
-                match KafkaLog::start(k, dispatcher.clone(), leases, stages) {
-                    Ok(log) => log,
-                    Err(e) => {
-                        // Reported below, after the engine is built; nothing reaches it.
-                        log_error = Some(e);
-                        Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
-                    }
+            Some(prepared) => match prepared.start(dispatcher.clone(), leases) {
+                Ok(log) => log,
+                Err(e) => {
+                    // Reported below, after the engine is built; nothing reaches it.
+                    log_error = Some(e);
+                    Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
                 }
-            }
-        },
-        metrics,
-        Some(Arc::new(checks)),
-    )
-    .context("recovery failed")?;
+            },
+        })
+        .context("recovery failed")?;
     if let Some(e) = log_error {
         engine.shutdown().await;
         return Err(e).context("kafka_brokers: cannot start the request log");

@@ -5,7 +5,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -15,16 +15,19 @@ use tokio::sync::oneshot;
 use crate::checkback::CheckBack;
 use crate::mailbox::{LoadChunk, LoadItem};
 use crate::metrics::Metrics;
-use crate::ports::{Journal, LogHooks, Recovered, RequestLog, StoreError};
-use crate::processor::{
-    Enqueue, Flush, GetItem, ItemRead, Load, OrderHook, Processor, ShardShared,
-};
+use crate::ports::{Journal, Recovered, RequestLog, StoreError};
+use crate::processor::{Enqueue, Flush, GetItem, ItemRead, Load, Processor};
 use crate::reply::{Answers, Call, Reply};
+use crate::topology::Topology;
 use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request, Status};
 use crate::work_manager::{
     Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle, ShopStatus, Submit,
     SubmitError, WorkManager,
 };
+
+mod builder;
+
+pub use builder::EngineBuilder;
 
 /// The engine's bounds and timings. Every field is set from the binary's configuration.
 #[derive(Debug, Clone)]
@@ -124,7 +127,8 @@ impl From<SubmitError> for EngineError {
 #[derive(Clone)]
 pub struct Dispatcher {
     shards: Arc<Vec<Addr<Processor>>>,
-    hooks: Arc<OnceLock<LogHooks>>,
+    /// Chosen before the shards started ([`EngineBuilder::topology`]).
+    topology: Topology,
     registry: Registry,
 }
 
@@ -135,15 +139,9 @@ impl Dispatcher {
         shard_of(shop, item, self.shards.len())
     }
 
-    /// Attaches a log that several nodes share (once, before it dispatches anything;
-    /// later calls are ignored): see [`LogHooks`].
-    pub fn attach(&self, hooks: LogHooks) {
-        let _ = self.hooks.set(hooks);
-    }
-
-    /// Whether a shared log is attached.
+    /// Whether requests come through a log several nodes share.
     pub fn shared_log(&self) -> bool {
-        self.hooks.get().is_some()
+        self.topology.log().is_some()
     }
 
     /// Hands outcomes decided on another node to this node's WorkManagers, which hold
@@ -252,8 +250,8 @@ pub struct Engine {
     evicting: tokio::sync::Mutex<()>,
     /// Orders being settled after a processor's nudge ([`crate::orders`]).
     settling: crate::orders::Settling,
-    /// The shops' check-backs, once attached ([`Engine::attach_checkback`]).
-    checkback: Arc<OnceLock<Arc<dyn CheckBack>>>,
+    /// The shops' check-backs, if built with them ([`EngineBuilder::checkback`]).
+    checkback: Option<Arc<dyn CheckBack>>,
 }
 
 /// Idle WorkManagers asked to passivate in one eviction, as a share of `shops_max`: a
@@ -265,8 +263,8 @@ const EVICT_ROUNDS_MAX: usize = 4;
 
 impl Engine {
     /// Recovers every item from the journal, starts the shards and builds the request log
-    /// on top of them, then resumes the requests the log held undecided. Call inside an
-    /// actix system.
+    /// on top of them, then resumes the requests the log held undecided: this node's own
+    /// log, no check-back ([`EngineBuilder`] for the rest). Call inside an actix system.
     pub fn start<F>(
         cfg: EngineConfig,
         journal: Arc<dyn Journal>,
@@ -276,153 +274,12 @@ impl Engine {
     where
         F: FnOnce(Dispatcher, &Recovered) -> Arc<dyn RequestLog>,
     {
-        Engine::start_with_checkback(cfg, journal, make_log, metrics, None)
+        EngineBuilder::new(cfg, journal, metrics).start(make_log)
     }
 
-    /// [`Engine::start`] with the shops' check-backs attached before any hold is armed:
-    /// a hold found past its expiry at the start (one being checked, or waiting for an
-    /// operator, when the node stopped) is then asked about (or left to its dead
-    /// letter), never expired as it would be without a check-back.
-    pub fn start_with_checkback<F>(
-        cfg: EngineConfig,
-        journal: Arc<dyn Journal>,
-        make_log: F,
-        metrics: Arc<Metrics>,
-        attached: Option<Arc<dyn CheckBack>>,
-    ) -> Result<Arc<Engine>, StoreError>
-    where
-        F: FnOnce(Dispatcher, &Recovered) -> Arc<dyn RequestLog>,
-    {
-        let mut recovered = journal.recover()?;
-        let owned: Vec<Arbiter> = (0..cfg.arbiters.max(1)).map(|_| Arbiter::new()).collect();
-        let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
-        let registry: Registry = Arc::new(DashMap::new());
-        let shard_count = cfg.shards.max(1);
-        let mut initial: Vec<(Vec<_>, Vec<HoldView>, Vec<_>)> = (0..shard_count)
-            .map(|_| (Vec::new(), Vec::new(), Vec::new()))
-            .collect();
-        for (shop, item, state) in std::mem::take(&mut recovered.items) {
-            initial[shard_of(&shop, &item, shard_count)]
-                .0
-                .push((shop, item, state));
-        }
-        for hold in std::mem::take(&mut recovered.holds) {
-            initial[shard_of(&hold.shop, &hold.item, shard_count)]
-                .1
-                .push(hold);
-        }
-        for (shop, item, ledger) in std::mem::take(&mut recovered.ledgers) {
-            initial[shard_of(&shop, &item, shard_count)]
-                .2
-                .push((shop, item, ledger));
-        }
-        let hooks: Arc<OnceLock<LogHooks>> = Arc::new(OnceLock::new());
-        let log_made: Arc<OnceLock<()>> = Arc::new(OnceLock::new());
-        let order_hook: Arc<OnceLock<OrderHook>> = Arc::new(OnceLock::new());
-        let checkback: Arc<OnceLock<Arc<dyn CheckBack>>> = Arc::new(OnceLock::new());
-        if let Some(c) = attached {
-            let _ = checkback.set(c);
-        }
-        let shards: Vec<Addr<Processor>> = initial
-            .into_iter()
-            .enumerate()
-            .map(|(i, (items, holds, ledgers))| {
-                let p = Processor::new(
-                    i,
-                    cfg.batch_max,
-                    cfg.request_ttl_ms,
-                    items,
-                    holds,
-                    ledgers,
-                    ShardShared {
-                        journal: journal.clone(),
-                        registry: registry.clone(),
-                        metrics: metrics.clone(),
-                        hooks: hooks.clone(),
-                        log_made: log_made.clone(),
-                        holds_max: cfg.holds_max,
-                        holds_per_shop_max: cfg.holds_per_shop_max,
-                        items_max: cfg.items_max.div_ceil(cfg.shards.max(1)),
-                        order_hook: order_hook.clone(),
-                        checkback: checkback.clone(),
-                        return_window_ms: cfg.return_window_ms,
-                    },
-                );
-                Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
-            })
-            .collect();
-        let dispatcher = Dispatcher {
-            shards: Arc::new(shards),
-            hooks,
-            registry: registry.clone(),
-        };
-        let log = make_log(dispatcher.clone(), &recovered);
-        // A shared log attaches while it is made: past this, none will.
-        let _ = log_made.set(());
-        let pending = log.pending()?;
-        let deps = Arc::new(Deps {
-            journal,
-            log,
-            metrics,
-            shared_log: dispatcher.shared_log(),
-            request_ttl: Duration::from_millis(cfg.request_ttl_ms.max(0) as u64),
-            inflight_total: AtomicUsize::new(0),
-            inflight_max: cfg.inflight_max,
-            shop_pending_max: cfg.shop_pending_max,
-            outcome_cache_max: cfg.outcome_cache_per_shop,
-            outcome_cache_total_max: cfg.outcome_cache_total,
-            outcomes_cached: AtomicUsize::new(0),
-            shop_idle: Duration::from_millis(cfg.shop_idle_ms),
-            registry: registry.clone(),
-            reply_timeout: Duration::from_millis(cfg.reply_timeout_ms),
-        });
-        let engine = Arc::new(Engine {
-            cfg,
-            deps,
-            registry,
-            arbiters,
-            _arbiters: Mutex::new(owned),
-            next_arbiter: AtomicUsize::new(0),
-            shards: dispatcher,
-            closing: AtomicBool::new(false),
-            load_calls: AtomicUsize::new(0),
-            node_tag: format!("{}", now_ms()),
-            evicting: tokio::sync::Mutex::new(()),
-            settling: Default::default(),
-            checkback,
-        });
-        // Orders' records and lines past their time reach the engine from here on.
-        let weak = Arc::downgrade(&engine);
-        let _ = order_hook.set(Arc::new(move |nudge| {
-            if let Some(engine) = weak.upgrade() {
-                engine.on_nudge(nudge);
-            }
-        }));
-        let mut by_shop: HashMap<Arc<str>, Vec<Request>> = HashMap::new();
-        for r in pending {
-            by_shop.entry(r.shop.clone()).or_default().push(r);
-        }
-        if !by_shop.is_empty() {
-            tracing::info!(shops = by_shop.len(), "resuming undecided requests");
-        }
-        for (shop, reqs) in by_shop {
-            engine
-                .work_manager_unbounded(&shop)
-                .addr
-                .do_send(Resume(reqs));
-        }
-        Ok(engine)
-    }
-
-    /// Attaches the shops' check-backs (once; later calls are ignored): from then on a
-    /// due hold or order of a shop with one is asked about first.
-    pub fn attach_checkback(&self, checkback: Arc<dyn CheckBack>) {
-        let _ = self.checkback.set(checkback);
-    }
-
-    /// The shops' check-backs, if attached.
+    /// The shops' check-backs, if the engine was built with them.
     pub fn checkback(&self) -> Option<Arc<dyn CheckBack>> {
-        self.checkback.get().cloned()
+        self.checkback.clone()
     }
 
     /// How long a caller waits for an outcome before it is answered `pending`.
@@ -437,7 +294,7 @@ impl Engine {
 
     /// Whether other nodes write the same journal (a shared log and journal).
     pub fn shares_journal(&self) -> bool {
-        self.deps.shared_log && self.deps.journal.shared()
+        self.shards.topology.shares_journal()
     }
 
     pub(crate) fn settling(&self) -> &crate::orders::Settling {
@@ -451,8 +308,8 @@ impl Engine {
         if reqs.is_empty() {
             return;
         }
-        match self.shards.hooks.get() {
-            Some(h) => (h.resubmit)(reqs),
+        match self.shards.topology.log() {
+            Some(log) => (log.hooks.resubmit)(reqs),
             None => self.shards.dispatch(reqs),
         }
     }
@@ -744,7 +601,7 @@ impl Engine {
         shop: &Arc<str>,
         items: Vec<LoadEntry>,
     ) -> Result<Vec<(ItemView, Status)>, EngineError> {
-        let node = self.shards.hooks.get().map_or(0, |h| h.node_id);
+        let node = self.shards.topology.log().map_or(0, |l| l.hooks.node_id);
         let call = self.load_calls.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("~load:{node}:{}:{call}", self.node_tag);
         let reqs = load_requests(shop, items, |i| format!("{prefix}:{i}").into());
@@ -925,7 +782,7 @@ impl Engine {
         item: &Arc<str>,
     ) -> Result<Option<ItemView>, EngineError> {
         // With several nodes its processor may be on another one.
-        let read = if self.deps.shared_log && self.deps.journal.shared() {
+        let read = if self.shares_journal() {
             ItemRead::AskJournal
         } else {
             let s = self.shards.shard_of(shop, item);

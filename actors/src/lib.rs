@@ -19,12 +19,13 @@ pub mod returns;
 pub mod secret;
 pub mod shop_stats;
 pub mod shrink;
+pub mod topology;
 pub mod types;
 pub mod verify;
 pub mod wheel;
 pub mod work_manager;
 
-pub use engine::{Dispatcher, Engine, EngineConfig, EngineError};
+pub use engine::{Dispatcher, Engine, EngineBuilder, EngineConfig, EngineError};
 pub use metrics::Metrics;
 pub use ports::{
     AppendDone, Durable, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal,
@@ -33,5 +34,6 @@ pub use ports::{
 };
 pub use reply::{Answers, Reply};
 pub use secret::Secret;
+pub use topology::Topology;
 pub use types::*;
 pub use work_manager::PollResult;

@@ -18,7 +18,8 @@ pub type JournaledHook = Arc<dyn Fn(Vec<LogPos>) + Send + Sync>;
 /// handles.
 pub type RemoteReplies = Arc<dyn Fn(u32, Vec<Arc<Outcome>>) + Send + Sync>;
 
-/// What a log shared by several nodes (Kafka) attaches to the processors. With it, a
+/// What a log shared by several nodes (Kafka) gives the processors, through the engine's
+/// builder ([`crate::Topology::shared`]), before they start. With it, a
 /// processor no longer trusts that a request reaching it is new (another node's
 /// WorkManager may have sent the same key, or the log redelivers after a crash or a
 /// rebalance): it checks every key against the journal before applying, and answers a

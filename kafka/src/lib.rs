@@ -351,17 +351,20 @@ pub struct KafkaLog {
     readers: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// The log's producer and its hooks, made before the engine's shards start
+/// ([`KafkaLog::prepare`]); its readers start once the shards run
+/// ([`PreparedKafka::start`]).
+pub struct PreparedKafka {
+    settings: KafkaSettings,
+    producer: Arc<ThreadedProducer<Delivery>>,
+    tracker: Arc<Tracker>,
+    stages: Stages,
+}
+
 impl KafkaLog {
-    /// Creates the topics if missing, starts the producer, the reader pool and the
-    /// reader of this node's responses partition, and attaches to the processors.
-    /// `leases`: the journal's partition leases when several nodes write it; each
-    /// partition assigned is then read under the epoch its lease take gave.
-    pub fn start(
-        settings: KafkaSettings,
-        dispatcher: Dispatcher,
-        leases: Option<Arc<dyn Leases>>,
-        stages: Stages,
-    ) -> Result<Arc<KafkaLog>, StoreError> {
+    /// Creates the topics if missing and starts the producer: what the processors'
+    /// hooks need ([`PreparedKafka::hooks`]), before the processors are made.
+    pub fn prepare(settings: KafkaSettings, stages: Stages) -> Result<PreparedKafka, StoreError> {
         if settings.node_id as i64 >= i64::from(settings.response_partitions) {
             return Err(kafka_err(format!(
                 "node id {} needs a responses topic with more than {} partitions",
@@ -382,28 +385,55 @@ impl KafkaLog {
                     stages: stages.clone(),
                 })
                 .map_err(kafka_err)?;
-        let producer = Arc::new(producer);
-        let tracker = Arc::new(Tracker::default());
-        let hook_tracker = tracker.clone();
-        let fence_tracker = tracker.clone();
-        let reply_producer = producer.clone();
-        let responses_topic = settings.responses_topic.clone();
+        Ok(PreparedKafka {
+            settings,
+            producer: Arc::new(producer),
+            tracker: Arc::new(Tracker::default()),
+            stages,
+        })
+    }
+}
+
+impl PreparedKafka {
+    /// What the processors are given to work with this log ([`LogHooks`]).
+    pub fn hooks(&self) -> LogHooks {
+        let hook_tracker = self.tracker.clone();
+        let fence_tracker = self.tracker.clone();
+        let reply_producer = self.producer.clone();
+        let responses_topic = self.settings.responses_topic.clone();
         let (expiry_producer, requests_topic, node_id) = (
-            producer.clone(),
-            settings.requests_topic.clone(),
-            settings.node_id,
+            self.producer.clone(),
+            self.settings.requests_topic.clone(),
+            self.settings.node_id,
         );
-        dispatcher.attach(LogHooks {
+        LogHooks {
             resubmit: Arc::new(move |reqs| {
                 send_requests(&expiry_producer, &requests_topic, node_id, reqs, None, None)
             }),
-            node_id: settings.node_id,
+            node_id,
             journaled: Arc::new(move |positions| hook_tracker.journaled(&positions)),
             fenced: Arc::new(move |positions| fence_tracker.fenced(&positions)),
             remote: Arc::new(move |node, outcomes| {
                 send_responses(&reply_producer, &responses_topic, node, &outcomes)
             }),
-        });
+        }
+    }
+
+    /// Starts the reader pool and the reader of this node's responses partition, which
+    /// hand what they read to the shards through `dispatcher`. `leases`: the journal's
+    /// partition leases when several nodes write it; each partition assigned is then
+    /// read under the epoch its lease take gave.
+    pub fn start(
+        self,
+        dispatcher: Dispatcher,
+        leases: Option<Arc<dyn Leases>>,
+    ) -> Result<Arc<KafkaLog>, StoreError> {
+        let PreparedKafka {
+            settings,
+            producer,
+            tracker,
+            stages,
+        } = self;
         let log = Arc::new(KafkaLog {
             producer,
             settings: settings.clone(),

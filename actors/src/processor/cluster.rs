@@ -1,12 +1,57 @@
-//! Cluster screening, with a log and journal that several nodes share: dropping work
-//! read under an old partition epoch, and holding back work of a partition's new epoch
-//! while batches of the old one are in flight. The reads this needs (keys checked
-//! against the journal, items read back when their partition moved) are planned and
-//! made in `reads`. Nothing here runs on the embedded default.
+//! The cluster screen, with a log and journal that several nodes share: dropping work
+//! read under an old partition epoch, holding back work of a partition's new epoch
+//! while batches of the old one are in flight, and the outcomes of keys applied here
+//! but not yet durable (a repeat of one is found here, not in the journal). The reads
+//! this needs (keys checked against the journal, items read back when their partition
+//! moved) are planned and made in `reads`. Nothing here runs on the embedded default.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-impl Processor {
+use crate::mailbox::Work;
+use crate::ports::LogHooks;
+use crate::topology::SharedLog;
+use crate::types::{Outcome, Request};
+
+/// A request key by shop and key.
+type KeyOfShop = (Arc<str>, Arc<str>);
+
+pub(super) struct ClusterScreen {
+    /// The shared log, and whether the journal is shared too.
+    log: Arc<SharedLog>,
+    /// Outcomes of keys applied but not yet durable, by shop and key: a repeat of one of
+    /// them is found here, since the journal does not hold it yet (bounded by the
+    /// batches in flight).
+    undurable: HashMap<KeyOfShop, Arc<Outcome>>,
+    /// The newest assignment epoch seen per partition; a request read under an older one
+    /// was read before its partition moved, and is dropped (the log delivers it again
+    /// to the partition's owner).
+    partition_epochs: HashMap<i32, u64>,
+    /// Per partition, the epoch under which this shard last had the journal learn the
+    /// partition's keys ([`crate::ports::Sharing::learn_partition`]).
+    learned: HashMap<i32, u64>,
+}
+
+impl ClusterScreen {
+    pub(super) fn new(log: Arc<SharedLog>) -> ClusterScreen {
+        ClusterScreen {
+            log,
+            undurable: HashMap::new(),
+            partition_epochs: HashMap::new(),
+            learned: HashMap::new(),
+        }
+    }
+
+    pub(super) fn hooks(&self) -> &LogHooks {
+        &self.log.hooks
+    }
+
+    /// Whether other nodes write the journal too: an item is read back when its
+    /// partition comes (back), and a hold's expiry goes through the log.
+    pub(super) fn journal_shared(&self) -> bool {
+        self.log.journal_shared
+    }
+
     /// Whether `works` carry a partition's epoch newer than the one this shard last
     /// saw: the partition was assigned again (a lease taken again, with leases).
     pub(super) fn epoch_moves(&self, works: &[Work]) -> bool {
@@ -26,9 +71,36 @@ impl Processor {
     pub(super) fn drop_stale(&mut self, works: Vec<Work>) -> Vec<Work> {
         drop_stale(&mut self.partition_epochs, works)
     }
+
+    /// The outcome of a key applied here in a batch not yet durable.
+    pub(super) fn undurable(&self, key: &KeyOfShop) -> Option<&Arc<Outcome>> {
+        self.undurable.get(key)
+    }
+
+    /// A key applied in a batch about to be sent.
+    pub(super) fn applied(&mut self, key: KeyOfShop, outcome: Arc<Outcome>) {
+        let before = self.undurable.insert(key, outcome);
+        // A key already here is answered as a repeat, never applied again.
+        debug_assert!(before.is_none(), "a key applied twice while in flight");
+    }
+
+    /// The batch that applied `key` is durable (or fenced): the journal answers for it.
+    pub(super) fn retired(&mut self, key: &KeyOfShop) {
+        let found = self.undurable.remove(key);
+        debug_assert!(found.is_some(), "a key retired that was not in flight");
+    }
+
+    /// The epoch under which the journal last learned a partition's keys here.
+    pub(super) fn learned(&self, partition: i32) -> Option<u64> {
+        self.learned.get(&partition).copied()
+    }
+
+    pub(super) fn learn(&mut self, partition: i32, epoch: u64) {
+        self.learned.insert(partition, epoch);
+    }
 }
 
-/// [`Processor::drop_stale`] with `newest` the newest epoch seen of each partition. The
+/// [`ClusterScreen::drop_stale`] with `newest` the newest epoch seen of each partition. The
 /// newest is taken over the whole batch first: a partition taken from this node and
 /// given back to it before its messages drained (a revocation that waited out
 /// `DRAIN_TIMEOUT` on a slow journal) has each of those messages twice in the mailbox,
@@ -73,6 +145,7 @@ fn drop_stale(newest: &mut HashMap<i32, u64>, works: Vec<Work>) -> Vec<Work> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::{LogPos, Op};
 
     fn read(key: &str, partition: i32, offset: i64, epoch: u64) -> Work {
         let mut req = Request::new(

@@ -1,7 +1,7 @@
 //! Journal reads a batch needs before it can be decided, made off the actor's thread.
 //!
 //! Some requests cannot be decided from memory: an item that left memory
-//! ([`Processor::evict`]), an item whose partition came back from another node, a key a
+//! ([`Items::evict`]), an item whose partition came back from another node, a key a
 //! shared log may have delivered before (with the partition's keys learned first), or a
 //! confirm or cancel of a hold that is no longer pending here. A read of the journal can
 //! wait for a disk, the views or a database server (with retries and sleeps when it
@@ -91,48 +91,43 @@ impl Reads {
             let states = retry_read(shard, || journal.item_states(&self.fault));
             self.fault.into_iter().zip(states).collect()
         };
-        let mut keys = Vec::new();
-        for (shop, asked) in self.keys {
-            let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
-            let outcomes = retry_read(shard, || journal.outcomes(&shop, &refs));
-            for (key, outcome) in asked.into_iter().zip(outcomes) {
-                keys.push(((shop.clone(), key), outcome.map(Arc::new)));
-            }
-        }
-        let mut looked_up = Vec::new();
-        for (shop, ids) in self.holds {
-            let refs: Vec<&str> = ids.iter().map(|k| &**k).collect();
-            let views = retry_read(shard, || journal.holds(&shop, &refs));
-            looked_up.extend(ids.into_iter().zip(views).map(|(id, view)| {
-                (
-                    (shop.clone(), id),
-                    view.filter(|v| v.status == HoldStatus::Held),
-                )
-            }));
-        }
-        let mut sales = Vec::new();
-        for (shop, asked) in self.sales {
-            let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
-            let found = retry_read(shard, || journal.sales(&shop, &refs));
-            sales.extend(
-                asked
-                    .into_iter()
-                    .zip(found)
-                    .map(|(key, record)| ((shop.clone(), key), record)),
-            );
-        }
         Fetched {
             since,
-            sales,
+            keys: by_shop(shard, self.keys, |shop, keys| journal.outcomes(shop, keys))
+                .into_iter()
+                .map(|(key, outcome)| (key, outcome.map(Arc::new)))
+                .collect(),
+            looked_up: by_shop(shard, self.holds, |shop, ids| journal.holds(shop, ids))
+                .into_iter()
+                .map(|(key, view)| (key, view.filter(|v| v.status == HoldStatus::Held)))
+                .collect(),
+            sales: by_shop(shard, self.sales, |shop, keys| journal.sales(shop, keys)),
             learned: self.learn.into_iter().map(|(p, e, _)| (p, e)).collect(),
             reloaded,
             holds,
             faulted,
-            keys,
-            looked_up,
             ledgers,
         }
     }
+}
+
+/// One read per shop of the keys asked for it, each answer paired with its key.
+fn by_shop<T>(
+    shard: usize,
+    asked: HashMap<Arc<str>, Vec<Arc<str>>>,
+    read: impl Fn(&str, &[&str]) -> Result<Vec<T>, StoreError>,
+) -> Vec<(ShopKey, T)> {
+    let mut found = Vec::new();
+    for (shop, keys) in asked {
+        let refs: Vec<&str> = keys.iter().map(|k| &**k).collect();
+        let answers = retry_read(shard, || read(&shop, &refs));
+        found.extend(
+            keys.into_iter()
+                .zip(answers)
+                .map(|(key, answer)| ((shop.clone(), key), answer)),
+        );
+    }
+    found
 }
 
 /// The journal's answers to [`Reads`], back on the actor's thread.
@@ -165,7 +160,7 @@ pub(super) struct Prefetched {
     holds: HashSet<ShopKey>,
     /// Sales read for the batch's returns, by shop and key (`None`: the journal has
     /// none). Exact while the batch waits: a sale read here had no return in flight
-    /// (see [`Processor::returning`]), and nothing is applied until the batch is.
+    /// (see [`Returns`]), and nothing is applied until the batch is.
     pub(super) sales: HashMap<ShopKey, Option<SaleRecord>>,
 }
 
@@ -174,7 +169,7 @@ impl Handler<Fetched> for Processor {
     fn handle(&mut self, msg: Fetched, ctx: &mut Self::Context) {
         let since = msg.since;
         self.absorb(msg);
-        let Some(works) = self.reading.take() else {
+        let Some(works) = self.pipeline.take_reading() else {
             tracing::error!(
                 shard = self.shard,
                 "journal reads answered with no batch waiting"
@@ -183,6 +178,44 @@ impl Handler<Fetched> for Processor {
         };
         self.decide_or_read_since(works, Some(since), ctx);
         self.drain(ctx);
+    }
+}
+
+/// What a batch's plan gathers before it becomes [`Reads`], each set once.
+#[derive(Default)]
+struct Plan {
+    learn: HashMap<i32, (u64, i64)>,
+    reload: HashMap<ShopKey, u64>,
+    fault: HashSet<ShopKey>,
+    keys: HashSet<ShopKey>,
+    held: HashSet<ShopKey>,
+    sales: HashSet<ShopKey>,
+}
+
+impl Plan {
+    fn into_reads(self) -> Reads {
+        let mut reads = Reads {
+            learn: self
+                .learn
+                .into_iter()
+                .map(|(p, (e, o))| (p, e, o))
+                .collect(),
+            reload: self.reload.into_iter().collect(),
+            fault: self.fault.into_iter().collect(),
+            ..Reads::default()
+        };
+        reads.reload.sort_unstable();
+        reads.fault.sort_unstable();
+        for (shop, key) in self.keys {
+            reads.keys.entry(shop).or_default().push(key);
+        }
+        for (shop, hold_id) in self.held {
+            reads.holds.entry(shop).or_default().push(hold_id);
+        }
+        for (shop, sale) in self.sales {
+            reads.sales.entry(shop).or_default().push(sale);
+        }
+        reads
     }
 }
 
@@ -207,13 +240,13 @@ impl Processor {
         if reads.is_empty() {
             if let Some(since) = since {
                 let waited = since.elapsed().as_secs_f64();
-                self.metrics.stage.screen.observe(waited);
+                self.ports.metrics.stage.screen.observe(waited);
             }
             self.run_batch(works, ctx);
             return;
         }
-        self.reading = Some(works);
-        let journal = self.journal.clone();
+        self.pipeline.start_reading(works);
+        let journal = self.ports.journal.clone();
         let shard = self.shard;
         let addr = ctx.address();
         let since = since.unwrap_or_else(Instant::now);
@@ -223,119 +256,105 @@ impl Processor {
     /// What `works` need from the journal that memory and the earlier rounds' answers
     /// do not have.
     fn plan_reads(&self, works: &[Work]) -> Reads {
-        let mut reads = Reads::default();
-        let shared_log = self.hooks.get().is_some();
-        let reloads = self.journal.shared();
-        let mut learn: HashMap<i32, (u64, i64)> = HashMap::new();
-        let mut reload: HashMap<ShopKey, u64> = HashMap::new();
-        let mut fault: HashSet<ShopKey> = HashSet::new();
-        let mut keys: HashSet<ShopKey> = HashSet::new();
-        let mut held: HashSet<ShopKey> = HashSet::new();
-        let mut sales: HashSet<ShopKey> = HashSet::new();
-        let in_memory = |shop: &Arc<str>, item: &Arc<str>| {
-            self.items.get(shop).is_some_and(|m| m.contains_key(item))
-        };
-        let mut want = |shop: &Arc<str>, item: &Arc<str>| {
-            let key = (shop.clone(), item.clone());
-            if !self.complete && !in_memory(shop, item) && !self.prefetched.unknown.contains(&key) {
-                fault.insert(key);
-            }
-        };
+        let mut plan = Plan::default();
         for work in works {
             match work {
-                Work::Txn(req) => {
-                    if let (Op::Increment, Some(sale)) = (req.op, &req.return_of) {
-                        let key = (req.shop.clone(), sale.clone());
-                        if !self.returning.contains_key(&key)
-                            && !self.prefetched.sales.contains_key(&key)
-                        {
-                            sales.insert(key);
-                        }
-                    }
-                    if shared_log {
-                        if let Some(pos) = req.log_pos {
-                            // The journal learns the keys of a partition seen under a new
-                            // epoch, so its lookups are exact for them.
-                            if self.learned.get(&pos.partition) != Some(&req.epoch()) {
-                                let f = learn
-                                    .entry(pos.partition)
-                                    .or_insert((req.epoch(), pos.offset));
-                                f.1 = f.1.min(pos.offset);
-                            }
-                        }
-                        // Every key not applied here in a batch still in flight.
-                        let key = (req.shop.clone(), req.key.clone());
-                        if !self.undurable.contains_key(&key)
-                            && !self.prefetched.keys.contains_key(&key)
-                        {
-                            keys.insert(key);
-                        }
-                    }
-                    let reloaded = reloads && req.log_pos.is_some();
-                    if reloaded {
-                        // Read under another epoch: another node may have changed it.
-                        let current = self
-                            .items
-                            .get(&req.shop)
-                            .and_then(|m| m.get(&req.item))
-                            .map(|s| s.epoch);
-                        let item = (req.shop.clone(), req.item.clone());
-                        if current != Some(req.epoch()) && !self.prefetched.unknown.contains(&item)
-                        {
-                            reload.entry(item).or_insert(req.epoch());
-                        }
-                    }
-                    if req.op.ends_hold() {
-                        // A hold no longer pending here is answered with how it ended,
-                        // which the journal has (or it is unknown). A pending one whose
-                        // item is read back may have ended on another node.
-                        let hold = (req.shop.clone(), req.hold_id.clone().unwrap_or_default());
-                        let pending = self.holds.get(&hold).is_some_and(|h| {
-                            !reload.contains_key(&(req.shop.clone(), h.item.clone()))
-                        });
-                        let key = (req.shop.clone(), req.key.clone());
-                        if !pending
-                            && !self.ended.contains_key(&hold)
-                            && !self.prefetched.keys.contains_key(&key)
-                        {
-                            keys.insert(key);
-                        }
-                        if !self.holds.contains_key(&hold)
-                            && !self.ended.contains_key(&hold)
-                            && !self.prefetched.holds.contains(&hold)
-                        {
-                            // Not pending here, yet the journal may have it pending:
-                            // this node let it go (see `Processor::tick`) or never armed
-                            // it. Its record, and its item, are read.
-                            want(&req.shop, &req.item);
-                            held.insert(hold);
-                        }
-                    } else if !reloaded {
-                        want(&req.shop, &req.item);
-                    }
-                }
+                Work::Txn(req) => self.plan_txn(req, &mut plan),
                 Work::Load(chunk) => {
                     for load in &chunk.items {
-                        want(&chunk.shop, &load.item);
+                        self.want(&chunk.shop, &load.item, &mut plan);
                     }
                 }
             }
         }
-        reads.learn = learn.into_iter().map(|(p, (e, o))| (p, e, o)).collect();
-        reads.reload = reload.into_iter().collect();
-        reads.reload.sort_unstable();
-        reads.fault = fault.into_iter().collect();
-        reads.fault.sort_unstable();
-        for (shop, key) in keys {
-            reads.keys.entry(shop).or_default().push(key);
+        plan.into_reads()
+    }
+
+    /// An item the batch needs that left memory (and is not known to be unknown).
+    fn want(&self, shop: &Arc<str>, item: &Arc<str>, plan: &mut Plan) {
+        let key = (shop.clone(), item.clone());
+        if !self.items.complete()
+            && !self.items.contains(shop, item)
+            && !self.prefetched.unknown.contains(&key)
+        {
+            plan.fault.insert(key);
         }
-        for (shop, hold_id) in held {
-            reads.holds.entry(shop).or_default().push(hold_id);
+    }
+
+    /// What one request needs read: its sale (a return), its key and partition (a
+    /// shared log), its item (moved or left memory), its hold (an ending).
+    fn plan_txn(&self, req: &Request, plan: &mut Plan) {
+        if let (Op::Increment, Some(sale)) = (req.op, &req.return_of) {
+            let key = (req.shop.clone(), sale.clone());
+            if !self.returns.in_flight(&key) && !self.prefetched.sales.contains_key(&key) {
+                plan.sales.insert(key);
+            }
         }
-        for (shop, sale) in sales {
-            reads.sales.entry(shop).or_default().push(sale);
+        if let Some(cluster) = &self.cluster {
+            self.plan_key(cluster, req, plan);
         }
-        reads
+        let reloaded = self
+            .cluster
+            .as_ref()
+            .is_some_and(ClusterScreen::journal_shared)
+            && req.log_pos.is_some();
+        if reloaded {
+            // Read under another epoch: another node may have changed it.
+            let current = self.items.get(&req.shop, &req.item).map(|s| s.epoch);
+            let item = (req.shop.clone(), req.item.clone());
+            if current != Some(req.epoch()) && !self.prefetched.unknown.contains(&item) {
+                plan.reload.entry(item).or_insert(req.epoch());
+            }
+        }
+        if req.op.ends_hold() {
+            self.plan_ending(req, plan);
+        } else if !reloaded {
+            self.want(&req.shop, &req.item, plan);
+        }
+    }
+
+    /// With a shared log: the request's partition learned by the journal (under a new
+    /// epoch), and its key looked up unless it was applied here in a batch in flight.
+    fn plan_key(&self, cluster: &ClusterScreen, req: &Request, plan: &mut Plan) {
+        if let Some(pos) = req.log_pos {
+            // The journal learns the keys of a partition seen under a new epoch, so its
+            // lookups are exact for them.
+            if cluster.learned(pos.partition) != Some(req.epoch()) {
+                let f = plan
+                    .learn
+                    .entry(pos.partition)
+                    .or_insert((req.epoch(), pos.offset));
+                f.1 = f.1.min(pos.offset);
+            }
+        }
+        let key = (req.shop.clone(), req.key.clone());
+        if cluster.undurable(&key).is_none() && !self.prefetched.keys.contains_key(&key) {
+            plan.keys.insert(key);
+        }
+    }
+
+    /// A hold's ending: a hold no longer pending here is answered with how it ended,
+    /// which the journal has (or it is unknown). A pending one whose item is read back
+    /// may have ended on another node.
+    fn plan_ending(&self, req: &Request, plan: &mut Plan) {
+        let hold = (req.shop.clone(), req.hold_id.clone().unwrap_or_default());
+        let pending = self.holds.get(&hold).is_some_and(|h| {
+            !plan
+                .reload
+                .contains_key(&(req.shop.clone(), h.item.clone()))
+        });
+        let key = (req.shop.clone(), req.key.clone());
+        let ended = self.holds.ended(&hold).is_some();
+        if !pending && !ended && !self.prefetched.keys.contains_key(&key) {
+            plan.keys.insert(key);
+        }
+        if !self.holds.contains(&hold) && !ended && !self.prefetched.holds.contains(&hold) {
+            // Not pending here, yet the journal may have it pending: this node let it go
+            // (see `Processor::tick`) or never armed it. Its record, and its item, are
+            // read.
+            self.want(&req.shop, &req.item, plan);
+            plan.held.insert(hold);
+        }
     }
 
     /// Puts the journal's answers into memory: partitions learned, items read back (and
@@ -353,17 +372,52 @@ impl Processor {
             since: _,
         } = fetched;
         self.prefetched.sales.extend(sales);
-        // An item's ledger is taken from the journal with its state: when the item was
-        // not in memory, or its state is taken as the journal has it (below). This
-        // node's own batches in flight are ahead of both, and keep what they counted.
+        self.take_ledgers(&reloaded, &faulted, ledgers);
+        if let Some(cluster) = &mut self.cluster {
+            for (partition, epoch) in learned {
+                cluster.learn(partition, epoch);
+            }
+        }
+        if !reloaded.is_empty() {
+            // The holds of these items as the journal has them replace any armed here:
+            // the node that owned them meanwhile may have made, confirmed or expired some.
+            let moved: HashSet<ShopKey> = reloaded.iter().map(|((k, _), _)| k.clone()).collect();
+            self.holds.forget_moved(&moved);
+            for h in holds {
+                self.arm_hold(h, true);
+            }
+        }
+        for (((shop, item), epoch), state) in reloaded {
+            if !self.items.reload(shop.clone(), item.clone(), epoch, state) {
+                // Unknown here and there: not read again this batch.
+                self.prefetched.unknown.insert((shop, item));
+            }
+        }
+        for ((shop, item), state) in faulted {
+            match state {
+                Some(state) => self.items.fault_in(&shop, &item, state),
+                None => {
+                    self.prefetched.unknown.insert((shop, item));
+                }
+            }
+        }
+        self.prefetched.keys.extend(keys);
+        self.rearm_looked_up(looked_up);
+    }
+
+    /// An item's ledger is taken from the journal with its state: when the item was not
+    /// in memory, or its state is taken as the journal has it (see [`Items::reload`]).
+    /// This node's own batches in flight are ahead of both, and keep what they counted.
+    fn take_ledgers(
+        &mut self,
+        reloaded: &[((ShopKey, u64), Option<ItemState>)],
+        faulted: &[(ShopKey, Option<ItemState>)],
+        ledgers: Vec<(ShopKey, Option<BuyerLedger>)>,
+    ) {
         let taken: HashSet<ShopKey> = reloaded
             .iter()
             .filter(|((k, _), st)| {
-                let live = self
-                    .items
-                    .get(&k.0)
-                    .and_then(|m| m.get(&k.1))
-                    .map(|s| s.live.seq);
+                let live = self.items.get(&k.0, &k.1).map(|s| s.live.seq);
                 match (live, st) {
                     (None, _) => true,
                     (Some(live), Some(st)) => st.seq >= live,
@@ -374,98 +428,28 @@ impl Processor {
             .chain(
                 faulted
                     .iter()
-                    .filter(|(k, _)| !self.items.get(&k.0).is_some_and(|m| m.contains_key(&k.1)))
+                    .filter(|(k, _)| !self.items.contains(&k.0, &k.1))
                     .map(|(k, _)| k.clone()),
             )
             .collect();
         for (key, ledger) in ledgers {
-            if !taken.contains(&key) {
-                continue;
-            }
-            match ledger {
-                Some(l) => {
-                    self.ledgers.insert(key, l);
-                }
-                None => {
-                    self.ledgers.remove(&key);
-                }
+            if taken.contains(&key) {
+                self.items.take_ledger(key, ledger);
             }
         }
-        for (partition, epoch) in learned {
-            self.learned.insert(partition, epoch);
-        }
-        if !reloaded.is_empty() {
-            // The holds of these items as the journal has them replace any armed here:
-            // the node that owned them meanwhile may have made, confirmed or expired some.
-            let moved: HashSet<ShopKey> = reloaded.iter().map(|((k, _), _)| k.clone()).collect();
-            let gone: Vec<ShopKey> = self
-                .holds
-                .iter()
-                .filter(|((shop, _), h)| moved.contains(&(shop.clone(), h.item.clone())))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in gone {
-                if let Some(h) = self.holds.remove(&key) {
-                    self.wheel.cancel(h.timer);
-                }
-            }
-            for h in holds {
-                self.arm_hold(h, true);
-            }
-        }
-        for (((shop, item), epoch), state) in reloaded {
-            let shop_items = self.items.entry(shop.clone()).or_default();
-            match (shop_items.get_mut(&item), state) {
-                (Some(slot), Some(st)) => {
-                    // Ahead of the journal only by this node's own batches in flight.
-                    if st.seq >= slot.live.seq {
-                        slot.live = st;
-                        slot.durable = st;
-                    }
-                    slot.epoch = epoch;
-                }
-                (Some(slot), None) => slot.epoch = epoch,
-                (None, Some(st)) => {
-                    shop_items.insert(item, Slot::read(st, epoch));
-                    self.inserted();
-                }
-                (None, None) => {
-                    // An unknown item: no empty map left behind for its shop. The slot
-                    // made for it at its epoch keeps it from being read again.
-                    if shop_items.is_empty() {
-                        self.items.remove(&shop);
-                    }
-                    self.prefetched.unknown.insert((shop, item));
-                }
-            }
-        }
-        for ((shop, item), state) in faulted {
-            let in_memory = self.items.get(&shop).is_some_and(|m| m.contains_key(&item));
-            match state {
-                Some(state) if !in_memory => {
-                    self.items
-                        .entry(shop)
-                        .or_default()
-                        .insert(item, Slot::read(state, 0));
-                    self.inserted();
-                }
-                Some(_) => {}
-                None => {
-                    self.prefetched.unknown.insert((shop, item));
-                }
-            }
-        }
-        self.prefetched.keys.extend(keys);
-        // A hold the journal has pending that is not pending here is armed again, so
-        // that the request ending it ends it: it reached this shard through the log
-        // under its partition's current epoch (an older one is dropped), so this node
-        // owns its item. Without this, a hold this node let go after its expiry went
-        // unanswered for a while (the broker or the database was down) would be held
-        // for good once its expiry arrived, and a confirm of it refused as unknown.
+    }
+
+    /// A hold the journal has pending that is not pending here is armed again, so that
+    /// the request ending it ends it: it reached this shard through the log under its
+    /// partition's current epoch (an older one is dropped), so this node owns its item.
+    /// Without this, a hold this node let go after its expiry went unanswered for a
+    /// while (the broker or the database was down) would be held for good once its
+    /// expiry arrived, and a confirm of it refused as unknown.
+    fn rearm_looked_up(&mut self, looked_up: Vec<(ShopKey, Option<HoldView>)>) {
         for (key, view) in looked_up {
             self.prefetched.holds.insert(key.clone());
             let Some(h) = view else { continue };
-            if self.holds.contains_key(&key) || self.ended.contains_key(&key) {
+            if self.holds.contains(&key) || self.holds.ended(&key).is_some() {
                 continue;
             }
             self.arm_hold(h, true);
