@@ -245,147 +245,153 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             },
         })
         .context("recovery failed")?;
-    if let Some(e) = log_error {
-        engine.shutdown().await;
-        return Err(e).context("kafka_brokers: cannot start the request log");
-    }
-    // With Kafka, every committed event is also published to the events topic.
-    let relay = match &settings.kafka {
-        None => None,
-        Some(k) => match EventsRelay::start(k, outbox, engine.metrics().clone()) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                engine.shutdown().await;
-                return Err(e).context("kafka_events_topic: cannot start the outbox relay");
-            }
-        },
-    };
-    // The push stream reads the events topic with several nodes (each node's relay
-    // writes its own events there), else this node's journal in commit order.
-    let feed: Arc<dyn nrtxn_actors::EventFeed> = match &settings.kafka {
-        Some(k) => Arc::new(nrtxn_kafka::TopicFeed {
-            security: k.security.clone(),
-            brokers: k.brokers.clone(),
-            topic: k.events_topic.clone(),
-        }),
-        None => Arc::new(crate::stream::JournalFeed {
-            journal: feed_journal,
-        }),
-    };
-    // Its cursors sealed: opaque, and bound to their shop (see `CursorKey`).
-    let cursor_key = match crate::stream::CursorKey::load_or_make(
-        &settings.data_dir,
-        settings.mongo_uri.as_deref(),
-    )
-    .await
-    {
-        Ok(k) => k,
-        Err(e) => {
-            engine.shutdown().await;
-            return Err(e);
+    // From here on every exit, the error paths' too, goes through `stop_node` below:
+    // the engine is drained and shut down however serving ends.
+    let mut relay = None;
+    let mut metrics_server = None;
+    let served: anyhow::Result<()> = async {
+        if let Some(e) = log_error {
+            return Err(e).context("kafka_brokers: cannot start the request log");
         }
-    };
-    let feed: Arc<dyn nrtxn_actors::EventFeed> = Arc::new(crate::stream::SealedFeed {
-        inner: feed,
-        key: cursor_key,
-    });
-    let state = web::Data::new(AppState {
-        engine: engine.clone(),
-        feed: Some(feed),
-        streams_per_shop_max: settings.edge.streams_per_shop_max,
-    });
-    let _reloader = reloader.run(gate.clone());
-    // `/metrics` without a key, on an address of its own (a scraper on a private
-    // network); bound before the main address is announced, so that once a caller reads
-    // that line this one is there too.
-    let metrics_server = match metrics_addrs {
-        None => None,
-        Some(addrs) => {
-            let state = state.clone();
-            // Keyless here always: on loopback, only for names of this machine (see
-            // `nrtxn_api::host`); the guard reads no gate, so it counts as open.
-            let on_loopback = all_loopback(&addrs);
-            let server = HttpServer::new(move || {
-                App::new()
-                    .app_data(state.clone())
-                    .wrap(Condition::new(
-                        on_loopback,
-                        from_fn(nrtxn_api::host::loopback_host_only),
-                    ))
-                    .route("/metrics", web::get().to(nrtxn_api::health::metrics))
-            })
-            .workers(1)
-            .disable_signals()
-            .bind(addrs.as_slice())
-            .with_context(|| format!("metrics_listen: cannot bind {addrs:?}"))?;
-            for addr in server.addrs() {
-                println!("nrtxn metrics on http://{addr}/metrics");
-            }
-            let server = server.run();
-            let handle = server.handle();
-            actix_web::rt::spawn(server);
-            Some(handle)
+        // With Kafka, every committed event is also published to the events topic.
+        if let Some(k) = &settings.kafka {
+            relay = Some(
+                EventsRelay::start(k, outbox, engine.metrics().clone())
+                    .context("kafka_events_topic: cannot start the outbox relay")?,
+            );
         }
-    };
-    // Callers waiting for an outcome get it or their 504 within the reply timeout; the
-    // server waits that long (plus a margin) for them before it closes connections.
-    let grace_secs = settings.engine.reply_timeout_ms.div_ceil(1000) + 1;
-    let body_limits = web::Data::new(BodyLimits::new(
-        Duration::from_millis(settings.body_timeout_ms),
-        settings.body_bytes_max,
-    ));
-    let gate_data = web::Data::from(gate);
-    let server = HttpServer::new(move || {
-        App::new()
-            .app_data(state.clone())
-            .app_data(body_limits.clone())
-            .app_data(gate_data.clone())
-            // The access check runs inside the counting, so refusals are counted too,
-            // and after the path check, so it reads shop names that decode to UTF-8.
-            .wrap(from_fn(nrtxn_api::auth::check))
-            // Without keys on loopback, only requests for this machine's names.
-            .wrap(Condition::new(
-                loopback,
-                from_fn(nrtxn_api::host::loopback_host_only),
-            ))
-            .wrap(from_fn(utf8_paths))
-            .wrap(from_fn(count_requests))
-            // Outermost: every line logged while a request is served, refusals included,
-            // carries its span.
-            .wrap(from_fn(nrtxn_api::trace::request_span))
-            .configure(configure)
-    })
-    .workers(settings.http_workers)
-    // A client's EOF ends its connection at once. With half-closed connections allowed
-    // (actix's default) a client that went away was noticed only when a write to it
-    // failed: an idle event stream it closed kept its reader thread, its Kafka consumer
-    // and one of the node's 64 stream slots until the next keep-alive comment (15 s), so
-    // a client reconnecting in a loop ran the node out of streams (tests/stream.rs).
-    // HTTP clients do not half-close a connection to wait for the answer.
-    .h1_allow_half_closed(false)
-    // actix-web's bound is per worker.
-    .max_connections(settings.connections_max.div_ceil(settings.http_workers))
-    .shutdown_timeout(grace_secs);
-    let (server, scheme) = match tls {
-        Some(tls) => (
-            server.bind_rustls_0_23(listen_addrs.as_slice(), tls),
-            "https",
-        ),
-        None => (server.bind(listen_addrs.as_slice()), "http"),
-    };
-    let server = server.with_context(|| format!("listen: cannot bind {}", settings.listen))?;
-    for addr in server.addrs() {
-        // Tests and scripts read the bound port from this line.
-        println!("nrtxn listening on {scheme}://{addr}");
+        // The push stream reads the events topic with several nodes (each node's relay
+        // writes its own events there), else this node's journal in commit order.
+        let feed: Arc<dyn nrtxn_actors::EventFeed> = match &settings.kafka {
+            Some(k) => Arc::new(nrtxn_kafka::TopicFeed {
+                security: k.security.clone(),
+                brokers: k.brokers.clone(),
+                topic: k.events_topic.clone(),
+            }),
+            None => Arc::new(crate::stream::JournalFeed {
+                journal: feed_journal,
+            }),
+        };
+        // Its cursors sealed: opaque, and bound to their shop (see `CursorKey`).
+        let cursor_key = crate::stream::CursorKey::load_or_make(
+            &settings.data_dir,
+            settings.mongo_uri.as_deref(),
+        )
+        .await?;
+        let feed: Arc<dyn nrtxn_actors::EventFeed> = Arc::new(crate::stream::SealedFeed {
+            inner: feed,
+            key: cursor_key,
+        });
+        let state = web::Data::new(AppState {
+            engine: engine.clone(),
+            feed: Some(feed),
+            streams_per_shop_max: settings.edge.streams_per_shop_max,
+        });
+        let _reloader = reloader.run(gate.clone());
+        // `/metrics` without a key, on an address of its own (a scraper on a private
+        // network); bound before the main address is announced, so that once a caller reads
+        // that line this one is there too.
+        if let Some(addrs) = metrics_addrs {
+            {
+                let state = state.clone();
+                // Keyless here always: on loopback, only for names of this machine (see
+                // `nrtxn_api::host`); the guard reads no gate, so it counts as open.
+                let on_loopback = all_loopback(&addrs);
+                let server = HttpServer::new(move || {
+                    App::new()
+                        .app_data(state.clone())
+                        .wrap(Condition::new(
+                            on_loopback,
+                            from_fn(nrtxn_api::host::loopback_host_only),
+                        ))
+                        .route("/metrics", web::get().to(nrtxn_api::health::metrics))
+                })
+                .workers(1)
+                .disable_signals()
+                .bind(addrs.as_slice())
+                .with_context(|| format!("metrics_listen: cannot bind {addrs:?}"))?;
+                for addr in server.addrs() {
+                    println!("nrtxn metrics on http://{addr}/metrics");
+                }
+                let server = server.run();
+                metrics_server = Some(server.handle());
+                actix_web::rt::spawn(server);
+            }
+        }
+        // Callers waiting for an outcome get it or their 504 within the reply timeout; the
+        // server waits that long (plus a margin) for them before it closes connections.
+        let grace_secs = settings.engine.reply_timeout_ms.div_ceil(1000) + 1;
+        let body_limits = web::Data::new(BodyLimits::new(
+            Duration::from_millis(settings.body_timeout_ms),
+            settings.body_bytes_max,
+        ));
+        let gate_data = web::Data::from(gate);
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .app_data(body_limits.clone())
+                .app_data(gate_data.clone())
+                // The access check runs inside the counting, so refusals are counted too,
+                // and after the path check, so it reads shop names that decode to UTF-8.
+                .wrap(from_fn(nrtxn_api::auth::check))
+                // Without keys on loopback, only requests for this machine's names.
+                .wrap(Condition::new(
+                    loopback,
+                    from_fn(nrtxn_api::host::loopback_host_only),
+                ))
+                .wrap(from_fn(utf8_paths))
+                .wrap(from_fn(count_requests))
+                // Outermost: every line logged while a request is served, refusals included,
+                // carries its span.
+                .wrap(from_fn(nrtxn_api::trace::request_span))
+                .configure(configure)
+        })
+        .workers(settings.http_workers)
+        // A client's EOF ends its connection at once. With half-closed connections allowed
+        // (actix's default) a client that went away was noticed only when a write to it
+        // failed: an idle event stream it closed kept its reader thread, its Kafka consumer
+        // and one of the node's 64 stream slots until the next keep-alive comment (15 s), so
+        // a client reconnecting in a loop ran the node out of streams (tests/stream.rs).
+        // HTTP clients do not half-close a connection to wait for the answer.
+        .h1_allow_half_closed(false)
+        // actix-web's bound is per worker.
+        .max_connections(settings.connections_max.div_ceil(settings.http_workers))
+        .shutdown_timeout(grace_secs);
+        let (server, scheme) = match tls {
+            Some(tls) => (
+                server.bind_rustls_0_23(listen_addrs.as_slice(), tls),
+                "https",
+            ),
+            None => (server.bind(listen_addrs.as_slice()), "http"),
+        };
+        let server = server.with_context(|| format!("listen: cannot bind {}", settings.listen))?;
+        for addr in server.addrs() {
+            // Tests and scripts read the bound port from this line.
+            println!("nrtxn listening on {scheme}://{addr}");
+        }
+        tracing::info!(data_dir = %settings.data_dir.display(), "serving");
+        server.run().await.context("http server")
     }
-    tracing::info!(data_dir = %settings.data_dir.display(), "serving");
-    server.run().await.context("http server")?;
+    .await;
+    stop_node(&engine, relay, metrics_server, &space, side_store).await;
+    served
+}
+
+/// Stops a node whose engine was built, on every path out of [`run`]: the metrics
+/// address closes, writers waiting for room give up (with the disk full a flush could
+/// wait for ever; what they held was never acknowledged), the shards flush to the
+/// journal, the outbox relay stops, then the engine and the side store.
+async fn stop_node(
+    engine: &nrtxn_actors::Engine,
+    relay: Option<EventsRelay>,
+    metrics_server: Option<actix_web::dev::ServerHandle>,
+    space: &nrtxn_log::space::Space,
+    side_store: Option<Arc<SqliteStore>>,
+) {
     if let Some(handle) = metrics_server {
         handle.stop(true).await;
     }
     tracing::info!("stopped accepting; flushing shards to the journal");
-    // With the disk full, a flush could wait for room for ever: the writers give up
-    // instead, and the process stops saying so (what they held was never acknowledged).
     space.stop_waiting();
     engine.drain().await;
     if let Some(relay) = relay {
@@ -396,5 +402,4 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         store.close();
     }
     tracing::info!("shutdown complete");
-    Ok(())
 }

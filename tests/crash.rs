@@ -231,3 +231,37 @@ async fn a_journal_entry_that_does_not_follow_from_the_one_before_refuses_the_st
         "{stderr}"
     );
 }
+
+/// A start that fails after the engine is built (here: the metrics address is taken)
+/// still drains and shuts the node down before it exits with the reason: every way out
+/// of `serve` goes through the same stop. Before, such an error returned past
+/// `engine.shutdown()`.
+#[test]
+fn a_start_that_fails_after_the_engine_is_built_still_shuts_the_node_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics = taken.local_addr().unwrap().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nrtxn"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            &metrics,
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run nrtxn");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let stopped = stderr.find("shutdown complete");
+    let refused = stderr.find("metrics_listen: cannot bind");
+    assert!(
+        matches!((stopped, refused), (Some(s), Some(r)) if s < r),
+        "the node did not shut down before the error was reported:\n{stderr}"
+    );
+    drop(taken);
+}

@@ -8,6 +8,7 @@ pub mod apply;
 pub mod checkback;
 pub mod dead_letters;
 pub mod engine;
+pub mod fatal;
 pub mod ledger;
 pub mod mailbox;
 pub mod metrics;

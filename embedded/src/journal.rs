@@ -575,7 +575,6 @@ fn commit(
     if let Err(e) = result {
         // Memory is ahead of the journal: stopping is the only honest move; a
         // restart rebuilds every item from what is durable.
-        tracing::error!(error = %e, "stopping: the journal's log can no longer be written");
         let err = StoreError::Storage(e.to_string());
         for cmd in cmds {
             match cmd {
@@ -584,7 +583,9 @@ fn commit(
                 Command::Close(_) => {}
             }
         }
-        std::process::exit(70);
+        nrtxn_actors::fatal::stop_not_durable(format!(
+            "the journal's log can no longer be written: {e}"
+        ));
     }
     // Every key now durable is in the key filter before anyone is answered: a key the
     // filter does not know was never decided, and reads need not wait for the views.
@@ -606,10 +607,9 @@ fn commit(
         let applied = progress.clone();
         let on_views = move |r: Result<(), StoreError>, entries: usize| match r {
             Ok(()) => applied.applied(lsn, entries),
-            Err(e) => {
-                tracing::error!(error = %e, "stopping: the journal's views can no longer be written");
-                std::process::exit(70);
-            }
+            Err(e) => nrtxn_actors::fatal::stop_not_durable(format!(
+                "the journal's views can no longer be written: {e}"
+            )),
         };
         match cmd {
             Command::Append(entries, done) => {

@@ -2039,8 +2039,7 @@ impl Writer {
             // Memory (the processors' state, admitted requests) is now ahead of the
             // store. Stopping is the only honest move: a restart rebuilds every item
             // from what is durable, and callers poll or resubmit their keys.
-            tracing::error!("stopping: the journal can no longer be written");
-            std::process::exit(70);
+            nrtxn_actors::fatal::stop_not_durable("the journal can no longer be written");
         }
         closing
     }

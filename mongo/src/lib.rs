@@ -813,8 +813,7 @@ impl Writer {
                     }
                 };
                 if fatal {
-                    tracing::error!("stopping: the journal can no longer be written");
-                    std::process::exit(70);
+                    nrtxn_actors::fatal::stop_not_durable("the journal can no longer be written");
                 }
                 if self.snapshot_at.elapsed() >= SNAPSHOT_EVERY {
                     self.snapshot().await;

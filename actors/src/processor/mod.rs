@@ -365,8 +365,10 @@ impl Handler<Durable> for Processor {
                 // outcomes that are not durable; stopping lets a restart rebuild every
                 // item from what the journal really holds, and callers poll or retry
                 // their keys.
-                tracing::error!(shard = self.shard, error = %e, "journal write failed; exiting");
-                std::process::exit(70);
+                crate::fatal::stop_not_durable(format_args!(
+                    "shard {}: journal write failed: {e}",
+                    self.shard
+                ));
             }
         };
         self.durable(msg.id, msg.entries, &fenced);
@@ -436,8 +438,9 @@ fn retry_read<T>(shard: usize, mut read: impl FnMut() -> Result<T, StoreError>) 
                 std::thread::sleep(std::time::Duration::from_millis(100 * u64::from(attempt)));
             }
             Err(e) => {
-                tracing::error!(shard, error = %e, "journal read failed; exiting");
-                std::process::exit(70);
+                crate::fatal::stop_not_durable(format_args!(
+                    "shard {shard}: journal read failed: {e}"
+                ));
             }
         }
     }
