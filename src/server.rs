@@ -209,13 +209,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut log_error = None;
     // Shops' check-backs before an expiry: their settings, and the calls to the shops.
     // Given to the engine as it is built, before any hold it recovers can come due.
-    let checks = nrtxn_checkback::HttpCheckBack::start(
+    let checks = Arc::new(nrtxn_checkback::HttpCheckBack::start(
         &settings.data_dir,
         settings.mongo_uri.as_deref(),
         metrics.clone(),
         settings.outbound.clone(),
         space.clone(),
-    )?;
+    )?);
     // With Kafka, its producer and the processors' hooks are made before the shards
     // start, so every shard knows from its first tick that its requests and its holds'
     // expiries go through a log several nodes share; the readers start once the shards
@@ -231,7 +231,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     };
     let engine = EngineBuilder::new(settings.engine.clone(), journal, metrics)
         .topology(topology)
-        .checkback(Arc::new(checks))
+        .checkback(checks.clone())
         .start(|dispatcher, _recovered| match kafka {
             None => Arc::new(EmbeddedLog::new(log_store, dispatcher, journal_is_store))
                 as Arc<dyn RequestLog>,
@@ -374,6 +374,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     }
     .await;
     stop_node(&engine, relay, metrics_server, &space, side_store).await;
+    checks.close();
     served
 }
 

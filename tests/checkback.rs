@@ -197,6 +197,31 @@ async fn ended(c: &reqwest::Client, server: &Server, id: &str, within: Duration)
     }
 }
 
+/// A clean stop leaves the settings file whole, with no `-wal` or `-shm` beside it (an
+/// operator copying the data dir of a stopped server copies one file), and a restart
+/// reads the settings back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_leaves_the_settings_file_whole_with_no_wal_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    let (code, set) = put_settings(
+        &c,
+        &server,
+        json!({"check_url": "https://shop.example/check", "check_timeout_ms": 500}),
+    )
+    .await;
+    assert_eq!(code, 200, "{set}");
+    assert!(server.terminate().success());
+    let data = dir.path().join("data");
+    for left in ["checks.sqlite-wal", "checks.sqlite-shm"] {
+        assert!(!data.join(left).exists(), "{left} left after a clean stop");
+    }
+    let server = Server::start(dir.path(), &[]);
+    let (_, read) = get(&c, &server.url("/v1/shops/s/settings")).await;
+    assert_eq!(read["check_url"], "https://shop.example/check", "{read}");
+}
+
 /// The shop's answer decides each due hold: confirm sells it, release expires it,
 /// extend gives it longer; every call is signed with the secret the settings call
 /// returned once.

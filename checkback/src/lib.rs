@@ -82,6 +82,21 @@ enum Store {
 }
 
 impl Store {
+    /// Ends the SQLite file's WAL at a clean stop: its frames copied into the file and
+    /// the file back in rollback mode, so that a stopped server leaves no `-wal` or
+    /// `-shm` beside it (the next start sets WAL again). The connection stays usable.
+    fn close(&self) {
+        if let Store::Sqlite(conn, _) = self {
+            let conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+            let closed = conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .and_then(|()| conn.query_row("PRAGMA journal_mode = DELETE", [], |_| Ok(())));
+            if let Err(e) = closed {
+                tracing::warn!(error = %e, "checks.sqlite: its WAL could not be ended at the stop");
+            }
+        }
+    }
+
     async fn load_all(&self) -> anyhow::Result<Vec<(String, ShopCheck)>> {
         let rows: Vec<(String, String, String)> = match self {
             Store::Sqlite(conn, _) => {
@@ -306,6 +321,12 @@ pub struct HttpCheckBack {
 }
 
 impl HttpCheckBack {
+    /// At a clean stop, once the engine is shut down: the settings file is left whole,
+    /// with no WAL beside it.
+    pub fn close(&self) {
+        self.inner.store.close();
+    }
+
     /// Opens the settings store `serve` uses with these options, reads every shop's
     /// settings, and starts the runtime that calls the shops and reloads the settings.
     pub fn start(
