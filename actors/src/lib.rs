@@ -9,6 +9,7 @@ pub mod checkback;
 pub mod dead_letters;
 pub mod engine;
 pub mod fatal;
+pub mod hold_end;
 pub mod ledger;
 pub mod mailbox;
 pub mod metrics;
@@ -27,6 +28,7 @@ pub mod wheel;
 pub mod work_manager;
 
 pub use engine::{Dispatcher, Engine, EngineBuilder, EngineConfig, EngineError};
+pub use hold_end::HoldEnd;
 pub use metrics::Metrics;
 pub use ports::{
     AppendDone, Durable, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal,

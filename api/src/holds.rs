@@ -1,16 +1,15 @@
 //! `POST /v1/shops/{shop}/holds`, `POST .../holds/{hold_id}/confirm`,
 //! `POST .../holds/{hold_id}/cancel`, `GET .../holds/{hold_id}`.
 //!
-//! A hold's id is the `request_id` that made it. Each of its endings (confirm, cancel,
-//! expiry) is a request under one key, [`hold_end_key`], so a hold ends once: a second
-//! confirm is answered with the first, and a confirm after a cancel or an expiry with
-//! that ending (409, and the hold's state).
+//! A hold's id is the `request_id` that made it. The engine ends holds
+//! (`nrtxn_actors::hold_end`): these routes decode the call and answer with what it
+//! returns (409 and the hold's state for a hold already ended another way).
 
 use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::{
-    hold_end_key, now_ms, HoldStatus, Millis, Op, Outcome, PollResult, Reply, Request, Status,
+    hold_end_key, now_ms, HoldEnd, HoldStatus, Op, Outcome, Reply, Request, Status,
     HOLD_TTL_MAX_MS, QTY_MAX,
 };
 use serde_json::Value;
@@ -104,32 +103,11 @@ pub async fn cancel_hold(
     end_hold(state, path, Op::Release).await
 }
 
-/// The item, quantity and expiry of hold `hold_id`, which route its ending; `None` when
-/// there is no such hold. From the outcome that made the hold when the shop's
-/// WorkManager still has it in memory (a recent hold's, the common case: no store read,
-/// which on the embedded journal waits for the views' next commit, up to 20 ms), else
-/// from the store.
-async fn hold_of(
-    state: &AppState,
-    shop: &Arc<str>,
-    hold_id: &Arc<str>,
-) -> Result<Option<(Arc<str>, i64, Millis)>, ApiError> {
-    if let PollResult::Decided(o) = state.engine.poll(shop, hold_id.clone()).await? {
-        if o.op != Op::Hold || o.status != Status::Ok {
-            // The key made something else, or a hold that was refused: no hold.
-            return Ok(None);
-        }
-        if let Some(expires_at) = o.expires_at {
-            return Ok(Some((o.item.clone(), o.qty, expires_at)));
-        }
-    }
-    Ok(state
-        .engine
-        .hold(shop, hold_id)
-        .await?
-        .map(|h| (h.item, h.qty, h.expires_at)))
-}
-
+/// Decodes the call, has the engine end the hold ([`Engine::end_hold`]), and answers
+/// with the hold as it now is: 200 for this ending (or the same asked again), 409 with
+/// the hold's state for another ending, 404 for no hold, 504 while undecided.
+///
+/// [`Engine::end_hold`]: nrtxn_actors::engine::Engine::end_hold
 async fn end_hold(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
@@ -138,37 +116,31 @@ async fn end_hold(
     let (shop, hold_id) = path.into_inner();
     let shop = path_segment(&shop, "shop")?;
     let hold_id = path_segment(&hold_id, "hold_id")?;
-    if hold_id.starts_with('~') {
-        // nrtxn's own holds (an order's lines) end with their order.
-        return Err(ApiError::NotFound(format!(
-            "hold_id: no hold {hold_id} in shop {shop} (an order's line ends with its order: \
-             /v1/shops/{shop}/orders/{{order_id}}/confirm or /cancel)"
-        )));
-    }
-    // The hold's item routes the request to its processor. A hold is answered to its
-    // maker only once durable, so the store has every hold a caller can know of.
-    let Some((item, qty, expires_at)) = hold_of(&state, &shop, &hold_id).await? else {
-        return Err(ApiError::NotFound(format!(
-            "hold_id: no hold {hold_id} in shop {shop}"
-        )));
-    };
-    let req = Request {
-        hold_id: Some(hold_id.clone()),
-        ..Request::new(
-            shop.clone(),
-            item.clone(),
-            hold_end_key(&hold_id),
-            op,
+    let (item, qty, expires_at, o) = match state.engine.end_hold(&shop, &hold_id, op).await? {
+        HoldEnd::Decided {
+            item,
             qty,
-            now_ms(),
-        )
+            expires_at,
+            outcome,
+        } => (item, qty, expires_at, outcome),
+        HoldEnd::OrderLine => {
+            return Err(ApiError::NotFound(format!(
+                "hold_id: no hold {hold_id} in shop {shop} (an order's line ends with its \
+                 order: /v1/shops/{shop}/orders/{{order_id}}/confirm or /cancel)"
+            )))
+        }
+        HoldEnd::Unknown => {
+            return Err(ApiError::NotFound(format!(
+                "hold_id: no hold {hold_id} in shop {shop}"
+            )))
+        }
+        HoldEnd::Pending => {
+            return Err(ApiError::Timeout(format!(
+                "request_key: {} is still pending",
+                hold_end_key(&hold_id)
+            )))
+        }
     };
-    let o = decide(&state, &shop, req).await?;
-    if o.status == Status::UnknownHold {
-        return Err(ApiError::NotFound(format!(
-            "hold_id: no hold {hold_id} in shop {shop}"
-        )));
-    }
     let status = HoldStatus::after(o.op).unwrap_or(HoldStatus::Held);
     let body = HoldBody {
         hold_id: &hold_id,

@@ -1,0 +1,113 @@
+//! Ending a hold on a caller's request (confirm or cancel): where the hold is found,
+//! the ending request built and decided. The HTTP layer only decodes the call and
+//! answers with what this returns; expiries end holds through the processors' wheel,
+//! and an order's lines end with their order (`orders.rs`).
+//!
+//! Each ending of a hold (confirm, cancel, expiry) is a request under one key,
+//! [`hold_end_key`], so a hold ends once: a second confirm is answered with the first,
+//! and a confirm after a cancel or an expiry with that ending.
+
+use std::sync::Arc;
+
+use crate::engine::{Engine, EngineError};
+use crate::reply::Reply;
+use crate::types::{hold_end_key, now_ms, Millis, Op, Outcome, Request, Status};
+use crate::work_manager::PollResult;
+
+/// What asking to end a hold came to.
+#[derive(Debug)]
+pub enum HoldEnd {
+    /// No hold of that id in the shop.
+    Unknown,
+    /// One of an order's lines (`~` ids): it ends with its order.
+    OrderLine,
+    /// Not decided within the reply timeout: the caller polls the hold.
+    Pending,
+    /// Decided: `outcome` is the ending that holds for the hold, this one or the one
+    /// before it (`outcome.op` tells which).
+    Decided {
+        item: Arc<str>,
+        qty: i64,
+        expires_at: Millis,
+        outcome: Arc<Outcome>,
+    },
+}
+
+impl Engine {
+    /// Ends hold `hold_id` of `shop` by `op` ([`Op::Confirm`] or [`Op::Release`]).
+    pub async fn end_hold(
+        &self,
+        shop: &Arc<str>,
+        hold_id: &Arc<str>,
+        op: Op,
+    ) -> Result<HoldEnd, EngineError> {
+        assert!(
+            matches!(op, Op::Confirm | Op::Release),
+            "a caller ends a hold by confirm or release, not {op:?}"
+        );
+        if hold_id.starts_with('~') {
+            return Ok(HoldEnd::OrderLine);
+        }
+        // The hold's item routes the request to its processor. A hold is answered to
+        // its maker only once durable, so the journal has every hold a caller can know.
+        let Some((item, qty, expires_at)) = self.hold_of(shop, hold_id).await? else {
+            return Ok(HoldEnd::Unknown);
+        };
+        let req = Request {
+            hold_id: Some(hold_id.clone()),
+            ..Request::new(
+                shop.clone(),
+                item.clone(),
+                hold_end_key(hold_id),
+                op,
+                qty,
+                now_ms(),
+            )
+        };
+        let answers = self.submit(shop, vec![(req, true)]).await?;
+        let outcome = match answers.replies.into_iter().next() {
+            Some(Reply::Repeat(o) | Reply::Decided(o)) => o,
+            _ => return Ok(HoldEnd::Pending),
+        };
+        if outcome.status == Status::UnknownHold {
+            return Ok(HoldEnd::Unknown);
+        }
+        // What ends a hold is one of its endings, for this hold.
+        debug_assert!(
+            matches!(outcome.op, Op::Confirm | Op::Release | Op::Expire),
+            "a hold's ending key holds {:?}",
+            outcome.op
+        );
+        Ok(HoldEnd::Decided {
+            item,
+            qty,
+            expires_at,
+            outcome,
+        })
+    }
+
+    /// The item, quantity and expiry of hold `hold_id`, which route its ending; `None`
+    /// when there is no such hold. From the outcome that made the hold when the shop's
+    /// WorkManager still has it in memory (a recent hold's, the common case: no journal
+    /// read, which on the embedded journal waits for the views' next commit, up to
+    /// 20 ms), else from the journal.
+    async fn hold_of(
+        &self,
+        shop: &Arc<str>,
+        hold_id: &Arc<str>,
+    ) -> Result<Option<(Arc<str>, i64, Millis)>, EngineError> {
+        if let PollResult::Decided(o) = self.poll(shop, hold_id.clone()).await? {
+            if o.op != Op::Hold || o.status != Status::Ok {
+                // The key made something else, or a hold that was refused: no hold.
+                return Ok(None);
+            }
+            if let Some(expires_at) = o.expires_at {
+                return Ok(Some((o.item.clone(), o.qty, expires_at)));
+            }
+        }
+        Ok(self
+            .hold(shop, hold_id)
+            .await?
+            .map(|h| (h.item, h.qty, h.expires_at)))
+    }
+}
