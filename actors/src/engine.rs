@@ -1,9 +1,7 @@
 //! Wiring of the core: arbiters (one per core), processor shards spread over them, the
 //! shops' WorkManagers created on first use, and the calls the HTTP front makes.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -224,12 +222,7 @@ pub fn load_view(shop: &Arc<str>, o: &Outcome) -> ItemView {
     }
 }
 
-pub fn shard_of(shop: &str, item: &str, shards: usize) -> usize {
-    let mut h = DefaultHasher::new();
-    shop.hash(&mut h);
-    item.hash(&mut h);
-    (h.finish() % shards.max(1) as u64) as usize
-}
+pub use crate::types::shard_of;
 
 pub struct Engine {
     cfg: EngineConfig,

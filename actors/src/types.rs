@@ -54,9 +54,20 @@ pub const ORDER_ITEMS: usize = 16;
 /// Prefix of the hold id of an order's line: `~line:{order_id}:{index}`.
 pub const LINE_PREFIX: &str = "~line:";
 
+/// The shard of an item among `shards`: a fixed hash of shop and item, so one item always
+/// has one writer for the life of the process (also which of the order items keeps an
+/// order's record).
+pub fn shard_of(shop: &str, item: &str, shards: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    shop.hash(&mut h);
+    item.hash(&mut h);
+    (h.finish() % shards.max(1) as u64) as usize
+}
+
 /// The item that keeps the record of order `order_id` of `shop`.
 pub fn order_item(shop: &str, order_id: &str) -> Arc<str> {
-    let bucket = crate::engine::shard_of(shop, order_id, ORDER_ITEMS);
+    let bucket = shard_of(shop, order_id, ORDER_ITEMS);
     format!("{ORDER_ITEM_PREFIX}{bucket}").into()
 }
 
