@@ -49,58 +49,10 @@ pub fn apply(
         ));
     } else {
         match req.op {
-            Op::Decrement => {
-                if req.qty <= before.stock {
-                    after.stock = before.stock - req.qty;
-                } else {
-                    entry.status = Status::InsufficientStock;
-                    entry.reason =
-                        Some(format!("requested {}, available {}", req.qty, before.stock));
-                }
-            }
-            Op::Increment => match before.stock.checked_add(req.qty) {
-                Some(stock) if stock <= STOCK_MAX => after.stock = stock,
-                _ => {
-                    entry.status = Status::LimitExceeded;
-                    entry.reason = Some(format!(
-                        "stock {} + {} would pass the limit {STOCK_MAX}",
-                        before.stock, req.qty
-                    ));
-                }
-            },
-            Op::Hold => {
-                // Like a sale, but the quantity is set aside rather than gone: it stays
-                // the item's until the hold is confirmed, or comes back when it is not.
-                if req.qty <= before.stock {
-                    after.stock = before.stock - req.qty;
-                    after.reserved = before.reserved + req.qty;
-                    entry.hold_id = Some(req.key.clone());
-                    entry.expires_at = Some(now.saturating_add(req.ttl_ms));
-                } else {
-                    entry.status = Status::InsufficientStock;
-                    entry.reason =
-                        Some(format!("requested {}, available {}", req.qty, before.stock));
-                }
-            }
-            Op::Adjust => match before.stock.checked_add(req.qty) {
-                Some(stock) if (0..=STOCK_MAX).contains(&stock) => after.stock = stock,
-                Some(stock) if stock < 0 => {
-                    entry.status = Status::InsufficientStock;
-                    entry.reason = Some(format!(
-                        "adjustment {} ({}) would take the stock {} below 0",
-                        req.qty,
-                        req.reason.as_deref().unwrap_or("no reason"),
-                        before.stock
-                    ));
-                }
-                _ => {
-                    entry.status = Status::LimitExceeded;
-                    entry.reason = Some(format!(
-                        "stock {} + {} would pass the limit {STOCK_MAX}",
-                        before.stock, req.qty
-                    ));
-                }
-            },
+            Op::Decrement => decrement(req, before, &mut after, &mut entry),
+            Op::Increment => increment(req, before, &mut after, &mut entry),
+            Op::Hold => hold(req, now, before, &mut after, &mut entry),
+            Op::Adjust => adjust(req, before, &mut after, &mut entry),
             Op::Load
             | Op::Confirm
             | Op::Release
@@ -123,6 +75,71 @@ pub fn apply(
     fill_states(&mut entry, before, after);
     assert_follows(before, &entry);
     entry
+}
+
+/// A sale: the quantity leaves the stock, if the stock has it.
+#[inline]
+fn decrement(req: &Request, before: ItemState, after: &mut ItemState, entry: &mut Entry) {
+    if req.qty <= before.stock {
+        after.stock = before.stock - req.qty;
+    } else {
+        entry.status = Status::InsufficientStock;
+        entry.reason = Some(format!("requested {}, available {}", req.qty, before.stock));
+    }
+}
+
+/// A delivery: the quantity joins the stock, up to [`STOCK_MAX`].
+#[inline]
+fn increment(req: &Request, before: ItemState, after: &mut ItemState, entry: &mut Entry) {
+    match before.stock.checked_add(req.qty) {
+        Some(stock) if stock <= STOCK_MAX => after.stock = stock,
+        _ => {
+            entry.status = Status::LimitExceeded;
+            entry.reason = Some(format!(
+                "stock {} + {} would pass the limit {STOCK_MAX}",
+                before.stock, req.qty
+            ));
+        }
+    }
+}
+
+/// Like a sale, but the quantity is set aside rather than gone: it stays the item's
+/// until the hold is confirmed, or comes back when it is not.
+#[inline]
+fn hold(req: &Request, now: Millis, before: ItemState, after: &mut ItemState, entry: &mut Entry) {
+    if req.qty <= before.stock {
+        after.stock = before.stock - req.qty;
+        after.reserved = before.reserved + req.qty;
+        entry.hold_id = Some(req.key.clone());
+        entry.expires_at = Some(now.saturating_add(req.ttl_ms));
+    } else {
+        entry.status = Status::InsufficientStock;
+        entry.reason = Some(format!("requested {}, available {}", req.qty, before.stock));
+    }
+}
+
+/// A correction either way, with its reason: the stock stays within `0..=STOCK_MAX`.
+#[inline]
+fn adjust(req: &Request, before: ItemState, after: &mut ItemState, entry: &mut Entry) {
+    match before.stock.checked_add(req.qty) {
+        Some(stock) if (0..=STOCK_MAX).contains(&stock) => after.stock = stock,
+        Some(stock) if stock < 0 => {
+            entry.status = Status::InsufficientStock;
+            entry.reason = Some(format!(
+                "adjustment {} ({}) would take the stock {} below 0",
+                req.qty,
+                req.reason.as_deref().unwrap_or("no reason"),
+                before.stock
+            ));
+        }
+        _ => {
+            entry.status = Status::LimitExceeded;
+            entry.reason = Some(format!(
+                "stock {} + {} would pass the limit {STOCK_MAX}",
+                before.stock, req.qty
+            ));
+        }
+    }
 }
 
 /// Refuses `req` on a known item without changing its stock, for a reason found outside

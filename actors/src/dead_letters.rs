@@ -291,25 +291,37 @@ impl Engine {
                 letter,
             )));
         }
-        let pending = match letter.kind {
+        let Some(pending) = self.pending(shop, id, letter.kind, h).await? else {
+            return Ok(Err(Acted::Refused(
+                format!("order {id} is no longer in shop {shop}"),
+                letter,
+            )));
+        };
+        Ok(Ok((c, letter, pending, slot)))
+    }
+
+    /// What dead letter `id` of `kind` waits on, its hold or order record `h` still
+    /// held; `None`: an order whose outcome is no longer in the shop.
+    async fn pending(
+        &self,
+        shop: &Arc<str>,
+        id: &Arc<str>,
+        kind: CheckKind,
+        h: HoldView,
+    ) -> Result<Option<Pending>, EngineError> {
+        Ok(match kind {
             CheckKind::Hold => {
                 let made_at = match self.poll(shop, id.clone()).await? {
                     PollResult::Decided(o) => o.completed_at,
                     _ => h.expires_at,
                 };
-                Pending::Hold { h, made_at }
+                Some(Pending::Hold { h, made_at })
             }
-            CheckKind::Order => match self.order_record(shop, id).await? {
-                Some(outcome) => Pending::Order { record: h, outcome },
-                None => {
-                    return Ok(Err(Acted::Refused(
-                        format!("order {id} is no longer in shop {shop}"),
-                        letter,
-                    )))
-                }
-            },
-        };
-        Ok(Ok((c, letter, pending, slot)))
+            CheckKind::Order => self
+                .order_record(shop, id)
+                .await?
+                .map(|outcome| Pending::Order { record: h, outcome }),
+        })
     }
 
     /// Takes the per-hold slot of `id`, waiting up to [`SLOT_WAIT`] for it.

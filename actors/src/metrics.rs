@@ -91,123 +91,12 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let http_requests = IntCounterVec::new(
-            Opts::new(
-                "nrtxn_http_requests_total",
-                "HTTP requests by route and status",
-            ),
-            &["route", "status"],
-        )
-        .expect("static metric definition");
-        let queue_depth = IntGaugeVec::new(
-            Opts::new("nrtxn_queue_depth", "Entries waiting in each bounded queue"),
-            &["queue"],
-        )
-        .expect("static metric definition");
-        let bound_used = IntGaugeVec::new(
-            Opts::new(
-                "nrtxn_bound_used",
-                "Use of each memory bound (shops, outcomes_cached, body_bytes)",
-            ),
-            &["bound"],
-        )
-        .expect("static metric definition");
-        let memory = IntGaugeVec::new(
-            Opts::new(
-                "nrtxn_memory_bytes",
-                "Memory by part: allocated (live blocks), resident (the allocator's pages \
-                 in RAM), sqlite (SQLite's share of allocated)",
-            ),
-            &["part"],
-        )
-        .expect("static metric definition");
-        let sizes = exponential_buckets(1.0, 4.0, 9).expect("static buckets");
-        let batch_entries = Histogram::with_opts(
-            HistogramOpts::new("nrtxn_batch_entries", "Entries per processor batch")
-                .buckets(sizes.clone()),
-        )
-        .expect("static metric definition");
-        let journal_txn_entries = Histogram::with_opts(
-            HistogramOpts::new(
-                "nrtxn_journal_txn_entries",
-                "Entries per durable journal transaction",
-            )
-            .buckets(sizes),
-        )
-        .expect("static metric definition");
-        let journal_write_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "nrtxn_journal_write_seconds",
-                "Duration of one durable journal transaction",
-            )
-            .buckets(exponential_buckets(0.000_05, 2.0, 16).expect("static buckets")),
-        )
-        .expect("static metric definition");
-        let decisions = IntCounterVec::new(
-            Opts::new("nrtxn_decisions_total", "Decisions by status"),
-            &["status"],
-        )
-        .expect("static metric definition");
-        let repeats = IntCounter::new(
-            "nrtxn_repeats_total",
-            "Requests answered with their key's recorded outcome at the processor",
-        )
-        .expect("static metric definition");
-        let journal_fenced = IntCounter::new(
-            "nrtxn_journal_fenced_total",
-            "Journal batches refused because their partition's lease passed to another node",
-        )
-        .expect("static metric definition");
-        let journal_damaged_segments = IntGauge::new(
-            "nrtxn_journal_damaged_segments",
-            "Older segments of the embedded log found damaged by the full read after the start",
-        )
-        .expect("static metric definition");
-        let checks = IntCounterVec::new(
-            Opts::new(
-                "nrtxn_checks_total",
-                "Check-backs asked of shops before an expiry, by what came of them",
-            ),
-            &["result"],
-        )
-        .expect("static metric definition");
-        let check_dead_letters = IntCounter::new(
-            "nrtxn_check_dead_letters_total",
-            "Check-backs with no answer after every attempt: the shop's default applied",
-        )
-        .expect("static metric definition");
-        let events_relayed = IntCounter::new(
-            "nrtxn_events_relayed_total",
-            "Events the outbox relay published to the events topic",
-        )
-        .expect("static metric definition");
-        // 25 us to 3.3 s: a loopback hop at the bottom, a slow test database's
-        // transaction at the top.
-        let stage = HistogramVec::new(
-            HistogramOpts::new("nrtxn_stage_seconds", STAGE_HELP)
-                .buckets(exponential_buckets(0.000_025, 2.0, 18).expect("static buckets")),
-            &["stage"],
-        )
-        .expect("static metric definition");
-        for c in [
-            Box::new(http_requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(queue_depth.clone()),
-            Box::new(batch_entries.clone()),
-            Box::new(journal_txn_entries.clone()),
-            Box::new(journal_write_seconds.clone()),
-            Box::new(decisions.clone()),
-            Box::new(repeats.clone()),
-            Box::new(journal_fenced.clone()),
-            Box::new(journal_damaged_segments.clone()),
-            Box::new(checks.clone()),
-            Box::new(check_dead_letters.clone()),
-            Box::new(events_relayed.clone()),
-            Box::new(bound_used.clone()),
-            Box::new(memory.clone()),
-            Box::new(stage.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
+        let r = Registrar(&registry);
+        let (http_requests, queue_depth, bound_used, memory) = front_metrics(&r);
+        let (batch_entries, journal_txn_entries, journal_write_seconds) = batch_metrics(&r);
+        let (journal_fenced, journal_damaged_segments) = journal_fault_metrics(&r);
+        let (decisions, repeats, checks, check_dead_letters, events_relayed) = outcome_metrics(&r);
+        let stage = Stages::registered(&r);
         Metrics {
             registry,
             http_requests,
@@ -224,17 +113,10 @@ impl Metrics {
             events_relayed,
             bound_used,
             memory,
-            stage: Stages {
-                produce: stage.with_label_values(&["produce"]),
-                consume: stage.with_label_values(&["consume"]),
-                screen: stage.with_label_values(&["screen"]),
-                reply: stage.with_label_values(&["reply"]),
-                total: stage.with_label_values(&["total"]),
-            },
+            stage,
             shops: Default::default(),
         }
     }
-
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         TextEncoder::new()
@@ -246,5 +128,175 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+/// Registers each metric as it is made, so that a definition and its registration
+/// cannot drift apart; every name is static, so a failure is a programming error.
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> C {
+        self.0
+            .register(Box::new(c.clone()))
+            .expect("metric names are unique");
+        c
+    }
+}
+
+/// The HTTP front's metrics and the process's bounds: requests by route, queue depths,
+/// memory bounds in use, memory by part.
+fn front_metrics(r: &Registrar<'_>) -> (IntCounterVec, IntGaugeVec, IntGaugeVec, IntGaugeVec) {
+    let http_requests = IntCounterVec::new(
+        Opts::new(
+            "nrtxn_http_requests_total",
+            "HTTP requests by route and status",
+        ),
+        &["route", "status"],
+    )
+    .expect("static metric definition");
+    let queue_depth = IntGaugeVec::new(
+        Opts::new("nrtxn_queue_depth", "Entries waiting in each bounded queue"),
+        &["queue"],
+    )
+    .expect("static metric definition");
+    let bound_used = IntGaugeVec::new(
+        Opts::new(
+            "nrtxn_bound_used",
+            "Use of each memory bound (shops, outcomes_cached, body_bytes)",
+        ),
+        &["bound"],
+    )
+    .expect("static metric definition");
+    let memory = IntGaugeVec::new(
+        Opts::new(
+            "nrtxn_memory_bytes",
+            "Memory by part: allocated (live blocks), resident (the allocator's pages \
+             in RAM), sqlite (SQLite's share of allocated)",
+        ),
+        &["part"],
+    )
+    .expect("static metric definition");
+    (
+        r.add(http_requests),
+        r.add(queue_depth),
+        r.add(bound_used),
+        r.add(memory),
+    )
+}
+
+/// The sizes of processor batches and journal transactions, and a transaction's time.
+fn batch_metrics(r: &Registrar<'_>) -> (Histogram, Histogram, Histogram) {
+    let sizes = exponential_buckets(1.0, 4.0, 9).expect("static buckets");
+    let batch_entries = Histogram::with_opts(
+        HistogramOpts::new("nrtxn_batch_entries", "Entries per processor batch")
+            .buckets(sizes.clone()),
+    )
+    .expect("static metric definition");
+    let journal_txn_entries = Histogram::with_opts(
+        HistogramOpts::new(
+            "nrtxn_journal_txn_entries",
+            "Entries per durable journal transaction",
+        )
+        .buckets(sizes),
+    )
+    .expect("static metric definition");
+    let journal_write_seconds = Histogram::with_opts(
+        HistogramOpts::new(
+            "nrtxn_journal_write_seconds",
+            "Duration of one durable journal transaction",
+        )
+        .buckets(exponential_buckets(0.000_05, 2.0, 16).expect("static buckets")),
+    )
+    .expect("static metric definition");
+    (
+        r.add(batch_entries),
+        r.add(journal_txn_entries),
+        r.add(journal_write_seconds),
+    )
+}
+
+/// What went wrong with the journal: batches fenced, segments found damaged.
+fn journal_fault_metrics(r: &Registrar<'_>) -> (IntCounter, IntGauge) {
+    let journal_fenced = IntCounter::new(
+        "nrtxn_journal_fenced_total",
+        "Journal batches refused because their partition's lease passed to another node",
+    )
+    .expect("static metric definition");
+    let journal_damaged_segments = IntGauge::new(
+        "nrtxn_journal_damaged_segments",
+        "Older segments of the embedded log found damaged by the full read after the start",
+    )
+    .expect("static metric definition");
+    (r.add(journal_fenced), r.add(journal_damaged_segments))
+}
+
+/// What came of requests and of what follows them: decisions, repeats, check-backs,
+/// their dead letters, events relayed.
+fn outcome_metrics(
+    r: &Registrar<'_>,
+) -> (
+    IntCounterVec,
+    IntCounter,
+    IntCounterVec,
+    IntCounter,
+    IntCounter,
+) {
+    let decisions = IntCounterVec::new(
+        Opts::new("nrtxn_decisions_total", "Decisions by status"),
+        &["status"],
+    )
+    .expect("static metric definition");
+    let repeats = IntCounter::new(
+        "nrtxn_repeats_total",
+        "Requests answered with their key's recorded outcome at the processor",
+    )
+    .expect("static metric definition");
+    let checks = IntCounterVec::new(
+        Opts::new(
+            "nrtxn_checks_total",
+            "Check-backs asked of shops before an expiry, by what came of them",
+        ),
+        &["result"],
+    )
+    .expect("static metric definition");
+    let check_dead_letters = IntCounter::new(
+        "nrtxn_check_dead_letters_total",
+        "Check-backs with no answer after every attempt: the shop's default applied",
+    )
+    .expect("static metric definition");
+    let events_relayed = IntCounter::new(
+        "nrtxn_events_relayed_total",
+        "Events the outbox relay published to the events topic",
+    )
+    .expect("static metric definition");
+    (
+        r.add(decisions),
+        r.add(repeats),
+        r.add(checks),
+        r.add(check_dead_letters),
+        r.add(events_relayed),
+    )
+}
+
+impl Stages {
+    /// `nrtxn_stage_seconds`, registered, and its children looked up once.
+    fn registered(r: &Registrar<'_>) -> Stages {
+        // 25 us to 3.3 s: a loopback hop at the bottom, a slow test database's
+        // transaction at the top.
+        let stage = HistogramVec::new(
+            HistogramOpts::new("nrtxn_stage_seconds", STAGE_HELP)
+                .buckets(exponential_buckets(0.000_025, 2.0, 18).expect("static buckets")),
+            &["stage"],
+        )
+        .expect("static metric definition");
+        let stage = r.add(stage);
+        Stages {
+            produce: stage.with_label_values(&["produce"]),
+            consume: stage.with_label_values(&["consume"]),
+            screen: stage.with_label_values(&["screen"]),
+            reply: stage.with_label_values(&["reply"]),
+            total: stage.with_label_values(&["total"]),
+        }
     }
 }

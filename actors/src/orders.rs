@@ -242,132 +242,147 @@ impl Engine {
         if repeat {
             // Asked again: an order that ended, or whose lines are all held, is answered
             // as it stands; one still being reserved (its first call died) goes on.
-            if let Some(view) = self.order(shop, &order_id).await? {
-                if view.status != "reserving" {
-                    return Ok(Placed::Answer(view));
-                }
+            if let Some(view) = self.order_unless_reserving(shop, &order_id).await? {
+                return Ok(Placed::Answer(view));
             }
         }
         let expires_at = expires_at.unwrap_or(started.saturating_add(ttl_ms));
+        self.reserve_lines(shop, order_id, lines, &buyer, expires_at, repeat)
+            .await
+    }
+
+    /// `place_order` once its record is made: holds the lines one by one in item order
+    /// (releasing the order at the first refused), then makes the holds firm.
+    async fn reserve_lines(
+        &self,
+        shop: &Arc<str>,
+        order_id: Arc<str>,
+        lines: Vec<OrderLine>,
+        buyer: &Option<Arc<str>>,
+        expires_at: Millis,
+        repeat: bool,
+    ) -> Result<Placed, EngineError> {
         let mut order_of: Vec<usize> = (0..lines.len()).collect();
         order_of.sort_by(|a, b| lines[*a].item.cmp(&lines[*b].item));
-        let give_up = Instant::now() + self.reply_timeout();
+        let r = Reserving {
+            shop,
+            order_id: &order_id,
+            buyer,
+            expires_at,
+            give_up: Instant::now() + self.reply_timeout(),
+        };
         let mut seqs: Vec<Option<u64>> = vec![None; lines.len()];
         let mut held: Vec<(usize, HoldView)> = Vec::with_capacity(lines.len());
         for i in order_of {
             let line = &lines[i];
-            let mut wait = Duration::from_millis(1);
-            let refused = loop {
-                let now = now_ms();
-                let req = Request {
-                    ttl_ms: (expires_at - now).max(1),
-                    buyer: buyer.clone(),
-                    ..Request::new(
-                        shop.clone(),
-                        line.item.clone(),
-                        line_key(&order_id, i),
-                        Op::Hold,
-                        line.qty,
-                        now,
-                    )
-                };
-                // The whole reserving is bounded by the reply timeout, so that a node
-                // checking orders it reads back knows when a coordinator has given up.
-                let decided = tokio::time::timeout_at(give_up.into(), self.decide_one(shop, req))
-                    .await
-                    .unwrap_or(Err(EngineError::Timeout));
-                let o = match decided {
-                    Ok(o) => o,
-                    Err(e) => {
-                        // Nothing to answer the caller with: the order is released so
-                        // that no line stays held. A line whose hold was still on its
-                        // way is released by its own timer, through the order.
-                        let why = format!("reserving line {i} failed: {e}");
-                        let _ = self
-                            .end_order_lines(shop, &order_id, Op::Release, Some(why), Some(&held))
-                            .await;
-                        return Err(e);
-                    }
-                };
-                match o.status {
-                    Status::Ok => {
-                        seqs[i] = o.seq;
-                        held.push((i, line_hold(shop, &order_id, i, line, expires_at)));
-                        break None;
-                    }
-                    Status::Tentative if Instant::now() < give_up => {
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(LINE_WAIT_MAX);
-                    }
-                    Status::Tentative => {
-                        break Some((
-                            Status::InsufficientStock,
-                            format!(
-                                "{} (still so after waiting {} ms for them)",
-                                o.reason.as_deref().unwrap_or("too little stock"),
-                                self.reply_timeout().as_millis()
-                            ),
-                        ))
-                    }
-                    status => break Some((status, o.reason.clone().unwrap_or_default())),
+            match self.hold_line(&r, i, line, &held).await? {
+                Ok(seq) => {
+                    seqs[i] = seq;
+                    held.push((i, line_hold(shop, &order_id, i, line, expires_at)));
                 }
-            };
-            if let Some((status, reason)) = refused {
-                let why = format!("{FAILED_PREFIX}{i}: {}: {reason}", status.as_str());
-                self.end_order_lines(shop, &order_id, Op::Release, Some(why), Some(&held))
-                    .await?;
-                return Ok(Placed::Answer(OrderView {
-                    order_id,
-                    status: status.as_str().to_string(),
-                    lines: not_held(&lines),
-                    expires_at: Some(expires_at),
-                    failed_line: Some(i),
-                    reason: Some(reason),
-                }));
+                Err((status, reason)) => {
+                    let why = format!("{FAILED_PREFIX}{i}: {}: {reason}", status.as_str());
+                    self.end_order_lines(shop, &order_id, Op::Release, Some(why), Some(&held))
+                        .await?;
+                    return Ok(Placed::Answer(OrderView {
+                        order_id,
+                        status: status.as_str().to_string(),
+                        lines: not_held(&lines),
+                        expires_at: Some(expires_at),
+                        failed_line: Some(i),
+                        reason: Some(reason),
+                    }));
+                }
             }
         }
-        // Held: the lines are no longer tentative on their items.
-        let firm = held
-            .iter()
-            .map(|(_, h)| Request {
-                hold_id: Some(h.hold_id.clone()),
-                ..Request::new(
-                    shop.clone(),
-                    h.item.clone(),
-                    format!("~firm:{}", h.hold_id).into(),
-                    Op::Firm,
-                    h.qty,
-                    now_ms(),
-                )
-            })
-            .collect();
-        self.send_internal(firm);
+        self.send_internal(firm_requests(shop, &held));
         if repeat || now_ms() >= expires_at {
             // The record may have ended meanwhile (expired, or released by a check at a
             // restart): the order is answered as it stands.
-            if let Some(view) = self.order(shop, &order_id).await? {
-                if view.status != "reserving" {
-                    return Ok(Placed::Answer(view));
-                }
+            if let Some(view) = self.order_unless_reserving(shop, &order_id).await? {
+                return Ok(Placed::Answer(view));
             }
         }
-        Ok(Placed::Answer(OrderView {
-            order_id,
-            status: HoldStatus::Held.as_str().to_string(),
-            lines: lines
-                .iter()
-                .zip(seqs)
-                .map(|(l, seq)| LineView {
-                    item: l.item.clone(),
-                    qty: l.qty,
-                    seq,
-                    status: HoldStatus::Held.as_str(),
-                })
-                .collect(),
-            expires_at: Some(expires_at),
-            failed_line: None,
-            reason: None,
-        }))
+        Ok(Placed::Answer(held_view(
+            order_id, &lines, seqs, expires_at,
+        )))
+    }
+
+    /// Holds line `i` of an order, waiting while its item's stock is tentative, until
+    /// the reserving gives up: its item's seq, or why it was refused. On an error the
+    /// order is released (`held`: the lines held so before) and the error returned.
+    async fn hold_line(
+        &self,
+        r: &Reserving<'_>,
+        i: usize,
+        line: &OrderLine,
+        held: &[(usize, HoldView)],
+    ) -> Result<Result<Option<u64>, (Status, String)>, EngineError> {
+        let (shop, order_id, give_up) = (r.shop, r.order_id, r.give_up);
+        let mut wait = Duration::from_millis(1);
+        loop {
+            let now = now_ms();
+            let req = Request {
+                ttl_ms: (r.expires_at - now).max(1),
+                buyer: r.buyer.clone(),
+                ..Request::new(
+                    shop.clone(),
+                    line.item.clone(),
+                    line_key(order_id, i),
+                    Op::Hold,
+                    line.qty,
+                    now,
+                )
+            };
+            // The whole reserving is bounded by the reply timeout, so that a node
+            // checking orders it reads back knows when a coordinator has given up.
+            let decided = tokio::time::timeout_at(give_up.into(), self.decide_one(shop, req))
+                .await
+                .unwrap_or(Err(EngineError::Timeout));
+            let o = match decided {
+                Ok(o) => o,
+                Err(e) => {
+                    // Nothing to answer the caller with: the order is released so
+                    // that no line stays held. A line whose hold was still on its
+                    // way is released by its own timer, through the order.
+                    let why = format!("reserving line {i} failed: {e}");
+                    let _ = self
+                        .end_order_lines(shop, order_id, Op::Release, Some(why), Some(held))
+                        .await;
+                    return Err(e);
+                }
+            };
+            match o.status {
+                Status::Ok => return Ok(Ok(o.seq)),
+                Status::Tentative if Instant::now() < give_up => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(LINE_WAIT_MAX);
+                }
+                Status::Tentative => {
+                    return Ok(Err((
+                        Status::InsufficientStock,
+                        format!(
+                            "{} (still so after waiting {} ms for them)",
+                            o.reason.as_deref().unwrap_or("too little stock"),
+                            self.reply_timeout().as_millis()
+                        ),
+                    )))
+                }
+                status => return Ok(Err((status, o.reason.clone().unwrap_or_default()))),
+            }
+        }
+    }
+
+    /// Order `order_id` as it stands, unless it is still being reserved.
+    async fn order_unless_reserving(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+    ) -> Result<Option<OrderView>, EngineError> {
+        Ok(self
+            .order(shop, order_id)
+            .await?
+            .filter(|view| view.status != "reserving"))
     }
 
     /// Confirms (`Op::Confirm`) or cancels (`Op::Release`) an order: its record first,
@@ -1004,6 +1019,60 @@ fn extension(shop: &Arc<str>, h: &HoldView, now: Millis, until: Millis) -> Reque
             h.qty,
             now,
         )
+    }
+}
+
+/// What every line of one order's reserving shares ([`Engine::place_order`]).
+struct Reserving<'a> {
+    shop: &'a Arc<str>,
+    order_id: &'a Arc<str>,
+    buyer: &'a Option<Arc<str>>,
+    /// The order's expiry: each line's hold lasts until then.
+    expires_at: Millis,
+    /// When the reserving gives up: the reply timeout after it began.
+    give_up: Instant,
+}
+
+/// Held: the lines are no longer tentative on their items.
+fn firm_requests(shop: &Arc<str>, held: &[(usize, HoldView)]) -> Vec<Request> {
+    held.iter()
+        .map(|(_, h)| Request {
+            hold_id: Some(h.hold_id.clone()),
+            ..Request::new(
+                shop.clone(),
+                h.item.clone(),
+                format!("~firm:{}", h.hold_id).into(),
+                Op::Firm,
+                h.qty,
+                now_ms(),
+            )
+        })
+        .collect()
+}
+
+/// An order whose every line is held, with each line's item seq.
+fn held_view(
+    order_id: Arc<str>,
+    lines: &[OrderLine],
+    seqs: Vec<Option<u64>>,
+    expires_at: Millis,
+) -> OrderView {
+    OrderView {
+        order_id,
+        status: HoldStatus::Held.as_str().to_string(),
+        lines: lines
+            .iter()
+            .zip(seqs)
+            .map(|(l, seq)| LineView {
+                item: l.item.clone(),
+                qty: l.qty,
+                seq,
+                status: HoldStatus::Held.as_str(),
+            })
+            .collect(),
+        expires_at: Some(expires_at),
+        failed_line: None,
+        reason: None,
     }
 }
 

@@ -321,18 +321,7 @@ impl WorkManager {
         taken: Instant,
         ctx: &mut Context<Self>,
     ) -> Result<(), SubmitError> {
-        let mut unknown: Vec<Arc<str>> = Vec::new();
-        {
-            let mut seen = std::collections::HashSet::new();
-            for (r, _) in &reqs {
-                if !self.in_flight.contains_key(&r.key)
-                    && !self.recent.contains_key(&r.key)
-                    && seen.insert(&r.key)
-                {
-                    unknown.push(r.key.clone());
-                }
-            }
-        }
+        let unknown = self.unknown_keys(&reqs);
         // Admission: reserve room for every new key or refuse the whole call.
         let n_new = unknown.len();
         if self.in_flight.len() + n_new > self.deps.shop_pending_max || !self.deps.reserve(n_new) {
@@ -387,6 +376,22 @@ impl WorkManager {
             },
         );
         Ok(())
+    }
+
+    /// The call's keys neither in flight nor recently decided, each once: the new keys
+    /// admission must make room for.
+    fn unknown_keys(&self, reqs: &[(Request, bool)]) -> Vec<Arc<str>> {
+        let mut unknown: Vec<Arc<str>> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (r, _) in reqs {
+            if !self.in_flight.contains_key(&r.key)
+                && !self.recent.contains_key(&r.key)
+                && seen.insert(&r.key)
+            {
+                unknown.push(r.key.clone());
+            }
+        }
+        unknown
     }
 
     /// A call's new keys as the journal has them: those it holds are answered with that

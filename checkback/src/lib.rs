@@ -521,25 +521,7 @@ impl Inner {
                 turn = Some(self.turn(&call.shop).await);
             }
             tried += 1;
-            // Signed again at each attempt, with its own time.
-            let signature = signature_header(&check.secret, now_ms(), &body);
-            let answer = match self
-                .outbound
-                .post_bounded(
-                    &s.check_url,
-                    &[
-                        ("content-type", "application/json"),
-                        ("x-nrtxn-signature", &signature),
-                    ],
-                    body.clone(),
-                    per,
-                )
-                .await
-            {
-                Ok(b) => parse_answer(&b),
-                Err(e) => Err(e.into_reason()),
-            };
-            match answer {
+            match self.attempt(&check, &body, per).await {
                 Ok(action) => {
                     let result = match action {
                         CheckAction::Confirm => "confirm",
@@ -557,6 +539,34 @@ impl Inner {
         self.metrics.checks.with_label_values(&["default"]).inc();
         self.dead_letter(&call, s, error, tried).await;
         default
+    }
+
+    /// One attempt of a check-back: `body` posted to the shop's check URL within `per`,
+    /// its answer read; else why not.
+    async fn attempt(
+        &self,
+        check: &ShopCheck,
+        body: &[u8],
+        per: Duration,
+    ) -> Result<CheckAction, String> {
+        // Signed again at each attempt, with its own time.
+        let signature = signature_header(&check.secret, now_ms(), body);
+        match self
+            .outbound
+            .post_bounded(
+                &check.settings.check_url,
+                &[
+                    ("content-type", "application/json"),
+                    ("x-nrtxn-signature", &signature),
+                ],
+                body.to_vec(),
+                per,
+            )
+            .await
+        {
+            Ok(b) => parse_answer(&b),
+            Err(e) => Err(e.into_reason()),
+        }
     }
 
     /// A turn to call `shop` (waiting for it, counted in `checks_waiting`), counted in

@@ -509,43 +509,16 @@ async fn load_csv(
     batch: usize,
     run: Option<String>,
 ) -> anyhow::Result<()> {
-    let cannot_read = || format!("items load: cannot read {}", file.display());
-    let open = || -> anyhow::Result<csv::Reader<std::fs::File>> {
-        Ok(csv_reader(
-            std::fs::File::open(file).with_context(cannot_read)?,
-        ))
-    };
+    let cannot_read = cannot_read(file);
     let run = run.unwrap_or_else(|| {
         file.file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "load".into())
     });
-    // First pass: the header and the number of records, without keeping them.
-    let mut records = open()?.into_byte_records();
-    let header = match records.next() {
-        Some(h) => h.with_context(cannot_read)?,
-        None => bail!(
-            "items load: {} is empty (expected a header item,stock)",
-            file.display()
-        ),
-    };
-    let cols = fields(&header)
-        .and_then(|h| columns(&h))
-        .map_err(|e| anyhow!("{}:1: {e}", file.display()))?;
-    let mut total = 0u64;
-    for r in records {
-        r.with_context(cannot_read)?;
-        total += 1;
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} records ({per_sec}, eta {eta}) {msg}",
-        )
-        .map_err(|e| anyhow!("progress bar: {e}"))?,
-    );
+    let (cols, total) = header_and_count(file)?;
+    let bar = load_bar(total)?;
     let mut report = LoadReport::default();
-    let mut records = open()?.into_byte_records().skip(1);
+    let mut records = open_csv(file)?.into_byte_records().skip(1);
     let mut line_of = LineOf::new(std::fs::File::open(file).with_context(cannot_read)?);
     loop {
         // One batch: the next `batch` records, malformed ones reported by line.
@@ -578,6 +551,59 @@ async fn load_csv(
         bar.inc(seen as u64);
     }
     bar.finish_and_clear();
+    summarize_load(&report, file, total)
+}
+
+/// The context of an `items load` read error.
+fn cannot_read(file: &Path) -> impl Fn() -> String + Copy + '_ {
+    move || format!("items load: cannot read {}", file.display())
+}
+
+/// `file` opened as CSV, its header a record like the others.
+fn open_csv(file: &Path) -> anyhow::Result<csv::Reader<std::fs::File>> {
+    Ok(csv_reader(
+        std::fs::File::open(file).with_context(cannot_read(file))?,
+    ))
+}
+
+/// `items load`'s first pass: the header's columns and the number of records, without
+/// keeping them.
+fn header_and_count(file: &Path) -> anyhow::Result<(Columns, u64)> {
+    let cannot_read = cannot_read(file);
+    let mut records = open_csv(file)?.into_byte_records();
+    let header = match records.next() {
+        Some(h) => h.with_context(cannot_read)?,
+        None => bail!(
+            "items load: {} is empty (expected a header item,stock)",
+            file.display()
+        ),
+    };
+    let cols = fields(&header)
+        .and_then(|h| columns(&h))
+        .map_err(|e| anyhow!("{}:1: {e}", file.display()))?;
+    let mut total = 0u64;
+    for r in records {
+        r.with_context(cannot_read)?;
+        total += 1;
+    }
+    Ok((cols, total))
+}
+
+/// The progress bar of a load of `total` records.
+fn load_bar(total: u64) -> anyhow::Result<indicatif::ProgressBar> {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} records ({per_sec}, eta {eta}) {msg}",
+        )
+        .map_err(|e| anyhow!("progress bar: {e}"))?,
+    );
+    Ok(bar)
+}
+
+/// The last line of `items load`: what was loaded and refused; an error if any record
+/// was refused.
+fn summarize_load(report: &LoadReport, file: &Path, total: u64) -> anyhow::Result<()> {
     let refused = report.refused.len();
     eprintln!(
         "nrtxn items load: {} items loaded from {} ({} records), {refused} records refused{}",
@@ -771,48 +797,13 @@ pub fn watch(args: WatchArgs) -> anyhow::Result<()> {
         let max = args.max_events.unwrap_or(u64::MAX);
         let mut first = true;
         loop {
-            let mut req = client
-                .http
-                .get(client.url(&["events", "stream"]))
-                .header(reqwest::header::ACCEPT, "text/event-stream");
-            if let Some(c) = &cursor {
-                req = req.header("Last-Event-ID", c.as_str());
-            }
-            let connect = Duration::from_millis(args.conn.request_timeout_ms);
-            let res = match tokio::time::timeout(connect, req.send()).await {
-                Ok(r) => r.map_err(|e| client.unreachable(e))?,
-                Err(_) => bail!(
-                    "the server at {} did not answer within {} ms (--request-timeout-ms)",
-                    args.conn.url,
-                    args.conn.request_timeout_ms
-                ),
-            };
-            let status = res.status();
-            if status != StatusCode::OK {
-                let text = res.text().await.unwrap_or_default();
-                let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-                client.refused(status, &body)?;
-                bail!("watch: {status} {}", detail(&body));
-            }
+            let res = open_events(&client, &args.conn, cursor.as_deref()).await?;
             if first {
                 // The state now, read once the stream is open: nothing is missed between.
                 first = false;
-                let a = timed
-                    .call(Method::GET, &timed.url(&["items", item]), None)
-                    .await?;
-                match a.status {
-                    StatusCode::OK => {
-                        last_seq = a.body["seq"].as_u64().unwrap_or(0);
-                        writeln!(
-                            out,
-                            "{item}: stock {} reserved {} (seq {last_seq})",
-                            a.body["stock"], a.body["reserved"]
-                        )
-                    }
-                    StatusCode::NOT_FOUND => writeln!(out, "{item}: not loaded yet"),
-                    s => bail!("watch: reading {item}: {s} {}", detail(&a.body)),
+                if let Some(seq) = print_item_now(&timed, item, &mut out).await? {
+                    last_seq = seq;
                 }
-                .context("stdout")?;
             }
             let mut stream = SseReader::new(res);
             while let Some(msg) = stream.next().await? {
@@ -838,17 +829,7 @@ pub fn watch(args: WatchArgs) -> anyhow::Result<()> {
                     continue;
                 }
                 last_seq = seq;
-                writeln!(
-                    out,
-                    "{item}: stock {} reserved {} (seq {seq}: {} {} {})",
-                    e["stock_after"],
-                    e["reserved_after"],
-                    e["kind"].as_str().unwrap_or("?"),
-                    e["qty"],
-                    e["status"].as_str().unwrap_or("?"),
-                )
-                .context("stdout")?;
-                out.flush().context("stdout")?;
+                print_change(&mut out, item, seq, &e)?;
                 printed += 1;
                 if printed >= max {
                     return Ok(());
@@ -858,6 +839,80 @@ pub fn watch(args: WatchArgs) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
+}
+
+/// The shop's event stream opened, from just after `cursor` (the last event's id).
+async fn open_events(
+    client: &Client,
+    conn: &Conn,
+    cursor: Option<&str>,
+) -> anyhow::Result<reqwest::Response> {
+    let mut req = client
+        .http
+        .get(client.url(&["events", "stream"]))
+        .header(reqwest::header::ACCEPT, "text/event-stream");
+    if let Some(c) = cursor {
+        req = req.header("Last-Event-ID", c);
+    }
+    let connect = Duration::from_millis(conn.request_timeout_ms);
+    let res = match tokio::time::timeout(connect, req.send()).await {
+        Ok(r) => r.map_err(|e| client.unreachable(e))?,
+        Err(_) => bail!(
+            "the server at {} did not answer within {} ms (--request-timeout-ms)",
+            conn.url,
+            conn.request_timeout_ms
+        ),
+    };
+    let status = res.status();
+    if status != StatusCode::OK {
+        let text = res.text().await.unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        client.refused(status, &body)?;
+        bail!("watch: {status} {}", detail(&body));
+    }
+    Ok(res)
+}
+
+/// Prints `item`'s state now; its seq, or `None` when it is not loaded yet.
+async fn print_item_now(
+    timed: &Client,
+    item: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<Option<u64>> {
+    let a = timed
+        .call(Method::GET, &timed.url(&["items", item]), None)
+        .await?;
+    let mut seq = None;
+    match a.status {
+        StatusCode::OK => {
+            let last_seq = a.body["seq"].as_u64().unwrap_or(0);
+            seq = Some(last_seq);
+            writeln!(
+                out,
+                "{item}: stock {} reserved {} (seq {last_seq})",
+                a.body["stock"], a.body["reserved"]
+            )
+        }
+        StatusCode::NOT_FOUND => writeln!(out, "{item}: not loaded yet"),
+        s => bail!("watch: reading {item}: {s} {}", detail(&a.body)),
+    }
+    .context("stdout")?;
+    Ok(seq)
+}
+
+/// Prints change `e` (seq `seq`) of `item`, at once.
+fn print_change(out: &mut impl Write, item: &str, seq: u64, e: &Value) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{item}: stock {} reserved {} (seq {seq}: {} {} {})",
+        e["stock_after"],
+        e["reserved_after"],
+        e["kind"].as_str().unwrap_or("?"),
+        e["qty"],
+        e["status"].as_str().unwrap_or("?"),
+    )
+    .context("stdout")?;
+    out.flush().context("stdout")
 }
 
 /// One server-sent event.

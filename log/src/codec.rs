@@ -93,9 +93,30 @@ pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
     put_uvar(out, entries.len() as u64);
     let mut prev: Option<(&Arc<str>, &Arc<str>)> = None;
     for e in entries {
-        let mut flags = 0u32;
-        let shop_new = prev.is_none_or(|(s, _)| **s != *e.shop);
-        let item_new = prev.is_none_or(|(_, i)| **i != *e.item);
+        let left = Implied::of(e, prev);
+        put_uvar(out, u64::from(flags(e, left)));
+        out.push(op_code(e.op) | (status_code(e.status) << 4));
+        put_ivar(out, e.qty);
+        put_state(out, e, left);
+        put_times(out, e, at_ms);
+        put_tail(out, e, left);
+        prev = Some((&e.shop, &e.item));
+    }
+}
+
+/// What an entry leaves out because a reader can tell it: the shop and item of the
+/// entry before, the reason `apply` gives for want of stock, a seq's previous one.
+#[derive(Clone, Copy)]
+struct Implied {
+    shop_new: bool,
+    item_new: bool,
+    standard: bool,
+    prev_implied: bool,
+}
+
+impl Implied {
+    #[inline]
+    fn of(e: &Entry, prev: Option<(&Arc<str>, &Arc<str>)>) -> Implied {
         let standard = match (&e.reason, e.stock_before) {
             (Some(r), Some(available)) => *r == standard_reason(e.qty, available),
             _ => false,
@@ -105,89 +126,113 @@ pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
             (None, None) => true,
             _ => false,
         };
-        for (on, f) in [
-            (shop_new, F_SHOP),
-            (item_new, F_ITEM),
-            (e.request_key.is_some(), F_KEY),
-            (e.seq.is_some(), F_SEQ),
-            (e.stock_before.is_some(), F_STOCK_BEFORE),
-            (e.stock_after.is_some(), F_STOCK_AFTER),
-            (e.reserved_after.is_some(), F_RESERVED),
-            (standard, F_REASON_STANDARD),
-            (e.reason.is_some() && !standard, F_REASON),
-            (e.seller.is_some(), F_SELLER),
-            (e.buyer.is_some(), F_BUYER),
-            (e.remarks.is_some(), F_REMARKS),
-            (e.hold_id.is_some(), F_HOLD_ID),
-            (e.expires_at.is_some(), F_EXPIRES),
-            (e.ttl_ms.is_some(), F_TTL),
-            (e.logged, F_LOGGED),
-            (e.log_pos.is_some(), F_LOG_POS),
-            (!prev_implied, F_PREV_SEQ),
-            (e.per_buyer_max.is_some(), F_PER_BUYER),
-            (e.return_of.is_some(), F_RETURN_OF),
-        ] {
-            if on {
-                flags |= f;
-            }
+        Implied {
+            shop_new: prev.is_none_or(|(s, _)| **s != *e.shop),
+            item_new: prev.is_none_or(|(_, i)| **i != *e.item),
+            standard,
+            prev_implied,
         }
-        put_uvar(out, u64::from(flags));
-        out.push(op_code(e.op) | (status_code(e.status) << 4));
-        put_ivar(out, e.qty);
-        if shop_new {
-            put_str(out, &e.shop);
-        }
-        if item_new {
-            put_str(out, &e.item);
-        }
-        if let Some(k) = &e.request_key {
-            put_str(out, k);
-        }
-        if let Some(seq) = e.seq {
-            put_uvar(out, seq);
-        }
-        if let Some(b) = e.stock_before {
-            put_ivar(out, b);
-        }
-        if let Some(a) = e.stock_after {
-            put_ivar(out, a - e.stock_before.unwrap_or(0));
-        }
-        if let Some(r) = e.reserved_after {
-            put_ivar(out, r);
-        }
-        if let (Some(r), false) = (&e.reason, standard) {
-            put_str(out, r);
-        }
-        for s in [&e.seller, &e.buyer, &e.remarks, &e.hold_id]
-            .into_iter()
-            .flatten()
-        {
-            put_str(out, s);
-        }
-        put_ivar(out, e.completed_at - at_ms);
-        put_ivar(out, e.completed_at - e.submitted_at);
-        if let Some(x) = e.expires_at {
-            put_ivar(out, x - e.completed_at);
-        }
-        if let Some(t) = e.ttl_ms {
-            put_ivar(out, t);
-        }
-        if let Some(p) = e.log_pos {
-            put_ivar(out, i64::from(p.partition));
-            put_ivar(out, p.offset);
-        }
-        if !prev_implied {
-            put_uvar(out, e.prev_seq.map_or(0, |p| p + 1));
-        }
-        if let Some(n) = e.per_buyer_max {
-            put_ivar(out, n);
-        }
-        if let Some(sale) = &e.return_of {
-            put_str(out, sale);
-        }
-        out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
-        prev = Some((&e.shop, &e.item));
     }
+}
+
+/// The entry's flags: which of its fields follow.
+#[inline]
+fn flags(e: &Entry, left: Implied) -> u32 {
+    let mut flags = 0u32;
+    for (on, f) in [
+        (left.shop_new, F_SHOP),
+        (left.item_new, F_ITEM),
+        (e.request_key.is_some(), F_KEY),
+        (e.seq.is_some(), F_SEQ),
+        (e.stock_before.is_some(), F_STOCK_BEFORE),
+        (e.stock_after.is_some(), F_STOCK_AFTER),
+        (e.reserved_after.is_some(), F_RESERVED),
+        (left.standard, F_REASON_STANDARD),
+        (e.reason.is_some() && !left.standard, F_REASON),
+        (e.seller.is_some(), F_SELLER),
+        (e.buyer.is_some(), F_BUYER),
+        (e.remarks.is_some(), F_REMARKS),
+        (e.hold_id.is_some(), F_HOLD_ID),
+        (e.expires_at.is_some(), F_EXPIRES),
+        (e.ttl_ms.is_some(), F_TTL),
+        (e.logged, F_LOGGED),
+        (e.log_pos.is_some(), F_LOG_POS),
+        (!left.prev_implied, F_PREV_SEQ),
+        (e.per_buyer_max.is_some(), F_PER_BUYER),
+        (e.return_of.is_some(), F_RETURN_OF),
+    ] {
+        if on {
+            flags |= f;
+        }
+    }
+    flags
+}
+
+/// The names, the item's state and the reason, each only if its flag is set.
+#[inline]
+fn put_state(out: &mut Vec<u8>, e: &Entry, left: Implied) {
+    if left.shop_new {
+        put_str(out, &e.shop);
+    }
+    if left.item_new {
+        put_str(out, &e.item);
+    }
+    if let Some(k) = &e.request_key {
+        put_str(out, k);
+    }
+    if let Some(seq) = e.seq {
+        put_uvar(out, seq);
+    }
+    if let Some(b) = e.stock_before {
+        put_ivar(out, b);
+    }
+    if let Some(a) = e.stock_after {
+        put_ivar(out, a - e.stock_before.unwrap_or(0));
+    }
+    if let Some(r) = e.reserved_after {
+        put_ivar(out, r);
+    }
+    if let (Some(r), false) = (&e.reason, left.standard) {
+        put_str(out, r);
+    }
+    for s in [&e.seller, &e.buyer, &e.remarks, &e.hold_id]
+        .into_iter()
+        .flatten()
+    {
+        put_str(out, s);
+    }
+}
+
+/// The entry's times, relative to the record's `at_ms` and to each other.
+#[inline]
+fn put_times(out: &mut Vec<u8>, e: &Entry, at_ms: Millis) {
+    put_ivar(out, e.completed_at - at_ms);
+    put_ivar(out, e.completed_at - e.submitted_at);
+    if let Some(x) = e.expires_at {
+        put_ivar(out, x - e.completed_at);
+    }
+    if let Some(t) = e.ttl_ms {
+        put_ivar(out, t);
+    }
+}
+
+/// The rarer fields, each only if its flag is set, then the request's fingerprint.
+#[inline]
+fn put_tail(out: &mut Vec<u8>, e: &Entry, left: Implied) {
+    if let Some(p) = e.log_pos {
+        put_ivar(out, i64::from(p.partition));
+        put_ivar(out, p.offset);
+    }
+    if !left.prev_implied {
+        put_uvar(out, e.prev_seq.map_or(0, |p| p + 1));
+    }
+    if let Some(n) = e.per_buyer_max {
+        put_ivar(out, n);
+    }
+    if let Some(sale) = &e.return_of {
+        put_str(out, sale);
+    }
+    out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
 }
 
 struct Reader<'a> {
@@ -262,16 +307,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         .get(usize::from(codes >> 4))
         .ok_or("unknown status")?;
     let qty = r.ivar()?;
-    let shop = match (has(F_SHOP), prev) {
-        (true, _) => r.str()?,
-        (false, Some(p)) => p.shop.clone(),
-        (false, None) => return Err("the first entry names no shop".into()),
-    };
-    let item = match (has(F_ITEM), prev) {
-        (true, _) => r.str()?,
-        (false, Some(p)) => p.item.clone(),
-        (false, None) => return Err("the first entry names no item".into()),
-    };
+    let (shop, item) = read_names(r, flags, prev)?;
     let request_key = has(F_KEY).then(|| r.str()).transpose()?;
     let seq = has(F_SEQ).then(|| r.uvar()).transpose()?;
     let stock_before = has(F_STOCK_BEFORE).then(|| r.ivar()).transpose()?;
@@ -280,16 +316,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         false => None,
     };
     let reserved_after = has(F_RESERVED).then(|| r.ivar()).transpose()?;
-    let reason = if has(F_REASON_STANDARD) {
-        Some(standard_reason(
-            qty,
-            stock_before.ok_or("standard reason without stock")?,
-        ))
-    } else if has(F_REASON) {
-        Some(r.str()?.to_string())
-    } else {
-        None
-    };
+    let reason = read_reason(r, flags, qty, stock_before)?;
     let seller = has(F_SELLER).then(|| r.str()).transpose()?;
     let buyer = has(F_BUYER).then(|| r.str()).transpose()?;
     let remarks = has(F_REMARKS).then(|| r.str()).transpose()?;
@@ -301,15 +328,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         false => None,
     };
     let ttl_ms = has(F_TTL).then(|| r.ivar()).transpose()?;
-    let log_pos = match has(F_LOG_POS) {
-        true => Some(LogPos {
-            partition: i32::try_from(r.ivar()?).map_err(|_| "partition out of range")?,
-            offset: r.ivar()?,
-            // Only a journal shared by several nodes fences by epoch: not kept here.
-            epoch: 0,
-        }),
-        false => None,
-    };
+    let log_pos = has(F_LOG_POS).then(|| read_log_pos(r)).transpose()?;
     let prev_seq = if has(F_PREV_SEQ) {
         r.uvar()?.checked_sub(1)
     } else {
@@ -317,12 +336,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
     };
     let per_buyer_max = has(F_PER_BUYER).then(|| r.ivar()).transpose()?;
     let return_of = has(F_RETURN_OF).then(|| r.str()).transpose()?;
-    let fp = u64::from_le_bytes(r.bytes(8)?.try_into().expect("8 bytes"));
-    if fp != fingerprint(op, &item, qty, ttl_ms) {
-        return Err(format!(
-            "fingerprint does not match the request (item {item})"
-        ));
-    }
+    check_fingerprint(r, op, &item, qty, ttl_ms)?;
     Ok(Entry {
         request_key,
         reason,
@@ -347,6 +361,77 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         e.status = status;
         e
     })
+}
+
+/// The entry's shop and item: written, or the entry before's.
+#[inline]
+fn read_names(
+    r: &mut Reader<'_>,
+    flags: u32,
+    prev: Option<&Entry>,
+) -> Result<(Arc<str>, Arc<str>), String> {
+    let has = |f: u32| flags & f != 0;
+    let shop = match (has(F_SHOP), prev) {
+        (true, _) => r.str()?,
+        (false, Some(p)) => p.shop.clone(),
+        (false, None) => return Err("the first entry names no shop".into()),
+    };
+    let item = match (has(F_ITEM), prev) {
+        (true, _) => r.str()?,
+        (false, Some(p)) => p.item.clone(),
+        (false, None) => return Err("the first entry names no item".into()),
+    };
+    Ok((shop, item))
+}
+
+/// The entry's reason: written, or the standard one made again from the quantity and
+/// the stock before.
+#[inline]
+fn read_reason(
+    r: &mut Reader<'_>,
+    flags: u32,
+    qty: i64,
+    stock_before: Option<i64>,
+) -> Result<Option<String>, String> {
+    Ok(if flags & F_REASON_STANDARD != 0 {
+        Some(standard_reason(
+            qty,
+            stock_before.ok_or("standard reason without stock")?,
+        ))
+    } else if flags & F_REASON != 0 {
+        Some(r.str()?.to_string())
+    } else {
+        None
+    })
+}
+
+/// Where the entry's request was in the request log.
+#[inline]
+fn read_log_pos(r: &mut Reader<'_>) -> Result<LogPos, String> {
+    Ok(LogPos {
+        partition: i32::try_from(r.ivar()?).map_err(|_| "partition out of range")?,
+        offset: r.ivar()?,
+        // Only a journal shared by several nodes fences by epoch: not kept here.
+        epoch: 0,
+    })
+}
+
+/// Reads the entry's fingerprint and checks it against the request it was decoded as.
+#[inline]
+fn check_fingerprint(
+    r: &mut Reader<'_>,
+    op: Op,
+    item: &str,
+    qty: i64,
+    ttl_ms: Option<i64>,
+) -> Result<(), String> {
+    let fp = u64::from_le_bytes(r.bytes(8)?.try_into().expect("8 bytes"));
+    if fp != fingerprint(op, item, qty, ttl_ms) {
+        return Err(format!(
+            "fingerprint does not match the request (item {item})"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

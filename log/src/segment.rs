@@ -115,21 +115,7 @@ pub fn scan(
     visit: impl FnMut(Record<'_>) -> Result<(), String>,
 ) -> Result<ScanEnd, LogError> {
     let segs = segments(dir)?;
-    // Segments wholly before `from` are not read (retired ones may already be gone).
-    let start = segs
-        .iter()
-        .rposition(|(first, _)| *first <= from.next_lsn.max(1))
-        .unwrap_or(0);
-    if let Some((first, _)) = segs.get(start) {
-        if from.next_lsn > 0 && *first > from.next_lsn {
-            return Err(LogError::Gap {
-                detail: format!(
-                    "the log resumes at record {first}, but the snapshot needs it from record {}",
-                    from.next_lsn
-                ),
-            });
-        }
-    }
+    let start = first_to_read(&segs, from)?;
     let unread = check_kept(&segs, start)?;
     let mut s = Scanner {
         from,
@@ -178,6 +164,27 @@ pub fn scan(
         records: s.records,
         unread,
     })
+}
+
+/// The index of the first segment a scan from `from` reads: segments wholly before
+/// `from` are not read (retired ones may already be gone). A log that resumes after
+/// `from` has a gap.
+fn first_to_read(segs: &[(u64, PathBuf)], from: Chain) -> Result<usize, LogError> {
+    let start = segs
+        .iter()
+        .rposition(|(first, _)| *first <= from.next_lsn.max(1))
+        .unwrap_or(0);
+    if let Some((first, _)) = segs.get(start) {
+        if from.next_lsn > 0 && *first > from.next_lsn {
+            return Err(LogError::Gap {
+                detail: format!(
+                    "the log resumes at record {first}, but the snapshot needs it from record {}",
+                    from.next_lsn
+                ),
+            });
+        }
+    }
+    Ok(start)
 }
 
 /// Checks every kept segment before `start` (the first one a scan reads) by its footer
