@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::orders::OrderLine;
 use crate::types::Millis;
+use crate::types::OrderLine;
 
 /// What a check-back is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

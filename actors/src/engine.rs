@@ -242,7 +242,7 @@ pub struct Engine {
     /// evicts idle WorkManagers at the bound, and takes the room it made.
     evicting: tokio::sync::Mutex<()>,
     /// Orders being settled after a processor's nudge ([`crate::orders`]).
-    settling: crate::orders::Settling,
+    settling: crate::settling::Settling,
     /// The shops' check-backs, if built with them ([`EngineBuilder::checkback`]).
     checkback: Option<Arc<dyn CheckBack>>,
 }
@@ -290,7 +290,7 @@ impl Engine {
         self.shards.topology.shares_journal()
     }
 
-    pub(crate) fn settling(&self) -> &crate::orders::Settling {
+    pub(crate) fn settling(&self) -> &crate::settling::Settling {
         &self.settling
     }
 

@@ -19,6 +19,7 @@ pub mod processor;
 pub mod reply;
 pub mod returns;
 pub mod secret;
+pub mod settling;
 pub mod shop_stats;
 pub mod shrink;
 pub mod topology;

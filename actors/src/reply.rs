@@ -11,9 +11,8 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::ports::Durable;
-use crate::types::Outcome;
-use crate::work_manager::SubmitError;
+use crate::ports::{Durable, StoreError};
+use crate::types::{Outcome, Request};
 
 /// What one request of a call ends as.
 #[derive(Debug, Clone)]
@@ -187,6 +186,19 @@ impl Deadlines {
     pub fn shrink(&mut self) {
         crate::shrink::queue(&mut self.0);
     }
+}
+
+/// Why a WorkManager did not take a call in (its reply handle gets this).
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("too many requests in flight")]
+    Overloaded,
+    /// This WorkManager has passivated: nothing of the call was taken in, and the engine
+    /// sends it to the shop's new WorkManager.
+    #[error("the shop's WorkManager passivated")]
+    Passivated(Vec<(Request, bool)>),
+    #[error(transparent)]
+    Store(StoreError),
 }
 
 #[cfg(test)]

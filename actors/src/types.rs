@@ -752,3 +752,10 @@ pub struct HoldView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buyer: Option<Arc<str>>,
 }
+
+/// One line of an order: an item and how many of it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OrderLine {
+    pub item: Arc<str>,
+    pub qty: i64,
+}

@@ -13,6 +13,7 @@ use dashmap::DashMap;
 
 use crate::metrics::Metrics;
 use crate::ports::{Journal, RequestLog, StoreError};
+pub use crate::reply::SubmitError;
 use crate::reply::{Call, Deadlines, Reply};
 use crate::types::{now_ms, Millis, Outcome, Request};
 
@@ -656,18 +657,6 @@ impl Actor for WorkManager {
                 .fetch_sub(self.recent.len(), Ordering::Relaxed);
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    #[error("too many requests in flight")]
-    Overloaded,
-    /// This WorkManager has passivated: nothing of the call was taken in, and the engine
-    /// sends it to the shop's new WorkManager.
-    #[error("the shop's WorkManager passivated")]
-    Passivated(Vec<(Request, bool)>),
-    #[error(transparent)]
-    Store(StoreError),
 }
 
 /// New requests of this shop, with whether each caller waits for the outcome, and the
