@@ -1,5 +1,8 @@
-//! The two ports the core talks through. The core never names a backend: adapters
-//! (embedded SQLite, Kafka, MongoDB) implement these traits and are chosen by
+//! The ports the core talks through: the journal's (writes, outcomes, item reads,
+//! sharing, the outbox, its lifecycle: together [`Journal`]), the request log's
+//! ([`RequestLog`]), the leases of a shared log ([`Leases`]) and the hooks a shared log
+//! gives the processors ([`LogHooks`]). The core never names a backend: adapters (the
+//! embedded journal, Kafka, MongoDB) implement these traits and are chosen by
 //! configuration at start.
 
 use std::sync::Arc;

@@ -307,7 +307,8 @@ pub struct Request {
     /// else answer [`Status::SeqMoved`] and change nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub if_seq: Option<u64>,
-    /// Adjustments only: the operator's reason code, kept as the entry's `reason`.
+    /// An adjustment's reason code from the operator, or an order record's lines (as
+    /// JSON, written by the engine); kept as the entry's `reason`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<Arc<str>>,
     /// Loads only: the item's new per-buyer limit (0 lifts it; `None` leaves it).
