@@ -345,6 +345,26 @@ fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
     Ok(v)
 }
 
+/// A setting as the flags and environment give it, else the file, else `$default`.
+macro_rules! pick {
+    ($args:ident, $file:ident, $f:ident, $default:expr) => {
+        $args.$f.clone().or($file.$f.clone()).unwrap_or($default)
+    };
+}
+
+/// A numeric setting picked as by [`pick!`], refused outside `$min..=$max` with the
+/// setting's name.
+macro_rules! bound {
+    ($args:ident, $file:ident, $f:ident, $default:expr, $min:expr, $max:expr) => {
+        in_range(
+            stringify!($f),
+            pick!($args, $file, $f, $default),
+            $min,
+            $max,
+        )
+    };
+}
+
 impl ServeArgs {
     /// Flags and environment (already merged by clap) over the file over the defaults.
     pub fn resolve(self) -> anyhow::Result<Settings> {
@@ -355,199 +375,211 @@ impl ServeArgs {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2);
-        let d = EngineConfig::default();
-        macro_rules! pick {
-            ($f:ident, $default:expr) => {
-                self.$f.clone().or(file.$f.clone()).unwrap_or($default)
-            };
-        }
-        let engine = EngineConfig {
-            shards: in_range("shards", pick!(shards, d.shards), 1, 4096)?,
-            arbiters: in_range("arbiters", pick!(arbiters, cores), 1, 256)?,
-            batch_max: in_range("batch_max", pick!(batch_max, d.batch_max), 1, 65_536)?,
-            request_ttl_ms: in_range(
-                "request_ttl_ms",
-                pick!(request_ttl_ms, d.request_ttl_ms),
-                1,
-                86_400_000,
-            )?,
-            reply_timeout_ms: in_range(
-                "reply_timeout_ms",
-                pick!(reply_timeout_ms, d.reply_timeout_ms),
-                1,
-                600_000,
-            )?,
-            inflight_max: in_range(
-                "inflight_max",
-                pick!(inflight_max, d.inflight_max),
-                1,
-                100_000_000,
-            )?,
-            shop_pending_max: in_range(
-                "shop_pending_max",
-                pick!(shop_pending_max, d.shop_pending_max),
-                1,
-                100_000_000,
-            )?,
-            outcome_cache_per_shop: in_range(
-                "outcome_cache_per_shop",
-                pick!(outcome_cache_per_shop, d.outcome_cache_per_shop),
-                0,
-                100_000_000,
-            )?,
-            outcome_cache_total: in_range(
-                "outcome_cache_total",
-                pick!(outcome_cache_total, d.outcome_cache_total),
-                0,
-                100_000_000,
-            )?,
-            shops_max: in_range("shops_max", pick!(shops_max, d.shops_max), 1, 1_000_000)?,
-            shop_idle_ms: in_range(
-                "shop_idle_ms",
-                pick!(shop_idle_ms, d.shop_idle_ms),
-                100,
-                86_400_000,
-            )?,
-            holds_max: in_range("holds_max", pick!(holds_max, d.holds_max), 1, 100_000_000)?,
-            holds_per_shop_max: in_range(
-                "holds_per_shop_max",
-                pick!(holds_per_shop_max, d.holds_per_shop_max),
-                1,
-                100_000_000,
-            )?,
-            items_max: in_range("items_max", pick!(items_max, d.items_max), 1, 1_000_000_000)?,
-            return_window_ms: in_range(
-                "return_window_days",
-                pick!(return_window_days, defaults::RETURN_WINDOW_DAYS),
-                1,
-                3_650,
-            )? as i64
-                * 86_400_000,
-        };
+        let engine = self.engine(&file, cores)?;
+        let s = &self;
         Ok(Settings {
-            listen: pick!(listen, defaults::LISTEN.to_string()),
-            data_dir: pick!(data_dir, PathBuf::from(defaults::DATA_DIR)),
+            listen: pick!(s, file, listen, defaults::LISTEN.to_string()),
+            data_dir: pick!(s, file, data_dir, PathBuf::from(defaults::DATA_DIR)),
             mongo_uri: self.mongo_uri.clone().or(file.mongo_uri.clone()),
-            kafka: match self.kafka_brokers.clone().or(file.kafka_brokers.clone()) {
-                None => None,
-                Some(brokers) => Some(nrtxn_kafka::KafkaSettings {
-                    brokers,
-                    node_id: pick!(node_id, defaults::NODE_ID),
-                    requests_topic: pick!(
-                        kafka_requests_topic,
-                        defaults::KAFKA_REQUESTS_TOPIC.to_string()
-                    ),
-                    partitions: in_range(
-                        "kafka_partitions",
-                        pick!(kafka_partitions, defaults::KAFKA_PARTITIONS),
-                        1,
-                        10_000,
-                    )?,
-                    replication: in_range(
-                        "kafka_replication",
-                        pick!(kafka_replication, defaults::KAFKA_REPLICATION),
-                        1,
-                        16,
-                    )?,
-                    readers: in_range(
-                        "kafka_readers",
-                        pick!(kafka_readers, defaults::KAFKA_READERS),
-                        1,
-                        64,
-                    )?,
-                    group: pick!(kafka_group, defaults::KAFKA_GROUP.to_string()),
-                    undecided_max: engine.inflight_max,
-                    fetch_wait_ms: in_range(
-                        "kafka_fetch_wait_ms",
-                        pick!(kafka_fetch_wait_ms, defaults::KAFKA_FETCH_WAIT_MS),
-                        1,
-                        60_000,
-                    )?,
-                    responses_topic: pick!(
-                        kafka_responses_topic,
-                        defaults::KAFKA_RESPONSES_TOPIC.to_string()
-                    ),
-                    response_partitions: {
-                        let n = in_range(
-                            "kafka_response_partitions",
-                            pick!(
-                                kafka_response_partitions,
-                                defaults::KAFKA_RESPONSE_PARTITIONS
-                            ),
-                            1,
-                            10_000,
-                        )?;
-                        let node = pick!(node_id, defaults::NODE_ID);
-                        if i64::from(node) >= i64::from(n) {
-                            bail!(
-                                "node_id: {node} is not below kafka_response_partitions ({n}): \
-                                 the responses topic has one partition per node id"
-                            );
-                        }
-                        n
-                    },
-                    events_topic: pick!(
-                        kafka_events_topic,
-                        defaults::KAFKA_EVENTS_TOPIC.to_string()
-                    ),
-                    security: self.kafka_security(&file)?,
-                }),
-            },
-            http_workers: in_range("http_workers", pick!(http_workers, cores), 1, 256)?,
-            body_timeout_ms: in_range(
-                "body_timeout_ms",
-                pick!(body_timeout_ms, defaults::BODY_TIMEOUT_MS),
+            kafka: self.kafka(&file, engine.inflight_max)?,
+            http_workers: bound!(s, file, http_workers, cores, 1, 256)?,
+            body_timeout_ms: bound!(
+                s,
+                file,
+                body_timeout_ms,
+                defaults::BODY_TIMEOUT_MS,
                 1,
-                600_000,
+                600_000
             )?,
-            body_bytes_max: in_range(
-                "body_bytes_max",
-                pick!(body_bytes_max, defaults::BODY_BYTES_MAX),
+            body_bytes_max: bound!(
+                s,
+                file,
+                body_bytes_max,
+                defaults::BODY_BYTES_MAX,
                 4 * 1024 * 1024,
-                16 * 1024 * 1024 * 1024,
+                16 * 1024 * 1024 * 1024
             )?,
-            connections_max: in_range(
-                "connections_max",
-                pick!(connections_max, defaults::CONNECTIONS_MAX),
+            connections_max: bound!(
+                s,
+                file,
+                connections_max,
+                defaults::CONNECTIONS_MAX,
                 1,
-                1_000_000,
+                1_000_000
             )?,
-            retention: nrtxn_embedded::journal::Retention {
-                key_window_ms: in_range(
-                    "key_window_secs",
-                    pick!(key_window_secs, defaults::KEY_WINDOW_SECS),
-                    1,
-                    10 * 365 * 86_400,
-                )? as i64
-                    * 1_000,
-                segment_bytes: in_range(
-                    "journal_segment_mb",
-                    pick!(journal_segment_mb, defaults::JOURNAL_SEGMENT_MB),
-                    1,
-                    1_024,
-                )? * 1024
-                    * 1024,
-                return_window_ms: engine.return_window_ms,
-            },
-            disk_free_min_bytes: in_range(
-                "disk_free_min_mb",
-                pick!(disk_free_min_mb, defaults::DISK_FREE_MIN_MB),
+            retention: self.retention(&file, engine.return_window_ms)?,
+            disk_free_min_bytes: bound!(
+                s,
+                file,
+                disk_free_min_mb,
+                defaults::DISK_FREE_MIN_MB,
                 0,
-                1 << 20,
+                1 << 20
             )? * 1024
                 * 1024,
             engine,
             edge: self.edge(&file)?,
-            log_format: pick!(log_format, LogFormat::default()),
-            outbound: nrtxn_checkback::outbound::OutboundPolicy {
-                allow_nets: pick!(check_allow_net, Vec::new())
-                    .iter()
-                    .filter(|n| !n.trim().is_empty())
-                    .map(|n| nrtxn_checkback::outbound::Net::parse(n))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| anyhow::anyhow!("check_allow_net: {e}"))?,
-                allow_http: self.check_allow_http || file.check_allow_http,
-            },
+            log_format: pick!(s, file, log_format, LogFormat::default()),
+            outbound: self.outbound(&file)?,
+        })
+    }
+
+    /// The engine's bounds.
+    fn engine(&self, file: &ServeArgs, cores: usize) -> anyhow::Result<EngineConfig> {
+        let d = EngineConfig::default();
+        let s = self;
+        Ok(EngineConfig {
+            shards: bound!(s, file, shards, d.shards, 1, 4096)?,
+            arbiters: bound!(s, file, arbiters, cores, 1, 256)?,
+            batch_max: bound!(s, file, batch_max, d.batch_max, 1, 65_536)?,
+            request_ttl_ms: bound!(s, file, request_ttl_ms, d.request_ttl_ms, 1, 86_400_000)?,
+            reply_timeout_ms: bound!(s, file, reply_timeout_ms, d.reply_timeout_ms, 1, 600_000)?,
+            inflight_max: bound!(s, file, inflight_max, d.inflight_max, 1, 100_000_000)?,
+            shop_pending_max: bound!(
+                s,
+                file,
+                shop_pending_max,
+                d.shop_pending_max,
+                1,
+                100_000_000
+            )?,
+            outcome_cache_per_shop: bound!(
+                s,
+                file,
+                outcome_cache_per_shop,
+                d.outcome_cache_per_shop,
+                0,
+                100_000_000
+            )?,
+            outcome_cache_total: bound!(
+                s,
+                file,
+                outcome_cache_total,
+                d.outcome_cache_total,
+                0,
+                100_000_000
+            )?,
+            shops_max: bound!(s, file, shops_max, d.shops_max, 1, 1_000_000)?,
+            shop_idle_ms: bound!(s, file, shop_idle_ms, d.shop_idle_ms, 100, 86_400_000)?,
+            holds_max: bound!(s, file, holds_max, d.holds_max, 1, 100_000_000)?,
+            holds_per_shop_max: bound!(
+                s,
+                file,
+                holds_per_shop_max,
+                d.holds_per_shop_max,
+                1,
+                100_000_000
+            )?,
+            items_max: bound!(s, file, items_max, d.items_max, 1, 1_000_000_000)?,
+            return_window_ms: bound!(
+                s,
+                file,
+                return_window_days,
+                defaults::RETURN_WINDOW_DAYS,
+                1,
+                3_650
+            )? as i64
+                * 86_400_000,
+        })
+    }
+
+    /// Kafka's settings, when brokers are named (else the embedded request log).
+    fn kafka(
+        &self,
+        file: &ServeArgs,
+        inflight_max: usize,
+    ) -> anyhow::Result<Option<nrtxn_kafka::KafkaSettings>> {
+        let Some(brokers) = self.kafka_brokers.clone().or(file.kafka_brokers.clone()) else {
+            return Ok(None);
+        };
+        use defaults::*;
+        let s = self;
+        let node = pick!(s, file, node_id, NODE_ID);
+        let response_partitions = bound!(
+            s,
+            file,
+            kafka_response_partitions,
+            KAFKA_RESPONSE_PARTITIONS,
+            1,
+            10_000
+        )?;
+        if i64::from(node) >= i64::from(response_partitions) {
+            bail!(
+                "node_id: {node} is not below kafka_response_partitions ({response_partitions}): \
+                 the responses topic has one partition per node id"
+            );
+        }
+        Ok(Some(nrtxn_kafka::KafkaSettings {
+            brokers,
+            node_id: node,
+            requests_topic: pick!(
+                s,
+                file,
+                kafka_requests_topic,
+                KAFKA_REQUESTS_TOPIC.to_string()
+            ),
+            partitions: bound!(s, file, kafka_partitions, KAFKA_PARTITIONS, 1, 10_000)?,
+            replication: bound!(s, file, kafka_replication, KAFKA_REPLICATION, 1, 16)?,
+            readers: bound!(s, file, kafka_readers, KAFKA_READERS, 1, 64)?,
+            group: pick!(s, file, kafka_group, KAFKA_GROUP.to_string()),
+            undecided_max: inflight_max,
+            fetch_wait_ms: bound!(s, file, kafka_fetch_wait_ms, KAFKA_FETCH_WAIT_MS, 1, 60_000)?,
+            responses_topic: pick!(
+                s,
+                file,
+                kafka_responses_topic,
+                KAFKA_RESPONSES_TOPIC.to_string()
+            ),
+            response_partitions,
+            events_topic: pick!(s, file, kafka_events_topic, KAFKA_EVENTS_TOPIC.to_string()),
+            security: self.kafka_security(file)?,
+        }))
+    }
+
+    /// How long keys and sales are kept, and the log's segment size.
+    fn retention(
+        &self,
+        file: &ServeArgs,
+        return_window_ms: i64,
+    ) -> anyhow::Result<nrtxn_embedded::journal::Retention> {
+        let s = self;
+        Ok(nrtxn_embedded::journal::Retention {
+            key_window_ms: bound!(
+                s,
+                file,
+                key_window_secs,
+                defaults::KEY_WINDOW_SECS,
+                1,
+                10 * 365 * 86_400
+            )? as i64
+                * 1_000,
+            segment_bytes: bound!(
+                s,
+                file,
+                journal_segment_mb,
+                defaults::JOURNAL_SEGMENT_MB,
+                1,
+                1_024
+            )? * 1024
+                * 1024,
+            return_window_ms,
+        })
+    }
+
+    /// Where check-backs and alerts may call.
+    fn outbound(
+        &self,
+        file: &ServeArgs,
+    ) -> anyhow::Result<nrtxn_checkback::outbound::OutboundPolicy> {
+        let s = self;
+        Ok(nrtxn_checkback::outbound::OutboundPolicy {
+            allow_nets: pick!(s, file, check_allow_net, Vec::new())
+                .iter()
+                .filter(|n| !n.trim().is_empty())
+                .map(|n| nrtxn_checkback::outbound::Net::parse(n))
+                .collect::<Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("check_allow_net: {e}"))?,
+            allow_http: self.check_allow_http || file.check_allow_http,
         })
     }
 }

@@ -82,6 +82,12 @@ pub fn generate(name: Option<&str>, shop: Option<&str>, role: Role) -> anyhow::R
         .map_err(|e| anyhow::anyhow!("cannot read the OS random number generator: {e}"))?;
     let id = hex::encode(id);
     let secret = format!("{SECRET_PREFIX}{id}_{}", hex::encode(random));
+    // What the key is written as is what the access check reads: its id from the secret.
+    assert_eq!(
+        nrtxn_api::auth::secret_id(&secret),
+        Some(id.as_str()),
+        "a generated secret must name its key's id"
+    );
     Ok(NewKey {
         record: KeyRecord {
             key: AccessKey {
@@ -266,9 +272,14 @@ impl KeyStore {
 
     /// The unrevoked keys, as a server checks them.
     pub async fn active(&self) -> anyhow::Result<KeySet> {
-        Ok(KeySet::new(
-            self.list(false).await?.into_iter().map(|r| r.key),
-        ))
+        let keys = self.list(false).await?;
+        // What the store answers is what the gate lets in: a revoked key here would be
+        // accepted again until the next reload.
+        assert!(
+            keys.iter().all(|r| r.revoked_at.is_none()),
+            "the key store listed a revoked key as active"
+        );
+        Ok(KeySet::new(keys.into_iter().map(|r| r.key)))
     }
 
     /// Marks `id` revoked at `now`; a revoked key stays listed with `--all`.

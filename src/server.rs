@@ -8,13 +8,15 @@ use std::time::Duration;
 use actix_web::middleware::{from_fn, Condition};
 use actix_web::{web, App, HttpServer};
 use anyhow::{bail, Context};
-use nrtxn_actors::{EngineBuilder, Journal, Leases, Lifecycle, Metrics, RequestLog, Topology};
+use nrtxn_actors::{
+    EngineBuilder, Journal, JournalWriters, Leases, Lifecycle, Metrics, RequestLog, Topology,
+};
 use nrtxn_api::auth::{Gate, KeySet, OpenWhenNoKey, ShopRateLimiter};
 use nrtxn_api::validate::{utf8_paths, BodyLimits};
 use nrtxn_api::{configure, count_requests, AppState};
 
 use crate::config::{EdgeSettings, Settings};
-use crate::keys::KeyReloader;
+use crate::keys::{KeyReloader, KeyReloaderStarting};
 use nrtxn_embedded::journal::LogJournal;
 use nrtxn_embedded::request_log::{EmbeddedLog, RequestStore};
 use nrtxn_embedded::views::SqliteStore;
@@ -132,65 +134,72 @@ fn tls_config(cert: &Path, key: &Path) -> anyhow::Result<rustls::ServerConfig> {
         })
 }
 
-/// Runs until SIGINT or SIGTERM, then stops accepting, lets the requests in flight be
-/// answered, flushes every shard's batches to the journal and closes it. Call inside an
-/// actix system.
-pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    // Room on the disk first: even reading the access keys writes (SQLite's WAL).
-    nrtxn_log::space::check_at_start(&settings.data_dir, settings.disk_free_min_bytes)?;
-    // Access keys and TLS first: a server that may not start should say so before it
-    // spends a recovery.
-    let (keys, reloader) = KeyReloader::start(&settings.data_dir, settings.mongo_uri.as_deref())
-        .context("cannot read the access keys")?;
-    let listen_addrs = resolve("listen", &settings.listen)?;
-    let loopback = all_loopback(&listen_addrs);
-    let open = open_when_no_key(&settings.listen, loopback, &settings.edge, &keys)?;
-    let metrics_addrs = match &settings.edge.metrics_listen {
-        Some(addr) => {
-            let addrs = resolve("metrics_listen", addr)?;
-            check_metrics_listen(&addrs, &settings.edge)?;
-            Some(addrs)
-        }
-        None => None,
-    };
-    let tls = match &settings.edge.tls {
-        Some((cert, key)) => Some(tls_config(cert, key)?),
-        None => None,
-    };
-    let gate = Arc::new(Gate::new(
-        keys,
-        open,
-        settings
+/// What the HTTP front needs, checked before any recovery: a server that may not start
+/// (no key off loopback, an address that does not resolve, an unreadable certificate)
+/// says so before it spends one.
+struct Front {
+    gate: Arc<Gate>,
+    listen_addrs: Vec<SocketAddr>,
+    /// Every listen address is a loopback one.
+    loopback: bool,
+    metrics_addrs: Option<Vec<SocketAddr>>,
+    tls: Option<rustls::ServerConfig>,
+}
+
+impl Front {
+    /// The front, and the reloader of its keys (run once serving starts).
+    fn check(settings: &Settings) -> anyhow::Result<(Front, KeyReloaderStarting)> {
+        let (keys, reloader) =
+            KeyReloader::start(&settings.data_dir, settings.mongo_uri.as_deref())
+                .context("cannot read the access keys")?;
+        let listen_addrs = resolve("listen", &settings.listen)?;
+        let loopback = all_loopback(&listen_addrs);
+        let open = open_when_no_key(&settings.listen, loopback, &settings.edge, &keys)?;
+        let metrics_addrs = match &settings.edge.metrics_listen {
+            Some(addr) => {
+                let addrs = resolve("metrics_listen", addr)?;
+                check_metrics_listen(&addrs, &settings.edge)?;
+                Some(addrs)
+            }
+            None => None,
+        };
+        let tls = match &settings.edge.tls {
+            Some((cert, key)) => Some(tls_config(cert, key)?),
+            None => None,
+        };
+        let limiter = settings
             .edge
             .shop_rate
-            .map(|(rate_per_s, burst)| ShopRateLimiter::new(rate_per_s, burst)),
-    ));
-    let metrics = Arc::new(Metrics::new());
-    crate::memory::start_gauges(&metrics);
-    // The data dir always holds the request log's durable part (fire-and-forget
-    // requests): in the embedded journal's log, or beside a MongoDB journal in SQLite.
-    let cannot_open = || format!("data_dir: cannot open {}", settings.data_dir.display());
-    let mut side_store = None;
-    let mut leases: Option<Arc<dyn Leases>> = None;
-    // The floor holds from the first write on, recovery's included (`crate::space`).
-    let space = nrtxn_log::space::Space::new(&settings.data_dir, settings.disk_free_min_bytes);
-    let (journal, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = match &settings.mongo_uri
-    {
-        Some(uri) => {
-            let journal = MongoJournal::open(
-                uri,
-                settings.kafka.as_ref().map_or(0, |k| k.node_id),
-                settings.engine.shards * nrtxn_actors::processor::BATCHES_IN_FLIGHT_MAX,
-                metrics.clone(),
-            )
-            .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
-            let store = SqliteStore::open_in(&settings.data_dir, metrics.clone(), space.clone())
-                .with_context(cannot_open)?;
-            side_store = Some(store.clone());
-            leases = Some(journal.clone());
-            (journal, store)
-        }
-        None => {
+            .map(|(rate_per_s, burst)| ShopRateLimiter::new(rate_per_s, burst));
+        let front = Front {
+            gate: Arc::new(Gate::new(keys, open, limiter)),
+            listen_addrs,
+            loopback,
+            metrics_addrs,
+            tls,
+        };
+        Ok((front, reloader))
+    }
+}
+
+/// The journal and where the request log keeps fire-and-forget requests: the data dir
+/// always holds the latter, in the embedded journal's log, or beside a MongoDB journal
+/// in SQLite (the side store).
+struct Storage {
+    journal: Arc<dyn Journal>,
+    log_store: Arc<dyn RequestStore>,
+    side_store: Option<Arc<SqliteStore>>,
+    leases: Option<Arc<dyn Leases>>,
+}
+
+impl Storage {
+    fn open(
+        settings: &Settings,
+        metrics: &Arc<Metrics>,
+        space: &Arc<nrtxn_log::space::Space>,
+    ) -> anyhow::Result<Storage> {
+        let cannot_open = || format!("data_dir: cannot open {}", settings.data_dir.display());
+        let Some(uri) = &settings.mongo_uri else {
             let journal = LogJournal::open_in(
                 &settings.data_dir,
                 metrics.clone(),
@@ -198,15 +207,71 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
                 space.clone(),
             )
             .with_context(cannot_open)?;
-            (journal.clone(), journal)
-        }
+            return Ok(Storage {
+                journal: journal.clone(),
+                log_store: journal,
+                side_store: None,
+                leases: None,
+            });
+        };
+        let journal = MongoJournal::open(
+            uri,
+            settings.kafka.as_ref().map_or(0, |k| k.node_id),
+            settings.engine.shards * nrtxn_actors::processor::BATCHES_IN_FLIGHT_MAX,
+            metrics.clone(),
+        )
+        .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
+        let store = SqliteStore::open_in(&settings.data_dir, metrics.clone(), space.clone())
+            .with_context(cannot_open)?;
+        Ok(Storage {
+            journal: journal.clone(),
+            log_store: store.clone(),
+            side_store: Some(store),
+            leases: Some(journal),
+        })
+    }
+}
+
+/// With Kafka, its producer and the processors' hooks, made before the shards start, so
+/// every shard knows from its first tick that its requests and its holds' expiries go
+/// through a log several nodes share; the readers start once the shards run.
+fn topology(
+    settings: &Settings,
+    stages: nrtxn_actors::metrics::Stages,
+) -> anyhow::Result<(Option<nrtxn_kafka::PreparedKafka>, Topology)> {
+    let Some(k) = settings.kafka.clone() else {
+        return Ok((None, Topology::Alone));
     };
-    let journal_is_store = settings.mongo_uri.is_none();
+    let prepared =
+        KafkaLog::prepare(k, stages).context("kafka_brokers: cannot start the request log")?;
+    // MongoDB is one journal every node writes; the embedded one is this node's.
+    let writers = match settings.mongo_uri {
+        Some(_) => JournalWriters::AllNodes,
+        None => JournalWriters::ThisNode,
+    };
+    let topology = Topology::shared(prepared.hooks(), writers);
+    Ok((Some(prepared), topology))
+}
+
+/// Runs until SIGINT or SIGTERM, then stops accepting, lets the requests in flight be
+/// answered, flushes every shard's batches to the journal and closes it. Call inside an
+/// actix system.
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    // Room on the disk first: even reading the access keys writes (SQLite's WAL).
+    nrtxn_log::space::check_at_start(&settings.data_dir, settings.disk_free_min_bytes)?;
+    let (front, reloader) = Front::check(&settings)?;
+    let metrics = Arc::new(Metrics::new());
+    crate::memory::start_gauges(&metrics);
+    // The floor holds from the first write on, recovery's included (`crate::space`).
+    let space = nrtxn_log::space::Space::new(&settings.data_dir, settings.disk_free_min_bytes);
+    let Storage {
+        journal,
+        log_store,
+        side_store,
+        leases,
+    } = Storage::open(&settings, &metrics, &space)?;
+    let journal_is_store = side_store.is_none();
     let outbox = journal.clone();
-    let feed_journal: Arc<dyn nrtxn_actors::Outbox> = journal.clone();
-    let kafka = settings.kafka.clone();
-    let stages = metrics.stage.clone();
-    let mut log_error = None;
     // Shops' check-backs before an expiry: their settings, and the calls to the shops.
     // Given to the engine as it is built, before any hold it recovers can come due.
     let checks = Arc::new(nrtxn_checkback::HttpCheckBack::start(
@@ -216,19 +281,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.outbound.clone(),
         space.clone(),
     )?);
-    // With Kafka, its producer and the processors' hooks are made before the shards
-    // start, so every shard knows from its first tick that its requests and its holds'
-    // expiries go through a log several nodes share; the readers start once the shards
-    // run.
-    let (kafka, topology) = match kafka {
-        None => (None, Topology::Alone),
-        Some(k) => {
-            let prepared = KafkaLog::prepare(k, stages)
-                .context("kafka_brokers: cannot start the request log")?;
-            let topology = Topology::shared(prepared.hooks(), journal.shared());
-            (Some(prepared), topology)
-        }
-    };
+    let (kafka, topology) = topology(&settings, metrics.stage.clone())?;
+    let mut log_error = None;
     let engine = EngineBuilder::new(settings.engine.clone(), journal, metrics)
         .topology(topology)
         .checkback(checks.clone())
@@ -247,135 +301,165 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .context("recovery failed")?;
     // From here on every exit, the error paths' too, goes through `stop_node` below:
     // the engine is drained and shut down however serving ends.
-    let mut relay = None;
-    let mut metrics_server = None;
-    let served: anyhow::Result<()> = async {
-        if let Some(e) = log_error {
-            return Err(e).context("kafka_brokers: cannot start the request log");
-        }
-        // With Kafka, every committed event is also published to the events topic.
-        if let Some(k) = &settings.kafka {
-            relay = Some(
-                EventsRelay::start(k, outbox, engine.metrics().clone())
-                    .context("kafka_events_topic: cannot start the outbox relay")?,
-            );
-        }
-        // The push stream reads the events topic with several nodes (each node's relay
-        // writes its own events there), else this node's journal in commit order.
-        let feed: Arc<dyn nrtxn_actors::EventFeed> = match &settings.kafka {
-            Some(k) => Arc::new(nrtxn_kafka::TopicFeed {
-                security: k.security.clone(),
-                brokers: k.brokers.clone(),
-                topic: k.events_topic.clone(),
-            }),
-            None => Arc::new(crate::stream::JournalFeed {
-                journal: feed_journal,
-            }),
-        };
-        // Its cursors sealed: opaque, and bound to their shop (see `CursorKey`).
-        let cursor_key = crate::stream::CursorKey::load_or_make(
-            &settings.data_dir,
-            settings.mongo_uri.as_deref(),
-        )
-        .await?;
-        let feed: Arc<dyn nrtxn_actors::EventFeed> = Arc::new(crate::stream::SealedFeed {
-            inner: feed,
-            key: cursor_key,
-        });
-        let state = web::Data::new(AppState {
-            engine: engine.clone(),
-            feed: Some(feed),
-            streams_per_shop_max: settings.edge.streams_per_shop_max,
-        });
-        let _reloader = reloader.run(gate.clone());
-        // `/metrics` without a key, on an address of its own (a scraper on a private
-        // network); bound before the main address is announced, so that once a caller reads
-        // that line this one is there too.
-        if let Some(addrs) = metrics_addrs {
-            {
-                let state = state.clone();
-                // Keyless here always: on loopback, only for names of this machine (see
-                // `nrtxn_api::host`); the guard reads no gate, so it counts as open.
-                let on_loopback = all_loopback(&addrs);
-                let server = HttpServer::new(move || {
-                    App::new()
-                        .app_data(state.clone())
-                        .wrap(Condition::new(
-                            on_loopback,
-                            from_fn(nrtxn_api::host::loopback_host_only),
-                        ))
-                        .route("/metrics", web::get().to(nrtxn_api::health::metrics))
-                })
-                .workers(1)
-                .disable_signals()
-                .bind(addrs.as_slice())
-                .with_context(|| format!("metrics_listen: cannot bind {addrs:?}"))?;
-                for addr in server.addrs() {
-                    println!("nrtxn metrics on http://{addr}/metrics");
-                }
-                let server = server.run();
-                metrics_server = Some(server.handle());
-                actix_web::rt::spawn(server);
-            }
-        }
-        // Callers waiting for an outcome get it or their 504 within the reply timeout; the
-        // server waits that long (plus a margin) for them before it closes connections.
-        let grace_secs = settings.engine.reply_timeout_ms.div_ceil(1000) + 1;
-        let body_limits = web::Data::new(BodyLimits::new(
-            Duration::from_millis(settings.body_timeout_ms),
-            settings.body_bytes_max,
-        ));
-        let gate_data = web::Data::from(gate);
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(state.clone())
-                .app_data(body_limits.clone())
-                .app_data(gate_data.clone())
-                // The access check runs inside the counting, so refusals are counted too,
-                // and after the path check, so it reads shop names that decode to UTF-8.
-                .wrap(from_fn(nrtxn_api::auth::check))
-                // Without keys on loopback, only requests for this machine's names.
-                .wrap(Condition::new(
-                    loopback,
-                    from_fn(nrtxn_api::host::loopback_host_only),
-                ))
-                .wrap(from_fn(utf8_paths))
-                .wrap(from_fn(count_requests))
-                // Outermost: every line logged while a request is served, refusals included,
-                // carries its span.
-                .wrap(from_fn(nrtxn_api::trace::request_span))
-                .configure(configure)
-        })
-        .workers(settings.http_workers)
-        // A client's EOF ends its connection at once. With half-closed connections allowed
-        // (actix's default) a client that went away was noticed only when a write to it
-        // failed: an idle event stream it closed kept its reader thread, its Kafka consumer
-        // and one of the node's 64 stream slots until the next keep-alive comment (15 s), so
-        // a client reconnecting in a loop ran the node out of streams (tests/stream.rs).
-        // HTTP clients do not half-close a connection to wait for the answer.
-        .h1_allow_half_closed(false)
-        // actix-web's bound is per worker.
-        .max_connections(settings.connections_max.div_ceil(settings.http_workers))
-        .shutdown_timeout(grace_secs);
-        let (server, scheme) = match tls {
-            Some(tls) => (
-                server.bind_rustls_0_23(listen_addrs.as_slice(), tls),
-                "https",
-            ),
-            None => (server.bind(listen_addrs.as_slice()), "http"),
-        };
-        let server = server.with_context(|| format!("listen: cannot bind {}", settings.listen))?;
-        for addr in server.addrs() {
-            // Tests and scripts read the bound port from this line.
-            println!("nrtxn listening on {scheme}://{addr}");
-        }
-        tracing::info!(data_dir = %settings.data_dir.display(), "serving");
-        server.run().await.context("http server")
-    }
-    .await;
-    stop_node(&engine, relay, metrics_server, &space, side_store).await;
+    let mut running = Running::default();
+    let served = match log_error {
+        Some(e) => Err(e).context("kafka_brokers: cannot start the request log"),
+        None => serve(&settings, (front, reloader), &engine, outbox, &mut running).await,
+    };
+    stop_node(&engine, running, &space, side_store).await;
     checks.close();
     served
+}
+
+/// What [`serve`] started that [`stop_node`] stops, whatever the way out.
+#[derive(Default)]
+struct Running {
+    relay: Option<EventsRelay>,
+    metrics_server: Option<actix_web::dev::ServerHandle>,
+}
+
+/// Serves HTTP on a built engine until SIGINT or SIGTERM: the outbox relay (with Kafka),
+/// the push stream's feed, `/metrics` on its own address if asked, then the API.
+async fn serve(
+    settings: &Settings,
+    (front, reloader): (Front, KeyReloaderStarting),
+    engine: &Arc<nrtxn_actors::Engine>,
+    outbox: Arc<dyn Journal>,
+    running: &mut Running,
+) -> anyhow::Result<()> {
+    // With Kafka, every committed event is also published to the events topic.
+    if let Some(k) = &settings.kafka {
+        running.relay = Some(
+            EventsRelay::start(k, outbox.clone(), engine.metrics().clone())
+                .context("kafka_events_topic: cannot start the outbox relay")?,
+        );
+    }
+    let state = web::Data::new(AppState {
+        engine: engine.clone(),
+        feed: Some(event_feed(settings, outbox).await?),
+        streams_per_shop_max: settings.edge.streams_per_shop_max,
+    });
+    let _reloader = reloader.run(front.gate.clone());
+    // Bound before the main address is announced, so that once a caller reads that line
+    // this one is there too.
+    if let Some(addrs) = &front.metrics_addrs {
+        running.metrics_server = Some(serve_metrics(addrs, &state)?);
+    }
+    serve_api(settings, front, state).await
+}
+
+/// The push stream's feed: the events topic with several nodes (each node's relay
+/// writes its own events there), else this node's journal in commit order; its cursors
+/// sealed, opaque and bound to their shop (see `CursorKey`).
+async fn event_feed(
+    settings: &Settings,
+    journal: Arc<dyn Journal>,
+) -> anyhow::Result<Arc<dyn nrtxn_actors::EventFeed>> {
+    let feed: Arc<dyn nrtxn_actors::EventFeed> = match &settings.kafka {
+        Some(k) => Arc::new(nrtxn_kafka::TopicFeed {
+            security: k.security.clone(),
+            brokers: k.brokers.clone(),
+            topic: k.events_topic.clone(),
+        }),
+        None => Arc::new(crate::stream::JournalFeed { journal }),
+    };
+    let key =
+        crate::stream::CursorKey::load_or_make(&settings.data_dir, settings.mongo_uri.as_deref())
+            .await?;
+    Ok(Arc::new(crate::stream::SealedFeed { inner: feed, key }))
+}
+
+/// `/metrics` without a key, on an address of its own (a scraper on a private network).
+/// Keyless here always: on loopback, only for names of this machine (see
+/// `nrtxn_api::host`); the guard reads no gate, so it counts as open.
+fn serve_metrics(
+    addrs: &[SocketAddr],
+    state: &web::Data<AppState>,
+) -> anyhow::Result<actix_web::dev::ServerHandle> {
+    let state = state.clone();
+    let on_loopback = all_loopback(addrs);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(Condition::new(
+                on_loopback,
+                from_fn(nrtxn_api::host::loopback_host_only),
+            ))
+            .route("/metrics", web::get().to(nrtxn_api::health::metrics))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(addrs)
+    .with_context(|| format!("metrics_listen: cannot bind {addrs:?}"))?;
+    for addr in server.addrs() {
+        println!("nrtxn metrics on http://{addr}/metrics");
+    }
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    Ok(handle)
+}
+
+/// The API on `listen`, until SIGINT or SIGTERM.
+async fn serve_api(
+    settings: &Settings,
+    front: Front,
+    state: web::Data<AppState>,
+) -> anyhow::Result<()> {
+    // Callers waiting for an outcome get it or their 504 within the reply timeout; the
+    // server waits that long (plus a margin) for them before it closes connections.
+    let grace_secs = settings.engine.reply_timeout_ms.div_ceil(1000) + 1;
+    let body_limits = web::Data::new(BodyLimits::new(
+        Duration::from_millis(settings.body_timeout_ms),
+        settings.body_bytes_max,
+    ));
+    let gate_data = web::Data::from(front.gate);
+    let loopback = front.loopback;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(body_limits.clone())
+            .app_data(gate_data.clone())
+            // The access check runs inside the counting, so refusals are counted too, and
+            // after the path check, so it reads shop names that decode to UTF-8.
+            .wrap(from_fn(nrtxn_api::auth::check))
+            // Without keys on loopback, only requests for this machine's names.
+            .wrap(Condition::new(
+                loopback,
+                from_fn(nrtxn_api::host::loopback_host_only),
+            ))
+            .wrap(from_fn(utf8_paths))
+            .wrap(from_fn(count_requests))
+            // Outermost: every line logged while a request is served, refusals included,
+            // carries its span.
+            .wrap(from_fn(nrtxn_api::trace::request_span))
+            .configure(configure)
+    })
+    .workers(settings.http_workers)
+    // A client's EOF ends its connection at once. With half-closed connections allowed
+    // (actix's default) a client that went away was noticed only when a write to it
+    // failed: an idle event stream it closed kept its reader thread, its Kafka consumer
+    // and one of the node's 64 stream slots until the next keep-alive comment (15 s), so a
+    // client reconnecting in a loop ran the node out of streams (tests/stream.rs). HTTP
+    // clients do not half-close a connection to wait for the answer.
+    .h1_allow_half_closed(false)
+    // actix-web's bound is per worker.
+    .max_connections(settings.connections_max.div_ceil(settings.http_workers))
+    .shutdown_timeout(grace_secs);
+    let (server, scheme) = match front.tls {
+        Some(tls) => (
+            server.bind_rustls_0_23(front.listen_addrs.as_slice(), tls),
+            "https",
+        ),
+        None => (server.bind(front.listen_addrs.as_slice()), "http"),
+    };
+    let server = server.with_context(|| format!("listen: cannot bind {}", settings.listen))?;
+    for addr in server.addrs() {
+        // Tests and scripts read the bound port from this line.
+        println!("nrtxn listening on {scheme}://{addr}");
+    }
+    tracing::info!(data_dir = %settings.data_dir.display(), "serving");
+    server.run().await.context("http server")
 }
 
 /// Stops a node whose engine was built, on every path out of [`run`]: the metrics
@@ -384,11 +468,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 /// journal, the outbox relay stops, then the engine and the side store.
 async fn stop_node(
     engine: &nrtxn_actors::Engine,
-    relay: Option<EventsRelay>,
-    metrics_server: Option<actix_web::dev::ServerHandle>,
+    running: Running,
     space: &nrtxn_log::space::Space,
     side_store: Option<Arc<SqliteStore>>,
 ) {
+    let Running {
+        relay,
+        metrics_server,
+    } = running;
     if let Some(handle) = metrics_server {
         handle.stop(true).await;
     }

@@ -176,6 +176,10 @@ impl CursorKey {
     /// The cursor handed to `shop` for the feed's cursor `inner`.
     pub fn seal(&self, shop: &str, inner: &str) -> String {
         // Padded with NULs, which no feed's cursor holds.
+        assert!(
+            !inner.contains('\0'),
+            "a feed's cursor holds a NUL: {inner:?}"
+        );
         let mut body = inner.as_bytes().to_vec();
         body.resize(body.len().div_ceil(PAD_BYTES).max(1) * PAD_BYTES, 0);
         let tag = self.tag(shop, &body);
@@ -184,6 +188,11 @@ impl CursorKey {
         out.push_str(SEALED_PREFIX);
         out.push_str(&hex::encode(tag));
         out.push_str(&hex::encode(body));
+        debug_assert_eq!(
+            self.open(shop, &out).as_deref(),
+            Some(inner),
+            "a sealed cursor opens to what was sealed"
+        );
         out
     }
 
@@ -222,69 +231,12 @@ impl CursorKey {
         data_dir: &std::path::Path,
         mongo_uri: Option<&str>,
     ) -> anyhow::Result<CursorKey> {
-        use anyhow::Context;
         let mut fresh = [0u8; 32];
         getrandom::fill(&mut fresh)
             .map_err(|e| anyhow::anyhow!("cannot read the OS random number generator: {e}"))?;
         let hex_key = match mongo_uri {
-            Some(uri) => {
-                use mongodb::bson::{doc, Document};
-                let shown = nrtxn_mongo::redact_uri(uri);
-                let secrets = nrtxn_mongo::mongo_database(uri)
-                    .await?
-                    .collection::<Document>(SECRETS_COLLECTION);
-                // Whoever inserts first made the key; the others read it.
-                if let Err(e) = secrets
-                    .insert_one(doc! { "_id": CURSOR_KEY_ID, "key": hex::encode(fresh) })
-                    .await
-                {
-                    let duplicate = nrtxn_mongo::is_duplicate(&e);
-                    if !duplicate {
-                        return Err(e).with_context(|| {
-                            format!("mongo_uri: cannot write the stream's cursor key to {shown}")
-                        });
-                    }
-                }
-                let found = secrets
-                    .find_one(doc! { "_id": CURSOR_KEY_ID })
-                    .await
-                    .with_context(|| {
-                        format!("mongo_uri: cannot read the stream's cursor key from {shown}")
-                    })?;
-                found
-                    .and_then(|d| d.get_str("key").ok().map(str::to_string))
-                    .with_context(|| format!("mongo_uri: no stream cursor key in {shown}"))?
-            }
-            None => {
-                use std::io::Write;
-                use std::os::unix::fs::OpenOptionsExt;
-                let path = data_dir.join(CURSOR_KEY_FILE);
-                std::fs::create_dir_all(data_dir)
-                    .with_context(|| format!("data_dir: cannot create {}", data_dir.display()))?;
-                match std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)
-                {
-                    Ok(mut f) => {
-                        f.write_all(hex::encode(fresh).as_bytes())
-                            .and_then(|()| f.sync_all())
-                            .with_context(|| {
-                                format!("data_dir: cannot write {}", path.display())
-                            })?;
-                        hex::encode(fresh)
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                        std::fs::read_to_string(&path)
-                            .with_context(|| format!("data_dir: cannot read {}", path.display()))?
-                    }
-                    Err(e) => {
-                        return Err(e)
-                            .with_context(|| format!("data_dir: cannot create {}", path.display()))
-                    }
-                }
-            }
+            Some(uri) => key_in_mongo(uri, &fresh).await?,
+            None => key_in_file(data_dir, &fresh)?,
         };
         let bytes = hex::decode(hex_key.trim()).ok().filter(|b| b.len() == 32);
         let Some(bytes) = bytes else {
@@ -293,6 +245,61 @@ impl CursorKey {
         let mut key = [0u8; 32];
         key.copy_from_slice(&bytes);
         Ok(CursorKey(key))
+    }
+}
+
+/// The cursor key kept in MongoDB, shared by every node: whoever inserts first made it
+/// (`fresh`), the others read it.
+async fn key_in_mongo(uri: &str, fresh: &[u8; 32]) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use mongodb::bson::{doc, Document};
+    let shown = nrtxn_mongo::redact_uri(uri);
+    let secrets = nrtxn_mongo::mongo_database(uri)
+        .await?
+        .collection::<Document>(SECRETS_COLLECTION);
+    if let Err(e) = secrets
+        .insert_one(doc! { "_id": CURSOR_KEY_ID, "key": hex::encode(fresh) })
+        .await
+    {
+        if !nrtxn_mongo::is_duplicate(&e) {
+            return Err(e).with_context(|| {
+                format!("mongo_uri: cannot write the stream's cursor key to {shown}")
+            });
+        }
+    }
+    let found = secrets
+        .find_one(doc! { "_id": CURSOR_KEY_ID })
+        .await
+        .with_context(|| format!("mongo_uri: cannot read the stream's cursor key from {shown}"))?;
+    found
+        .and_then(|d| d.get_str("key").ok().map(str::to_string))
+        .with_context(|| format!("mongo_uri: no stream cursor key in {shown}"))
+}
+
+/// The cursor key in the data dir (mode 0600): made from `fresh` and synced if there is
+/// none, else read.
+fn key_in_file(data_dir: &std::path::Path, fresh: &[u8; 32]) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(CURSOR_KEY_FILE);
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("data_dir: cannot create {}", data_dir.display()))?;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(mut f) => {
+            f.write_all(hex::encode(fresh).as_bytes())
+                .and_then(|()| f.sync_all())
+                .with_context(|| format!("data_dir: cannot write {}", path.display()))?;
+            Ok(hex::encode(fresh))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read_to_string(&path)
+            .with_context(|| format!("data_dir: cannot read {}", path.display())),
+        Err(e) => Err(e).with_context(|| format!("data_dir: cannot create {}", path.display())),
     }
 }
 

@@ -137,11 +137,6 @@ impl Dispatcher {
         shard_of(shop, item, self.shards.len())
     }
 
-    /// Whether requests come through a log several nodes share.
-    pub fn shared_log(&self) -> bool {
-        self.topology.log().is_some()
-    }
-
     /// Hands outcomes decided on another node to this node's WorkManagers, which hold
     /// their reply handles. Outcomes of shops without one here are dropped: nobody here
     /// waits for them, and they are in the journal.
@@ -227,6 +222,10 @@ pub use crate::types::shard_of;
 pub struct Engine {
     cfg: EngineConfig,
     deps: Arc<Deps>,
+    /// The journal: the engine reads items, holds and events from it for callers, and
+    /// closes it at shutdown. Its actors hold only the ports they call ([`Deps`],
+    /// [`ShardShared`]).
+    journal: Arc<dyn Journal>,
     registry: Registry,
     arbiters: Vec<ArbiterHandle>,
     /// Owned so the arbiter threads live as long as the engine.
@@ -313,7 +312,7 @@ impl Engine {
         shop: &Arc<str>,
         hold_ids: Vec<Arc<str>>,
     ) -> Result<Vec<Option<HoldView>>, EngineError> {
-        let (journal, shop) = (self.deps.journal.clone(), shop.clone());
+        let (journal, shop) = (self.journal.clone(), shop.clone());
         self.read_for_caller("holds", move || {
             let ids: Vec<&str> = hold_ids.iter().map(|h| &**h).collect();
             journal.holds(&shop, &ids)
@@ -472,9 +471,9 @@ impl Engine {
             // No WorkManager yet: nothing is in flight for this shop in this process,
             // so the journal alone knows the answer (read off the HTTP worker's thread).
             let (journal, shop, exact) = (
-                self.deps.journal.clone(),
+                self.deps.outcomes.clone(),
                 shop.clone(),
-                self.deps.shared_log,
+                self.deps.topology.is_shared(),
             );
             let found = self
                 .read_for_caller("an outcome", move || {
@@ -534,7 +533,7 @@ impl Engine {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
-        if self.shards.shared_log() {
+        if self.shards.topology.is_shared() {
             return self.load_through_log(shop, items).await;
         }
         // Straight to the processors, not through the log: asked here what the log's
@@ -657,7 +656,7 @@ impl Engine {
             let keys: Vec<Arc<str>> = (start..start + CHUNK)
                 .map(|i| load_key(request_id, i))
                 .collect();
-            let (journal, shop_owned, asked) = (self.deps.journal.clone(), shop.clone(), keys);
+            let (journal, shop_owned, asked) = (self.deps.outcomes.clone(), shop.clone(), keys);
             let found = self
                 .read_for_caller("a load's outcomes", move || {
                     let refs: Vec<&str> = asked.iter().map(|k| &**k).collect();
@@ -712,7 +711,7 @@ impl Engine {
         shop: &Arc<str>,
         hold_id: &Arc<str>,
     ) -> Result<Option<HoldView>, EngineError> {
-        let (journal, shop, hold_id) = (self.deps.journal.clone(), shop.clone(), hold_id.clone());
+        let (journal, shop, hold_id) = (self.journal.clone(), shop.clone(), hold_id.clone());
         let found = self
             .read_for_caller("a hold", move || journal.holds(&shop, &[&hold_id]))
             .await?;
@@ -727,7 +726,7 @@ impl Engine {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Event>, EngineError> {
-        let (journal, shop, item) = (self.deps.journal.clone(), shop.clone(), item.clone());
+        let (journal, shop, item) = (self.journal.clone(), shop.clone(), item.clone());
         self.read_for_caller("an item's events", move || {
             journal.events(&shop, &item, after, limit)
         })
@@ -743,7 +742,7 @@ impl Engine {
         after: Option<Arc<str>>,
         limit: usize,
     ) -> Result<(Vec<ItemView>, Option<Arc<str>>), EngineError> {
-        let (journal, s) = (self.deps.journal.clone(), shop.clone());
+        let (journal, s) = (self.journal.clone(), shop.clone());
         let page = self
             .read_for_caller("a shop's items", move || {
                 journal.item_page(&s, after.as_deref(), limit)
@@ -793,7 +792,7 @@ impl Engine {
             // The journal has the durable state (newer than when the shard was asked,
             // if the item came back and changed since: durable all the same).
             ItemRead::AskJournal => {
-                let journal = self.deps.journal.clone();
+                let journal = self.journal.clone();
                 let key = [(shop.clone(), item.clone())];
                 self.read_for_caller("an item", move || journal.item_states(&key))
                     .await?
@@ -826,7 +825,7 @@ impl Engine {
 
     pub async fn shutdown(&self) {
         self.drain().await;
-        self.deps.journal.close();
+        self.journal.close();
         if let Ok(mut owned) = self._arbiters.lock() {
             for a in owned.drain(..) {
                 a.stop();

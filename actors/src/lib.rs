@@ -34,10 +34,10 @@ pub use metrics::Metrics;
 pub use ports::{
     AppendDone, Durable, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal,
     JournalWrite, JournaledHook, Leases, Lifecycle, LogHooks, Outbox, Outcomes, Recovered,
-    RelayPage, RemoteReplies, RequestLog, Sharing, StoreError,
+    RelayPage, RemoteReplies, RequestLog, ShardJournal, Sharing, StoreError,
 };
 pub use reply::{Answers, Reply};
 pub use secret::Secret;
-pub use topology::Topology;
+pub use topology::{JournalWriters, Topology};
 pub use types::*;
 pub use work_manager::PollResult;

@@ -93,14 +93,21 @@ pub struct Recovered {
 }
 
 /// The durable record of every decision, as the narrow ports its callers use: the
-/// processors write through [`JournalWrite`], the WorkManagers and polls read
-/// [`Outcomes`], item reads go through [`ItemReads`], a journal several nodes write adds
-/// [`Sharing`], the outbox relay reads [`Outbox`], and the engine starts and stops it
-/// through [`Lifecycle`]. Every adapter implements them all ([`Journal`]); each method is
-/// required unless its default is right for a journal only this node writes.
-pub trait Journal: JournalWrite + Outcomes + ItemReads + Sharing + Outbox + Lifecycle {}
+/// processors write through [`JournalWrite`] and read through [`Outcomes`],
+/// [`ItemReads`] and [`Sharing`] (together [`ShardJournal`]), the WorkManagers read
+/// [`Outcomes`] only, the outbox relay reads [`Outbox`], and the engine starts and stops
+/// it through [`Lifecycle`]. Every adapter implements them all ([`Journal`]); each method
+/// is required unless its default is right for a journal only this node writes.
+pub trait Journal: ShardJournal + Outbox + Lifecycle {}
 
-impl<T: JournalWrite + Outcomes + ItemReads + Sharing + Outbox + Lifecycle> Journal for T {}
+impl<T: ShardJournal + Outbox + Lifecycle> Journal for T {}
+
+/// What a processor calls of the journal: its batches' writes, the outcomes of keys (its
+/// duplicate check), the items it brings into memory and, with a journal several nodes
+/// write, the keys and holds of a partition that comes to it.
+pub trait ShardJournal: JournalWrite + Outcomes + ItemReads + Sharing {}
+
+impl<T: JournalWrite + Outcomes + ItemReads + Sharing> ShardJournal for T {}
 
 /// The processors' port: one durable write per batch.
 pub trait JournalWrite: Send + Sync + 'static {

@@ -30,19 +30,31 @@ pub enum Topology {
 pub struct SharedLog {
     /// What the log is told and asked to carry ([`LogHooks`]).
     pub hooks: LogHooks,
-    /// Whether the nodes also write one journal (MongoDB): then an item is read back
-    /// from it when its partition comes (back) to this node, and a hold's expiry goes
-    /// through the log to the item's owner rather than being decided here.
-    pub journal_shared: bool,
+    /// Who writes the journal beside it.
+    pub journal: JournalWriters,
+}
+
+/// Who writes the journal beside a log several nodes read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalWriters {
+    /// Each node its own (the embedded journal).
+    ThisNode,
+    /// Every node one journal (MongoDB): then an item is read back from it when its
+    /// partition comes (back) to this node, and a hold's expiry goes through the log to
+    /// the item's owner rather than being decided here.
+    AllNodes,
 }
 
 impl Topology {
     /// A log several nodes read, with its hooks.
-    pub fn shared(hooks: LogHooks, journal_shared: bool) -> Topology {
-        Topology::Shared(Arc::new(SharedLog {
-            hooks,
-            journal_shared,
-        }))
+    pub fn shared(hooks: LogHooks, journal: JournalWriters) -> Topology {
+        Topology::Shared(Arc::new(SharedLog { hooks, journal }))
+    }
+
+    /// Whether requests come through a log several nodes read: then an outcome may be
+    /// decided on another node, and its reply lost with that node.
+    pub fn is_shared(&self) -> bool {
+        self.log().is_some()
     }
 
     /// The shared log, if there is one.
@@ -55,6 +67,7 @@ impl Topology {
 
     /// Whether other nodes write the same journal through a shared log.
     pub fn shares_journal(&self) -> bool {
-        self.log().is_some_and(|l| l.journal_shared)
+        self.log()
+            .is_some_and(|l| l.journal == JournalWriters::AllNodes)
     }
 }

@@ -12,9 +12,10 @@ use actix::prelude::*;
 use dashmap::DashMap;
 
 use crate::metrics::Metrics;
-use crate::ports::{Journal, RequestLog, StoreError};
+use crate::ports::{Outcomes, RequestLog, StoreError};
 pub use crate::reply::SubmitError;
 use crate::reply::{Call, Deadlines, Reply};
+use crate::topology::Topology;
 use crate::types::{now_ms, Millis, Outcome, Request};
 
 /// How long a passivated WorkManager stays alive to hand back requests sent to it just
@@ -57,13 +58,15 @@ pub type Registry = Arc<DashMap<Arc<str>, ShopHandle>>;
 
 /// What every WorkManager shares: its bounds and the ports.
 pub struct Deps {
-    pub journal: Arc<dyn Journal>,
+    /// The journal's recorded outcomes: repeats and polls of keys not in memory.
+    pub outcomes: Arc<dyn Outcomes>,
     pub log: Arc<dyn RequestLog>,
     pub metrics: Arc<Metrics>,
-    /// The request log is shared by several nodes: an outcome may be decided on another
-    /// node and its reply lost with that node, so keys long in flight are looked up in
-    /// the journal (see [`WorkManager::sweep`]).
-    pub shared_log: bool,
+    /// Where requests come from, chosen when the engine was built. With a log several
+    /// nodes share, an outcome may be decided on another node and its reply lost with
+    /// that node, so keys long in flight are looked up in the journal (see
+    /// [`WorkManager::sweep`]), and polls read the journal itself, not its filter.
+    pub topology: Topology,
     /// Requests older than this when their processor reaches them are not applied.
     pub request_ttl: Duration,
     /// Admitted, undecided requests across all shops; bounded by `inflight_max`. This one
@@ -273,18 +276,18 @@ impl WorkManager {
         });
     }
 
-    /// Runs a journal read off this actor's thread (on the runtime's blocking pool: a
+    /// Runs a read of recorded outcomes off this actor's thread (on the runtime's blocking pool: a
     /// store call may take a network round trip, and every actor of the arbiter would
     /// wait behind it) and hands its result to `then`, back on this actor's thread.
     fn read_then<T: Send + 'static>(
         &self,
         ctx: &mut Context<Self>,
-        read: impl FnOnce(&dyn Journal) -> Result<T, StoreError> + Send + 'static,
+        read: impl FnOnce(&dyn Outcomes) -> Result<T, StoreError> + Send + 'static,
         then: impl FnOnce(&mut WorkManager, Result<T, StoreError>, &mut Context<Self>) + 'static,
     ) {
-        let journal = self.deps.journal.clone();
+        let outcomes = self.deps.outcomes.clone();
         let read = async move {
-            tokio::task::spawn_blocking(move || read(&*journal))
+            tokio::task::spawn_blocking(move || read(&*outcomes))
                 .await
                 .unwrap_or(Err(StoreError::Closed))
         };
@@ -330,7 +333,7 @@ impl WorkManager {
         }
         let screen = !unknown.is_empty() && {
             let refs: Vec<&str> = unknown.iter().map(|k| &**k).collect();
-            !self.deps.journal.surely_new(&self.shop, &refs)
+            !self.deps.outcomes.surely_new(&self.shop, &refs)
         };
         let mut known = Vec::new();
         let mut new = Vec::with_capacity(n_new);
@@ -563,7 +566,7 @@ impl WorkManager {
             self.passivate(ctx);
             return;
         }
-        if !self.deps.shared_log || self.stale_lookup {
+        if !self.deps.topology.is_shared() || self.stale_lookup {
             return;
         }
         // A key with a caller waiting is looked up once it has been in flight longer
@@ -794,7 +797,7 @@ impl Handler<Poll> for WorkManager {
     fn handle(&mut self, msg: Poll, _: &mut Self::Context) -> Self::Result {
         self.status.touch();
         let key = msg.0;
-        let exact = self.deps.shared_log;
+        let exact = self.deps.topology.is_shared();
         if let Some(flight) = self.in_flight.get(&key) {
             if !(exact && flight.since.elapsed() > self.deps.reply_timeout) {
                 return Box::pin(fut::ready(Ok(PollResult::Pending)));
@@ -805,7 +808,7 @@ impl Handler<Poll> for WorkManager {
             return Box::pin(fut::ready(Ok(PollResult::Decided(o.clone()))));
         }
         // Read off this thread: a store call may take a network round trip.
-        let (journal, shop, asked) = (self.deps.journal.clone(), self.shop.clone(), key.clone());
+        let (journal, shop, asked) = (self.deps.outcomes.clone(), self.shop.clone(), key.clone());
         let read = async move {
             tokio::task::spawn_blocking(move || {
                 if exact {

@@ -81,10 +81,10 @@ impl EngineBuilder {
         let pending = log.pending()?;
         let cfg = self.cfg;
         let deps = Arc::new(Deps {
-            journal: self.journal,
+            outcomes: self.journal.clone(),
             log,
             metrics: self.metrics,
-            shared_log: dispatcher.shared_log(),
+            topology: self.topology.clone(),
             request_ttl: Duration::from_millis(cfg.request_ttl_ms.max(0) as u64),
             inflight_total: AtomicUsize::new(0),
             inflight_max: cfg.inflight_max,
@@ -99,6 +99,7 @@ impl EngineBuilder {
         let engine = Arc::new(Engine {
             cfg,
             deps,
+            journal: self.journal,
             registry,
             arbiters,
             _arbiters: Mutex::new(owned),

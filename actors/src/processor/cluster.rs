@@ -49,7 +49,7 @@ impl ClusterScreen {
     /// Whether other nodes write the journal too: an item is read back when its
     /// partition comes (back), and a hold's expiry goes through the log.
     pub(super) fn journal_shared(&self) -> bool {
-        self.log.journal_shared
+        self.log.journal == crate::topology::JournalWriters::AllNodes
     }
 
     /// Whether `works` carry a partition's epoch newer than the one this shard last

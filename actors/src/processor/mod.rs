@@ -41,7 +41,7 @@ use crate::checkback::CheckBack;
 use crate::ledger::BuyerLedger;
 use crate::mailbox::{LoadChunk, Work};
 use crate::metrics::Metrics;
-use crate::ports::{Journal, LogHooks, StoreError};
+use crate::ports::{LogHooks, ShardJournal, StoreError};
 use crate::topology::Topology;
 use crate::types::{
     hold_end_key, is_order_item, now_ms, order_of_line, Entry, HoldStatus, HoldView, ItemState,
@@ -131,7 +131,7 @@ pub type OrderHook = Arc<dyn Fn(OrderNudge) -> bool + Send + Sync>;
 /// What every shard shares with the others.
 #[derive(Clone)]
 pub struct ShardShared {
-    pub journal: Arc<dyn Journal>,
+    pub journal: Arc<dyn ShardJournal>,
     /// Where outcomes go: the shops' WorkManagers.
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
@@ -178,7 +178,7 @@ type SaleKey = (Arc<str>, Arc<str>);
 
 /// What the processor calls outside itself.
 struct Ports {
-    journal: Arc<dyn Journal>,
+    journal: Arc<dyn ShardJournal>,
     /// Where outcomes go: the shops' WorkManagers.
     registry: Registry,
     metrics: Arc<Metrics>,

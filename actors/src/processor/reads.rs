@@ -61,7 +61,7 @@ impl Reads {
     /// learned before they are looked up). Runs on the blocking pool; a read that keeps
     /// failing stops the process ([`retry_read`]). `since`: when the batch began to wait
     /// for reads, carried back for the `screen` stage.
-    fn run(self, journal: &dyn Journal, shard: usize, since: Instant) -> Fetched {
+    fn run(self, journal: &dyn ShardJournal, shard: usize, since: Instant) -> Fetched {
         for (partition, _, offset) in &self.learn {
             retry_read(shard, || journal.learn_partition(*partition, *offset));
         }
