@@ -32,9 +32,9 @@ pub use engine::{Dispatcher, Engine, EngineBuilder, EngineConfig, EngineError};
 pub use hold_end::HoldEnd;
 pub use metrics::Metrics;
 pub use ports::{
-    AppendDone, Durable, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal,
-    JournalWrite, JournaledHook, Leases, Lifecycle, LogHooks, Outbox, Outcomes, Recovered,
-    RelayPage, RemoteReplies, RequestLog, ShardJournal, Sharing, StoreError,
+    AppendDone, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal, JournalWrite,
+    JournaledHook, Leases, Lifecycle, LogHooks, Logged, Outbox, Outcomes, Recovered, RelayPage,
+    RemoteReplies, RequestLog, ShardJournal, Sharing, StoreError,
 };
 pub use reply::{Answers, Reply};
 pub use secret::Secret;

@@ -295,7 +295,7 @@ pub struct RelayPage {
 }
 
 /// Resolves when the requests marked `logged` are durable in the request log.
-pub type Durable = oneshot::Receiver<Result<(), StoreError>>;
+pub type Logged = oneshot::Receiver<Result<(), StoreError>>;
 
 /// Carries accepted requests to the processors.
 pub trait RequestLog: Send + Sync + 'static {
@@ -304,7 +304,7 @@ pub trait RequestLog: Send + Sync + 'static {
     /// then guarantees they reach a processor, also after a crash. An `Err` means none of
     /// the requests was handed on (the caller undoes their admission); once one is, the
     /// call must answer `Ok`.
-    fn append(&self, reqs: Vec<Request>) -> Result<Option<Durable>, StoreError>;
+    fn append(&self, reqs: Vec<Request>) -> Result<Option<Logged>, StoreError>;
 
     /// Requests that were made durable but have no outcome yet (after a restart).
     fn pending(&self) -> Result<Vec<Request>, StoreError>;
@@ -312,7 +312,7 @@ pub trait RequestLog: Send + Sync + 'static {
     /// Hands requests that are already durable to the processors again, writing nothing.
     fn redeliver(&self, reqs: Vec<Request>);
 
-    /// Durable requests whose outcomes are now journaled: the log may forget them. A log
+    /// Logged requests whose outcomes are now journaled: the log may forget them. A log
     /// whose records are retired in the journal's own write has nothing to do here.
     fn retire(&self, _shop: &Arc<str>, _keys: Vec<Arc<str>>) {}
 

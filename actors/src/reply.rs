@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::ports::{Durable, StoreError};
+use crate::ports::{Logged, StoreError};
 use crate::types::{Outcome, Request};
 
 /// What one request of a call ends as.
@@ -22,7 +22,7 @@ pub enum Reply {
     /// Decided while the caller waited (for a fire-and-forget repeat of a key in flight,
     /// the first submission's outcome).
     Decided(Arc<Outcome>),
-    /// Fire-and-forget, taken in: owed a 202 once [`Answers::durable`] resolves.
+    /// Fire-and-forget, taken in: owed a 202 once [`Answers::logged`] resolves.
     Accepted,
     /// Still undecided at the call's deadline.
     Pending,
@@ -33,7 +33,7 @@ pub enum Reply {
 pub struct Answers {
     pub replies: Vec<Reply>,
     /// Resolves once the call's fire-and-forget requests are durable in the request log.
-    pub durable: Option<Durable>,
+    pub logged: Option<Logged>,
 }
 
 pub type CallResult = Result<Answers, SubmitError>;
@@ -52,7 +52,7 @@ struct CallState {
     /// Replies still missing, plus one until the WorkManager has taken the whole call
     /// in ([`Call::seal`]): the call is never answered half admitted.
     missing: usize,
-    durable: Option<Durable>,
+    logged: Option<Logged>,
     /// `None` once answered.
     tx: Option<oneshot::Sender<CallResult>>,
 }
@@ -66,7 +66,7 @@ impl Call {
             state: Mutex::new(CallState {
                 replies: vec![None; n],
                 missing: n + 1,
-                durable: None,
+                logged: None,
                 tx: Some(tx),
             }),
         };
@@ -93,11 +93,11 @@ impl Call {
         });
     }
 
-    /// The WorkManager has taken the whole call in; `durable` is its fire-and-forget
-    /// requests' durability, if it has any.
-    pub fn seal(&self, durable: Option<Durable>) {
+    /// The WorkManager has taken the whole call in; `logged` resolves once its
+    /// fire-and-forget requests are durable in the request log, if it has any.
+    pub fn seal(&self, logged: Option<Logged>) {
         self.with(|s| {
-            s.durable = durable;
+            s.logged = logged;
             s.missing -= 1;
         });
     }
@@ -138,7 +138,7 @@ impl CallState {
                 .collect();
             let _ = tx.send(Ok(Answers {
                 replies,
-                durable: self.durable.take(),
+                logged: self.logged.take(),
             }));
         }
     }

@@ -465,11 +465,11 @@ impl WorkManager {
             keys.push(req.key.clone());
             to_log.push(req);
         }
-        let durable = if to_log.is_empty() {
+        let logged = if to_log.is_empty() {
             None
         } else {
             match self.deps.log.append(to_log) {
-                Ok(durable) => durable,
+                Ok(logged) => logged,
                 Err(e) => {
                     // Nothing was handed on: undo the admission entirely.
                     self.unclaim(call, &keys);
@@ -483,7 +483,7 @@ impl WorkManager {
         for (index, reply) in known {
             call.set(index, reply);
         }
-        call.seal(durable);
+        call.seal(logged);
         Ok(())
     }
 

@@ -104,7 +104,7 @@ async fn submit(
     let meta: Vec<(Request, bool)> = reqs.to_vec();
     let answers = state.engine.submit(shop, reqs).await?;
     // Durability of this call's fire-and-forget requests comes first: a 202 is a promise.
-    let durable = match answers.durable {
+    let durable = match answers.logged {
         None => true,
         Some(rx) => match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Ok(()))) => true,

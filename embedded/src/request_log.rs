@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use nrtxn_actors::{Dispatcher, Durable, Request, RequestLog, StoreError};
+use nrtxn_actors::{Dispatcher, Logged, Request, RequestLog, StoreError};
 use tokio::sync::oneshot;
 
 use crate::journal::LogJournal;
@@ -85,7 +85,7 @@ impl EmbeddedLog {
 }
 
 impl RequestLog for EmbeddedLog {
-    fn append(&self, reqs: Vec<Request>) -> Result<Option<Durable>, StoreError> {
+    fn append(&self, reqs: Vec<Request>) -> Result<Option<Logged>, StoreError> {
         // Before anything is handed on: a refusal takes back the whole call.
         self.store.admit()?;
         let (logged, direct): (Vec<Request>, Vec<Request>) =

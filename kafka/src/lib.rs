@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nrtxn_actors::metrics::Stages;
 use nrtxn_actors::{
-    Dispatcher, Durable, Leases, LogHooks, LogPos, Outcome, Request, RequestLog, StoreError,
+    Dispatcher, Leases, LogHooks, LogPos, Logged, Outcome, Request, RequestLog, StoreError,
 };
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -861,7 +861,7 @@ fn since_epoch_ms(stamped_ms: i64) -> f64 {
 }
 
 impl RequestLog for KafkaLog {
-    fn append(&self, reqs: Vec<Request>) -> Result<Option<Durable>, StoreError> {
+    fn append(&self, reqs: Vec<Request>) -> Result<Option<Logged>, StoreError> {
         let appended = Instant::now();
         let logged = reqs.iter().filter(|r| r.logged).count();
         let (group, rx) = if logged > 0 {

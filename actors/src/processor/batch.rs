@@ -62,7 +62,7 @@ impl Processor {
                 Some(last) => last.repeats.extend(in_flight.repeats),
                 None => {
                     let id = self.pipeline.send(in_flight);
-                    self.durable(id, Vec::new(), &[]);
+                    self.journaled(id, Vec::new(), &[]);
                 }
             }
             return;
@@ -88,7 +88,7 @@ impl Processor {
                         *slot = Some(entries);
                     }
                 }
-                result => addr.do_send(Durable {
+                result => addr.do_send(Journaled {
                     id,
                     entries,
                     result,
@@ -159,7 +159,7 @@ impl Processor {
             let key = (req.shop.clone(), req.key.clone());
             // Not removed from `prefetched` when found: a second copy of the key in
             // this batch is a repeat too.
-            let found = match cluster.undurable(&key) {
+            let found = match cluster.unjournaled(&key) {
                 Some(o) => Some(o.clone()),
                 None => self.prefetched.keys.get(&key).cloned().flatten(),
             };

@@ -22,7 +22,7 @@ pub(super) struct ClusterScreen {
     /// Outcomes of keys applied but not yet durable, by shop and key: a repeat of one of
     /// them is found here, since the journal does not hold it yet (bounded by the
     /// batches in flight).
-    undurable: HashMap<KeyOfShop, Arc<Outcome>>,
+    unjournaled: HashMap<KeyOfShop, Arc<Outcome>>,
     /// The newest assignment epoch seen per partition; a request read under an older one
     /// was read before its partition moved, and is dropped (the log delivers it again
     /// to the partition's owner).
@@ -36,7 +36,7 @@ impl ClusterScreen {
     pub(super) fn new(log: Arc<SharedLog>) -> ClusterScreen {
         ClusterScreen {
             log,
-            undurable: HashMap::new(),
+            unjournaled: HashMap::new(),
             partition_epochs: HashMap::new(),
             learned: HashMap::new(),
         }
@@ -73,20 +73,20 @@ impl ClusterScreen {
     }
 
     /// The outcome of a key applied here in a batch not yet durable.
-    pub(super) fn undurable(&self, key: &KeyOfShop) -> Option<&Arc<Outcome>> {
-        self.undurable.get(key)
+    pub(super) fn unjournaled(&self, key: &KeyOfShop) -> Option<&Arc<Outcome>> {
+        self.unjournaled.get(key)
     }
 
     /// A key applied in a batch about to be sent.
     pub(super) fn applied(&mut self, key: KeyOfShop, outcome: Arc<Outcome>) {
-        let before = self.undurable.insert(key, outcome);
+        let before = self.unjournaled.insert(key, outcome);
         // A key already here is answered as a repeat, never applied again.
         debug_assert!(before.is_none(), "a key applied twice while in flight");
     }
 
     /// The batch that applied `key` is durable (or fenced): the journal answers for it.
     pub(super) fn retired(&mut self, key: &KeyOfShop) {
-        let found = self.undurable.remove(key);
+        let found = self.unjournaled.remove(key);
         debug_assert!(found.is_some(), "a key retired that was not in flight");
     }
 

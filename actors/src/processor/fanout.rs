@@ -33,11 +33,11 @@ impl Processor {
     /// entries of `fenced` partitions (see [`StoreError::Fenced`]) are not, and their
     /// items leave memory, to be read again from the journal if the partition comes
     /// back.
-    pub(super) fn durable(&mut self, id: u64, entries: Vec<Entry>, fenced: &[(i32, u64)]) {
+    pub(super) fn journaled(&mut self, id: u64, entries: Vec<Entry>, fenced: &[(i32, u64)]) {
         let Some(mut batch) = self.pipeline.retire(id) else {
             tracing::error!(
                 shard = self.shard,
-                "durable batch without a batch in flight"
+                "journaled batch without a batch in flight"
             );
             return;
         };
@@ -61,7 +61,7 @@ impl Processor {
             self.returns.retired(key, is_fenced(pos));
         }
         for (shop, item, state) in batch.states {
-            self.items.set_durable(&shop, &item, state);
+            self.items.set_journaled(&shop, &item, state);
         }
         for (reply, views) in batch.loads {
             let _ = reply.send(views);

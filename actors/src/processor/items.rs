@@ -27,12 +27,12 @@ const EVICT_SHARE: usize = 64;
 #[cfg(debug_assertions)]
 const RECOUNT_ITEMS_MAX: usize = 1_024;
 
-/// An item's state twice: `live` is what the next request is judged against; `durable`
+/// An item's state twice: `live` is what the next request is judged against; `journaled`
 /// is what the journal holds, and what readers are shown.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Slot {
     pub(super) live: ItemState,
-    pub(super) durable: ItemState,
+    pub(super) journaled: ItemState,
     /// The partition assignment epoch under which `live` was read or last checked
     /// against the journal (a shared log and journal only).
     pub(super) epoch: u64,
@@ -45,7 +45,7 @@ impl Slot {
     fn read(state: ItemState, epoch: u64) -> Slot {
         Slot {
             live: state,
-            durable: state,
+            journaled: state,
             epoch,
             used: 0,
         }
@@ -54,7 +54,7 @@ impl Slot {
     /// Whether the item may leave memory: the journal has its state (no batch in flight
     /// touches it) and no pending hold refers to it.
     fn evictable(&self) -> bool {
-        self.live == self.durable && self.live.reserved == 0
+        self.live == self.journaled && self.live.reserved == 0
     }
 }
 
@@ -133,7 +133,7 @@ impl Items {
     pub(super) fn read(&self, shop: &Arc<str>, item: &Arc<str>) -> ItemRead {
         match self.get(shop, item) {
             // An item whose load is not yet durable does not exist for readers.
-            Some(slot) if slot.durable.seq > 0 => ItemRead::Found(slot.durable),
+            Some(slot) if slot.journaled.seq > 0 => ItemRead::Found(slot.journaled),
             Some(_) => ItemRead::Unknown,
             None if self.complete => ItemRead::Unknown,
             None => ItemRead::AskJournal,
@@ -235,11 +235,11 @@ impl Items {
     }
 
     /// What the journal now holds of an item a durable batch touched.
-    pub(super) fn set_durable(&mut self, shop: &Arc<str>, item: &Arc<str>, state: ItemState) {
+    pub(super) fn set_journaled(&mut self, shop: &Arc<str>, item: &Arc<str>, state: ItemState) {
         if let Some(slot) = self.get_mut(shop, item) {
             // Paired with the apply step's assertion: what became durable is sane.
-            assert!(state.stock >= 0 && state.seq >= slot.durable.seq);
-            slot.durable = state;
+            assert!(state.stock >= 0 && state.seq >= slot.journaled.seq);
+            slot.journaled = state;
         }
     }
 
@@ -258,7 +258,7 @@ impl Items {
                 // Ahead of the journal only by this node's own batches in flight.
                 if st.seq >= slot.live.seq {
                     slot.live = st;
-                    slot.durable = st;
+                    slot.journaled = st;
                 }
                 slot.epoch = epoch;
             }

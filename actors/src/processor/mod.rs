@@ -323,18 +323,19 @@ impl Handler<Drain> for Processor {
     }
 }
 
+/// A batch's journal write is done: durable, or failed.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Durable {
+struct Journaled {
     /// The batch's id (see [`BatchInFlight::id`]).
     id: u64,
     entries: Vec<Entry>,
     result: Result<(), StoreError>,
 }
 
-impl Handler<Durable> for Processor {
+impl Handler<Journaled> for Processor {
     type Result = ();
-    fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Journaled, ctx: &mut Self::Context) {
         if let Err(StoreError::Closed) = msg.result {
             // Only at shutdown, for work that reached the shard after its flush: nothing
             // of it was written or answered. Fire-and-forget requests among it are still
@@ -371,7 +372,7 @@ impl Handler<Durable> for Processor {
                 ));
             }
         };
-        self.durable(msg.id, msg.entries, &fenced);
+        self.journaled(msg.id, msg.entries, &fenced);
         // Its items may leave memory now that the journal has them.
         self.evict();
         self.schedule(ctx);

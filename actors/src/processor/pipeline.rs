@@ -43,7 +43,7 @@ pub(super) struct BatchInFlight {
     pub(super) loads: Vec<(LoadReply, LoadViews)>,
     pub(super) weight: usize,
     pub(super) repeats: Vec<Repeat>,
-    /// Keys of this batch in the cluster screen's undurable outcomes (a shared log only).
+    /// Keys of this batch in the cluster screen's unjournaled outcomes (a shared log only).
     pub(super) keys: Vec<ItemKey>,
     /// Holds this batch ended, in the hold book's endings.
     pub(super) ended: Vec<ItemKey>,

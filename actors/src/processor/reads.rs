@@ -12,7 +12,7 @@
 //!
 //! The batch waits meanwhile (nothing after it is drained, so items stay in order),
 //! while the actor goes on taking messages: durable notices, item reads, new work. A
-//! durable notice can change what the batch needs (a key leaves the undurable set, a
+//! durable notice can change what the batch needs (a key leaves the unjournaled set, a
 //! fenced item leaves memory), and nothing leaves memory by eviction while reads are
 //! out. So the plan is made again when the answers are in, and the batch is applied in
 //! the same handler as the plan that needed nothing: what it is decided against is what
@@ -328,7 +328,7 @@ impl Processor {
             }
         }
         let key = (req.shop.clone(), req.key.clone());
-        if cluster.undurable(&key).is_none() && !self.prefetched.keys.contains_key(&key) {
+        if cluster.unjournaled(&key).is_none() && !self.prefetched.keys.contains_key(&key) {
             plan.keys.insert(key);
         }
     }
