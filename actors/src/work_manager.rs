@@ -116,6 +116,8 @@ impl Deps {
     pub fn release(&self, n: usize) {
         if n > 0 {
             let prev = self.inflight_total.fetch_sub(n, Ordering::AcqRel);
+            // Paired with `reserve`: every answer gives back room an admission took.
+            assert!(prev >= n, "{n} requests answered with {prev} admitted");
             self.update_gauge(prev - n);
         }
     }
@@ -238,7 +240,11 @@ impl WorkManager {
     fn forget_oldest(&mut self) -> bool {
         while let Some(old) = self.recent_order.pop_front() {
             if self.recent.remove(&old).is_some() {
-                self.deps.outcomes_cached.fetch_sub(1, Ordering::Relaxed);
+                let prev = self.deps.outcomes_cached.fetch_sub(1, Ordering::Relaxed);
+                debug_assert!(
+                    prev > 0,
+                    "a cached outcome forgotten that was never counted"
+                );
                 return true;
             }
         }
@@ -363,6 +369,12 @@ impl WorkManager {
             self.in_flight.insert(req.key.clone(), flight);
             new.push((index, req, respond));
         }
+        // What admission made room for is what went in flight: each new key once.
+        assert_eq!(
+            new.len(),
+            n_new,
+            "keys taken in flight against room reserved"
+        );
         if !screen {
             return self.hand_on(call, known, new);
         }
@@ -505,6 +517,12 @@ impl WorkManager {
     /// (or the responses reader) sent them, for the `reply` stage; `None` when they were
     /// read from the journal here.
     fn decided(&mut self, outcomes: Vec<Arc<Outcome>>, sent: Option<Instant>) {
+        // Outcomes come to the WorkManager of their shop, which holds their callers.
+        debug_assert!(
+            outcomes.iter().all(|o| o.shop == self.shop),
+            "an outcome of another shop reached {}",
+            self.shop
+        );
         let mut answers = Vec::new();
         let mut retired = Vec::new();
         for outcome in outcomes {
