@@ -535,6 +535,14 @@ impl Inner {
                 Err(e) => error = e,
             }
         }
+        // A shop's default applies only once the shop was asked, and never more often
+        // than its settings allow.
+        assert!(
+            (1..=attempts).contains(&tried),
+            "check-back {} of shop {}: {tried} attempts made of {attempts}",
+            call.id,
+            call.shop
+        );
         tracing::warn!(shop = %call.shop, id = %call.id, error = %error, default = %s.check_default, "check-back unanswered; the shop's default applies");
         self.metrics.checks.with_label_values(&["default"]).inc();
         self.dead_letter(&call, s, error, tried).await;
@@ -551,6 +559,10 @@ impl Inner {
     ) -> Result<CheckAction, String> {
         // Signed again at each attempt, with its own time.
         let signature = signature_header(&check.secret, now_ms(), body);
+        debug_assert!(
+            signature_holds(&check.secret, &signature, body),
+            "a check-back's signature does not cover the body it is sent with"
+        );
         match self
             .outbound
             .post_bounded(
@@ -686,6 +698,23 @@ pub fn signature_header(secret: &str, t_ms: i64, body: &[u8]) -> String {
     let mut signed = format!("{t_ms}.").into_bytes();
     signed.extend_from_slice(body);
     format!("t={t_ms},v1={}", hex::encode(sign(secret, &signed)))
+}
+
+/// Whether `header` signs `body` with `secret`, read back from the header's text as a
+/// receiver reads it: apart from the code that wrote it.
+fn signature_holds(secret: &str, header: &str, body: &[u8]) -> bool {
+    let Some((t_ms, v1)) = header.strip_prefix("t=").and_then(|h| h.split_once(",v1=")) else {
+        return false;
+    };
+    let Ok(mac) = hex::decode(v1) else {
+        return false;
+    };
+    let mut m =
+        <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key");
+    m.update(t_ms.as_bytes());
+    m.update(b".");
+    m.update(body);
+    m.verify_slice(&mac).is_ok()
 }
 
 /// HMAC-SHA256 of `body` keyed by `secret`'s bytes.

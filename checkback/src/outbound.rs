@@ -309,6 +309,15 @@ impl Drop for Turn {
         // The shop's semaphore leaves the map once nobody holds or waits for it, so the
         // map holds only shops with calls in flight or waiting.
         if let Ok(mut shops) = self.shops.lock() {
+            // A shop's calls are bounded only while all its turns share one semaphore:
+            // the one in the map, which leaves it only once no turn holds it.
+            assert!(
+                shops
+                    .get(&self.shop_name)
+                    .is_some_and(|s| Arc::ptr_eq(s, permit.semaphore())),
+                "a turn of shop {} holds a permit of a semaphore the map no longer has",
+                self.shop_name
+            );
             drop(permit);
             if shops
                 .get(&self.shop_name)
@@ -371,6 +380,12 @@ impl Outbound {
             turn.shop = sem.acquire_owned().await.ok();
         }
         turn.node = self.node.clone().acquire_owned().await.ok();
+        // The node's semaphore is never closed: a turn without its permit would not
+        // count against the node's bound.
+        assert!(
+            turn.node.is_some(),
+            "the node's semaphore of calls in flight was closed"
+        );
         turn
     }
 

@@ -547,6 +547,11 @@ async fn load_csv(
         if seen == 0 {
             break;
         }
+        // The batch's request id names its lines: every entry sent under it is one of them.
+        assert!(
+            entries.iter().all(|l| (first..=last).contains(&l.number)),
+            "items load: a batch of lines {first}-{last} holds a line outside them"
+        );
         load_batch(client, &run, first, last, entries, &mut report, &bar, file).await?;
         bar.inc(seen as u64);
     }

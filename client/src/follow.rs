@@ -289,6 +289,16 @@ impl<B: Backfill> Follower<B> {
                 .await?;
             self.stats.gaps_filled += 1;
         }
+        // What is emitted per item is gapless: after the fill, this event follows the
+        // last one emitted.
+        debug_assert_eq!(
+            self.last_seq(&event.shop, &event.item),
+            event.prev_seq,
+            "item {}/{}: event {} emitted after a fill that ended elsewhere",
+            event.shop,
+            event.item,
+            event.seq
+        );
         let (shop, item, seq) = (event.shop.clone(), event.item.clone(), event.seq);
         emit(event).map_err(|e| FollowError::Emit { source: e.into() })?;
         self.set_last_seq(&shop, &item, seq);
@@ -406,6 +416,12 @@ impl<B: Backfill> Follower<B> {
             None => {
                 items.insert(item.clone(), seq);
                 self.items_tracked += 1;
+                // The bound is kept on this count: it must be the items the maps hold.
+                debug_assert_eq!(
+                    self.items_tracked,
+                    self.last_seq.values().map(HashMap::len).sum::<usize>(),
+                    "the count of tracked items strayed from the items tracked"
+                );
             }
         }
     }

@@ -90,6 +90,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 /// Appends `entries` to `out` as one record body; `at_ms` is the record's time (the
 /// entries' times are written relative to it).
 pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
+    let start = out.len();
     put_uvar(out, entries.len() as u64);
     let mut prev: Option<(&Arc<str>, &Arc<str>)> = None;
     for e in entries {
@@ -102,6 +103,23 @@ pub fn encode(entries: &[Entry], at_ms: Millis, out: &mut Vec<u8>) {
         put_tail(out, e, left);
         prev = Some((&e.shop, &e.item));
     }
+    // What recovery will read back is what was written: the decoder is this format's
+    // other half, and a field one side forgets shows here, not at the next start.
+    debug_assert!(
+        decode(&out[start..], at_ms).is_ok_and(|back| back.len() == entries.len()
+            && back.iter().zip(entries).all(|(b, e)| same_place(b, e))),
+        "a record body does not decode to the {} entries it was encoded from",
+        entries.len()
+    );
+}
+
+/// Whether `a` and `b` say the same decision in the same place: what [`encode`] checks
+/// its body reads back as.
+fn same_place(a: &Entry, b: &Entry) -> bool {
+    (&a.shop, &a.item, &a.request_key, a.seq, a.prev_seq)
+        == (&b.shop, &b.item, &b.request_key, b.seq, b.prev_seq)
+        && (a.op, a.status, a.qty, a.stock_after, a.reserved_after)
+            == (b.op, b.status, b.qty, b.stock_after, b.reserved_after)
 }
 
 /// What an entry leaves out because a reader can tell it: the shop and item of the

@@ -152,6 +152,8 @@ pub fn read_mark(dir: &Path) -> Result<Option<Acked>, LogError> {
 pub struct MarkWriter {
     file: File,
     slot: u64,
+    /// The last record this writer said was acknowledged.
+    lsn: u64,
 }
 
 impl MarkWriter {
@@ -162,13 +164,26 @@ impl MarkWriter {
             .read(true)
             .write(true)
             .open(dir.join(MARK_FILE))?;
-        Ok(MarkWriter { file, slot: 0 })
+        Ok(MarkWriter {
+            file,
+            slot: 0,
+            lsn: 0,
+        })
     }
 
     pub fn write(&mut self, acked: Acked) -> io::Result<()> {
+        // A record once said acknowledged stays so: a start whose log ends before the
+        // mark refuses, so a mark that moved back would hide records that were lost.
+        assert!(
+            acked.lsn >= self.lsn,
+            "the durable mark would move back from record {} to record {}",
+            self.lsn,
+            acked.lsn
+        );
         self.file
             .write_all_at(&acked.encode(), self.slot * SLOT_LEN as u64)?;
         self.slot ^= 1;
+        self.lsn = acked.lsn;
         Ok(())
     }
 }

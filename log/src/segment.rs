@@ -524,6 +524,14 @@ impl LogWriter {
     /// Ends the segment being written with its footer and makes it durable, then starts
     /// the next one. A footer that finds no room is cut off again, as a record is.
     fn roll(&mut self) -> Result<(), LogError> {
+        // The footer says where the segment's records end, and a start checks it against
+        // the file: the writer's count must be the file's.
+        let at = self.file.stream_position()?;
+        assert_eq!(
+            at, self.offset,
+            "segment {} ends at byte {at}, but its writer counted {} bytes",
+            self.first, self.offset
+        );
         let footer = Footer {
             first_lsn: self.first,
             last_lsn: self.chain.next_lsn - 1,
