@@ -130,7 +130,8 @@ fn contract(name: &str, open: Open) {
         "{name}: hold"
     );
     assert!(holds[1].is_none(), "{name}");
-    if journal.shared() {
+    // A journal every node writes (MongoDB) finds the pending holds of items taken over.
+    if name == "mongodb" {
         let pending = journal
             .pending_holds(&[(shop.clone(), item.clone())])
             .unwrap();

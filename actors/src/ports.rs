@@ -187,16 +187,10 @@ pub trait ItemReads: Send + Sync + 'static {
     ) -> Result<Vec<Event>, StoreError>;
 }
 
-/// What a journal several nodes write adds (Kafka and MongoDB). The defaults are those
-/// of a journal only this node writes.
+/// What a journal several nodes write adds (MongoDB, with a log they share:
+/// [`crate::JournalWriters::AllNodes`]). The defaults are those of a journal only this
+/// node writes.
 pub trait Sharing: Send + Sync + 'static {
-    /// Whether several nodes write this journal. Then an item's state is read back from
-    /// it whenever the item's partition comes (back) to this node, since another node
-    /// may have changed the item meanwhile.
-    fn shared(&self) -> bool {
-        false
-    }
-
     /// Makes [`Outcomes::outcomes`] know every key journaled so far for requests read
     /// from log partition `partition`, by any node. Called by a processor when the
     /// partition comes (back) to this node, before it checks that partition's keys: the

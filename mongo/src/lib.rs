@@ -572,10 +572,6 @@ impl Sharing for MongoJournal {
         Ok(())
     }
 
-    fn shared(&self) -> bool {
-        true
-    }
-
     fn pending_holds(&self, wanted: &[(Arc<str>, Arc<str>)]) -> Result<Vec<HoldView>, StoreError> {
         if wanted.is_empty() {
             return Ok(Vec::new());
