@@ -184,8 +184,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
                 metrics.clone(),
             )
             .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
-            let store = SqliteStore::open_in(&settings.data_dir, metrics.clone(), space.clone())
-                .with_context(cannot_open)?;
+            let store =
+                SqliteStore::open_request_store(&settings.data_dir, metrics.clone(), space.clone())
+                    .with_context(cannot_open)?;
             side_store = Some(store.clone());
             leases = Some(journal.clone());
             (journal, store)

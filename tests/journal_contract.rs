@@ -1,6 +1,5 @@
-//! One contract, every journal adapter: the embedded log (`LogJournal`), the SQLite store
-//! (the MongoDB deployment's side store, and the journal before the log), and MongoDB
-//! (against the test server `scripts/test.sh` starts). Each is driven through the
+//! One contract, every journal adapter `serve` uses: the embedded log (`LogJournal`) and
+//! MongoDB (against the test server `scripts/test.sh` starts). Each is driven through the
 //! journal's ports exactly as the engine drives it, and must answer the same: outcomes
 //! by key, item states, events in seq order and by page, holds, the outbox relay's pages
 //! and cursor, and after a close and a reopen, the same state recovered.
@@ -15,7 +14,6 @@ use nrtxn_actors::{
     Entry, HoldStatus, ItemState, Journal, Metrics, Op, Request, Status, StoreError,
 };
 use nrtxn_embedded::journal::{LogJournal, Retention};
-use nrtxn_embedded::views::SqliteStore;
 use nrtxn_mongo::MongoJournal;
 
 /// Opens (or opens again) one adapter on its store.
@@ -256,16 +254,6 @@ fn the_embedded_log_keeps_the_contract() {
         Box::new(move || {
             LogJournal::open(&path, metrics(), Retention::default()).unwrap() as Arc<dyn Journal>
         }),
-    );
-}
-
-#[test]
-fn the_sqlite_store_keeps_the_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    contract(
-        "sqlite",
-        Box::new(move || SqliteStore::open(&path, metrics()).unwrap() as Arc<dyn Journal>),
     );
 }
 
