@@ -2405,6 +2405,17 @@ impl<'t> TxnStatements<'t> {
         memory: WriterMemory<'_>,
     ) -> Result<(), rusqlite::Error> {
         for (i, e) in entries.iter().enumerate() {
+            // The views take each item's entries as the log's writer checked them before
+            // it wrote them: each right after the item's entry before it.
+            debug_assert!(
+                i == 0 || follows(&entries[i - 1], e),
+                "item {}/{}: the views were given seq {:?} (prev {:?}) after seq {:?}",
+                e.shop,
+                e.item,
+                e.seq,
+                e.prev_seq,
+                entries[i.saturating_sub(1)].seq
+            );
             self.hold_step(e)?;
             self.ledgers.step(memory.limited, e)?;
             if let (Status::Ok, Op::Increment, Some(sale)) = (e.status, e.op, &e.return_of) {
@@ -2429,18 +2440,7 @@ impl<'t> TxnStatements<'t> {
                 .get(i + 1)
                 .is_none_or(|next| next.item != e.item || next.shop != e.shop);
             if let (true, Some(state)) = (run_ends, e.state_after()) {
-                let before = memory.dirty.insert((e.shop.clone(), e.item.clone()), state);
-                // The views take each item's entries in seq order, as the processor
-                // applied them: a state that goes back is an entry replayed twice or
-                // out of order.
-                debug_assert!(
-                    before.is_none_or(|b| b.seq < state.seq),
-                    "item {}/{}: the views went from seq {:?} to seq {}",
-                    e.shop,
-                    e.item,
-                    before.map(|b| b.seq),
-                    state.seq
-                );
+                memory.dirty.insert((e.shop.clone(), e.item.clone()), state);
             }
         }
         Ok(())
@@ -2489,6 +2489,17 @@ impl<'t> TxnStatements<'t> {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Whether `e` may come right after `before` in one batch: another item's entry, or one
+/// of the same item that follows it (an entry without a seq, an unknown item's, follows
+/// nothing and is followed by anything).
+fn follows(before: &Entry, e: &Entry) -> bool {
+    let same_item = before.shop == e.shop && before.item == e.item;
+    match (same_item, before.seq, e.seq) {
+        (true, Some(seq), Some(next)) => e.prev_seq == Some(seq) && next == seq + 1,
+        _ => true,
     }
 }
 
