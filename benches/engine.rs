@@ -3,18 +3,14 @@
 //!
 //! `cargo bench --bench engine -- [decrements] [submit_chunk] [concurrent_chunks]`
 //! prints decrements per second, the batch sizes the processor journaled, and the
-//! journal's group commits. `NRTXN_BENCH_JOURNAL=sqlite` runs it on the SQLite journal
-//! the log replaced (the same store, synced at every commit), for comparison.
+//! journal's group commits.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use nrtxn_actors::{
-    now_ms, Engine, EngineConfig, Journal, Metrics, Op, Reply, Request, RequestLog, Status,
-};
+use nrtxn_actors::{now_ms, Engine, EngineConfig, Metrics, Op, Reply, Request, RequestLog, Status};
 use nrtxn_embedded::journal::{LogJournal, Retention};
-use nrtxn_embedded::request_log::{EmbeddedLog, RequestStore};
-use nrtxn_embedded::views::SqliteStore;
+use nrtxn_embedded::request_log::EmbeddedLog;
 
 fn arg(n: usize, default: usize) -> usize {
     std::env::args()
@@ -45,15 +41,9 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     actix_rt::System::new().block_on(async move {
         let metrics = Arc::new(Metrics::new());
-        let sqlite = std::env::var("NRTXN_BENCH_JOURNAL").is_ok_and(|j| j == "sqlite");
-        let (store, log_store): (Arc<dyn Journal>, Arc<dyn RequestStore>) = if sqlite {
-            let s = SqliteStore::open(dir.path(), metrics.clone()).expect("store");
-            (s.clone(), s)
-        } else {
-            let j = LogJournal::open(dir.path(), metrics.clone(), Retention::default())
-                .expect("journal");
-            (j.clone(), j)
-        };
+        let journal =
+            LogJournal::open(dir.path(), metrics.clone(), Retention::default()).expect("journal");
+        let log_store = journal.clone();
         let cfg = EngineConfig {
             inflight_max: 10_000_000,
             shop_pending_max: 10_000_000,
@@ -61,7 +51,7 @@ fn main() {
         };
         let engine = Engine::start(
             cfg,
-            store,
+            journal,
             move |d, _| Arc::new(EmbeddedLog::new(log_store, d, true)) as Arc<dyn RequestLog>,
             metrics.clone(),
         )
@@ -137,12 +127,7 @@ fn main() {
         let batches = metrics.batch_entries.get_sample_count();
         let txns = metrics.journal_txn_entries.get_sample_count();
         println!(
-            "engine: one hot item, {}",
-            if sqlite {
-                "the SQLite journal (WAL, synchronous=FULL)"
-            } else {
-                "the embedded journal's log (one fdatasync per group) and its SQLite views"
-            }
+            "engine: one hot item, the embedded journal's log (one fdatasync per group) and its SQLite views"
         );
         println!(
             "  decrements {total} (ok {ok}, insufficient_stock {rejected}) in {secs:.2} s: {:.0} decrements/s, CPU {:.0} ns per decision",

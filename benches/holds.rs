@@ -1,5 +1,5 @@
 //! Hold-expiry lateness with many holds pending: how long after its `expires_at` each
-//! hold is released, through the engine and the durable SQLite journal, no HTTP.
+//! hold is released, through the engine and the embedded journal (`LogJournal`), no HTTP.
 //!
 //! `cargo bench --bench holds -- [holds] [ttl_min_ms] [ttl_spread_ms]` makes `holds`
 //! holds of 1 on 100 items, with TTLs spread uniformly over
@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use nrtxn_actors::{
     now_ms, Engine, EngineConfig, ItemReads, Metrics, Op, Reply, Request, RequestLog, Status,
 };
+use nrtxn_embedded::journal::{LogJournal, Retention};
 use nrtxn_embedded::request_log::EmbeddedLog;
-use nrtxn_embedded::views::SqliteStore;
 
 const ITEMS: usize = 100;
 
@@ -35,7 +35,8 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     actix_rt::System::new().block_on(async move {
         let metrics = Arc::new(Metrics::new());
-        let store = SqliteStore::open(dir.path(), metrics.clone()).expect("store");
+        let store =
+            LogJournal::open(dir.path(), metrics.clone(), Retention::default()).expect("journal");
         let log_store = store.clone();
         let cfg = EngineConfig {
             inflight_max: 10_000_000,

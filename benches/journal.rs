@@ -1,9 +1,10 @@
-//! Criterion benchmark of one durable journal batch write on the embedded store (SQLite,
-//! WAL, `synchronous=FULL`: each batch ends in an fsync): `cargo bench --bench journal`.
+//! Criterion benchmark of one durable journal batch write on the embedded journal
+//! (`LogJournal`: each batch is a record of the log, made durable by one `fdatasync`
+//! before it is answered; its views are written after): `cargo bench --bench journal`.
 //!
 //! `journal/append_batch/N`: a processor batch of N decisions on one hot item (each with
-//! a new request key, as the at-most-once index sees them), from `append` until its
-//! done callback reports it durable. Throughput is in decisions, so criterion prints
+//! a new request key, as the key filter sees them), from `append` until its done
+//! callback reports it durable. Throughput is in decisions, so criterion prints
 //! decisions/s; the difference between 1 and 1,000 is what batching buys.
 
 use std::sync::mpsc;
@@ -12,13 +13,14 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use nrtxn_actors::apply::apply;
 use nrtxn_actors::{Entry, ItemState, JournalWrite, Lifecycle, Metrics, Op, Request};
-use nrtxn_embedded::views::SqliteStore;
+use nrtxn_embedded::journal::{LogJournal, Retention};
 
 const NOW_MS: i64 = 1_700_000_000_000;
 
 fn bench_append(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open(dir.path(), Arc::new(Metrics::new())).expect("store");
+    let store = LogJournal::open(dir.path(), Arc::new(Metrics::new()), Retention::default())
+        .expect("journal");
     let (shop, item): (Arc<str>, Arc<str>) = ("bench".into(), "hot".into());
     let mut state = ItemState {
         stock: i64::MAX / 2,

@@ -173,7 +173,7 @@ pub struct ServeArgs {
     /// [default: the rate, at least 1].
     #[arg(long, env = "NRTXN_SHOP_BURST")]
     pub shop_burst: Option<u32>,
-    // One shop cannot starve the others (issue 25): its share of a shard's pending holds
+    // One shop cannot starve the others: its share of a shard's pending holds
     // and of the node's push streams.
     /// Most pending holds of one shop on one processor shard; beyond it that shop's hold
     /// is refused (limit_exceeded) while other shops still hold [default: 250000, a

@@ -221,8 +221,9 @@ impl Storage {
             metrics.clone(),
         )
         .with_context(|| format!("mongo_uri: cannot use {}", redact_uri(uri)))?;
-        let store = SqliteStore::open_in(&settings.data_dir, metrics.clone(), space.clone())
-            .with_context(cannot_open)?;
+        let store =
+            SqliteStore::open_request_store(&settings.data_dir, metrics.clone(), space.clone())
+                .with_context(cannot_open)?;
         Ok(Storage {
             journal: journal.clone(),
             log_store: store.clone(),

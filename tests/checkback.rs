@@ -1,8 +1,8 @@
-//! A shop's check-back before its holds and orders expire (issue 15), against the real
+//! A shop's check-back before its holds and orders expire, against the real
 //! binary and a real small HTTP server of the shop's (on loopback, in this test): it
 //! answers confirm, release, extend, errors, silence, redirects and answers too large,
 //! and checks every call's signature. The server's rules on where a check-back may go
-//! (issue 25) are checked here too, and a Python receiver (docs/examples) verifies the
+//! are checked here too, and a Python receiver (docs/examples) verifies the
 //! signature.
 
 mod common;

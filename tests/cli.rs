@@ -1,4 +1,4 @@
-//! The client commands of `nrtxn` (issue 16) against a real server over HTTP: `items
+//! The client commands of `nrtxn` against a real server over HTTP: `items
 //! load` (batches, malformed lines, refusals, resuming), `items list`, `items get`, `txn
 //! submit`, `txn get`, and their messages when the server is down or a key is refused.
 

@@ -1,4 +1,4 @@
-//! Dead letters an operator can act on (issue 25), against the real binary and a small
+//! Dead letters an operator can act on, against the real binary and a small
 //! shop server on loopback: a retry schedule keeps a hold `checking` past its expiry
 //! until a later attempt is answered; the default `ask` keeps it so until an operator
 //! resolves its dead letter; dead letters are durable (a restart, another node on the

@@ -1,7 +1,7 @@
-//! A full disk (issue 14). The campaign's disk-full case (`scripts/faults_disk.py`, as
+//! A full disk. The campaign's disk-full case (`scripts/faults_disk.py`, as
 //! root on a tmpfs) fills a real disk under load; here, without root, the start's check
 //! is met by asking for more free space than any disk has. As root (CI), the floor is
-//! checked on a small disk of its own (issue 26): a tmpfs the test mounts.
+//! checked on a small disk of its own: a tmpfs the test mounts.
 
 mod common;
 

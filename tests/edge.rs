@@ -1,4 +1,4 @@
-//! The edge (issue 11): a key means one request, bodies are strict and bounded in time
+//! The edge: a key means one request, bodies are strict and bounded in time
 //! and bytes, paths decode to UTF-8, and shops and cached outcomes are bounded in memory
 //! with idle shops passivated and brought back on demand. Against the real binary.
 

@@ -1,4 +1,4 @@
-//! One shop cannot starve the others, and a revoked key's stream ends (issue 25),
+//! One shop cannot starve the others, and a revoked key's stream ends,
 //! through the real binary over HTTP: a shop's share of a shard's pending holds and of
 //! the node's push streams, the token bucket charged by work, a stream's end at its
 //! key's revocation, and cursors that are opaque and bound to their shop.

@@ -1,4 +1,4 @@
-//! The HTTP garbage campaign (issue 14): malformed requests of every kind, sent raw over
+//! The HTTP garbage campaign: malformed requests of every kind, sent raw over
 //! TCP to the real server on every route that takes a body or a name. Every one gets a
 //! 4xx: never a 5xx, a dropped connection or a hang; the server still serves afterwards,
 //! and nothing of the garbage was applied. The test prints how many inputs it tried.

@@ -1,4 +1,4 @@
-//! The embedded journal's log (issue 12), against the real binary: a torn tail is cut
+//! The embedded journal's log, against the real binary: a torn tail is cut
 //! off with every acknowledged outcome kept, a damaged record inside the log refuses the
 //! start naming the file and offset, and lost views are rebuilt from the log whole.
 
@@ -628,18 +628,21 @@ async fn a_backup_taken_under_load_restores_every_outcome_acknowledged_before_it
     );
 }
 
-/// Writes a data dir the way the SQLite journal did before the log existed (the same
-/// SQLite store, synced at every commit, as the journal itself): `sku` loaded with 10
-/// and three sales, keys `m0`..`m2`.
+/// Writes a data dir as the SQLite journal left it before the log existed: `sku` loaded
+/// with 10 and three sales, keys `m0`..`m2`. That journal was the store that now holds
+/// the views, with the same tables, and wrote no log and no log mark. So the data dir is
+/// written by the embedded journal, and then its log (`journal/`) and the views' log
+/// mark are taken away.
 fn legacy_data_dir(data: &Path) {
     use nrtxn_actors::{now_ms, Engine, EngineConfig, Metrics, Op, Reply, Request};
+    use nrtxn_embedded::journal::{LogJournal, Retention};
     use nrtxn_embedded::request_log::EmbeddedLog;
-    use nrtxn_embedded::views::SqliteStore;
     let data = data.to_path_buf();
+    let written = data.clone();
     std::thread::spawn(move || {
         actix_rt::System::new().block_on(async move {
             let metrics = std::sync::Arc::new(Metrics::new());
-            let store = SqliteStore::open(&data, metrics.clone()).unwrap();
+            let store = LogJournal::open(&data, metrics.clone(), Retention::default()).unwrap();
             let log = store.clone();
             let engine = Engine::start(
                 EngineConfig::default(),
@@ -670,6 +673,16 @@ fn legacy_data_dir(data: &Path) {
     })
     .join()
     .unwrap();
+    std::fs::remove_dir_all(written.join("journal")).unwrap();
+    let views = rusqlite::Connection::open(written.join("nrtxn.db")).unwrap();
+    let gone = views
+        .execute(
+            "DELETE FROM meta
+             WHERE key IN ('log_next_lsn', 'log_parent_hi', 'log_parent_lo', 'log_epoch')",
+            [],
+        )
+        .unwrap();
+    assert_eq!(gone, 4, "the views' log mark is four rows of meta");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

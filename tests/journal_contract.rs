@@ -1,6 +1,5 @@
-//! One contract, every journal adapter: the embedded log (`LogJournal`), the SQLite store
-//! (the MongoDB deployment's side store, and the journal before the log), and MongoDB
-//! (against the test server `scripts/test.sh` starts). Each is driven through the
+//! One contract, every journal adapter `serve` uses: the embedded log (`LogJournal`) and
+//! MongoDB (against the test server `scripts/test.sh` starts). Each is driven through the
 //! journal's ports exactly as the engine drives it, and must answer the same: outcomes
 //! by key, item states, events in seq order and by page, holds, the outbox relay's pages
 //! and cursor, and after a close and a reopen, the same state recovered.
@@ -15,7 +14,6 @@ use nrtxn_actors::{
     Entry, HoldStatus, ItemState, Journal, Metrics, Op, Request, Status, StoreError,
 };
 use nrtxn_embedded::journal::{LogJournal, Retention};
-use nrtxn_embedded::views::SqliteStore;
 use nrtxn_mongo::MongoJournal;
 
 /// Opens (or opens again) one adapter on its store.
@@ -175,7 +173,7 @@ fn contract(name: &str, open: Open) {
     assert_eq!(found[0].as_ref().map(|o| o.seq), Some(Some(2)), "{name}");
     assert_eq!(journal.relay_cursor().unwrap(), first.next, "{name}");
 
-    // Returns (issue 25): what a sale sold and the units returned against it, as the
+    // Returns: what a sale sold and the units returned against it, as the
     // journal holds them, also after a close and a reopen.
     let b: Arc<str> = "b".into();
     let mut state_b = ItemState::default();
@@ -257,16 +255,6 @@ fn the_embedded_log_keeps_the_contract() {
         Box::new(move || {
             LogJournal::open(&path, metrics(), Retention::default()).unwrap() as Arc<dyn Journal>
         }),
-    );
-}
-
-#[test]
-fn the_sqlite_store_keeps_the_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    contract(
-        "sqlite",
-        Box::new(move || SqliteStore::open(&path, metrics()).unwrap() as Arc<dyn Journal>),
     );
 }
 

@@ -1,9 +1,9 @@
 //! A journal whose queue is full holds the processor back; it never loses a batch
 //! (issue 11, the MongoDB writer queue). The MongoDB journal's queue is sized at start so
 //! that it cannot fill (shards × batches in flight), so `Full` cannot be produced for
-//! real: this test wraps the real SQLite journal in a double that answers `Full` to
-//! every third append, as a broken bound would, and checks that every request is still
-//! decided once, answered, and journaled with a gapless seq.
+//! real: this test wraps the embedded journal (`LogJournal`) in a double that answers
+//! `Full` to every third append, as a broken bound would, and checks that every request
+//! is still decided once, answered, and journaled with a gapless seq.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,13 +14,13 @@ use nrtxn_actors::{
     now_ms, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome, Reply, Request,
     RequestLog, Status, StoreError,
 };
+use nrtxn_embedded::journal::{LogJournal, Retention};
 use nrtxn_embedded::request_log::EmbeddedLog;
-use nrtxn_embedded::views::SqliteStore;
 
 /// The real journal, except that every third append is refused with `Full` before it
 /// returns, having kept nothing (the fault double).
 struct FullEveryThird {
-    inner: Arc<SqliteStore>,
+    inner: Arc<LogJournal>,
     appends: AtomicUsize,
     refused: AtomicUsize,
 }
@@ -123,7 +123,8 @@ fn a_full_journal_queue_holds_batches_back_and_loses_none() {
     let dir = tempfile::tempdir().unwrap();
     actix_rt::System::new().block_on(async move {
         let metrics = Arc::new(Metrics::new());
-        let store = SqliteStore::open(dir.path(), metrics.clone()).expect("store");
+        let store =
+            LogJournal::open(dir.path(), metrics.clone(), Retention::default()).expect("journal");
         let journal = Arc::new(FullEveryThird {
             inner: store.clone(),
             appends: AtomicUsize::new(0),

@@ -289,7 +289,7 @@ async fn holds_overdue_at_a_restart_expire_through_the_log_under_a_lease() {
 /// the processor that armed it (it may belong to another node by then); a copy that
 /// reaches it later must still expire it, from the journal, where it is pending. Here
 /// each journal write is held 9 s and one shard has its two batches in flight, so the
-/// expiry's copies wait in the mailbox past the let-go; in the fault campaign (issue 14)
+/// expiry's copies wait in the mailbox past the let-go; in the fault campaign
 /// the broker or the database was down, and the hold stayed held for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hold_let_go_while_its_expiry_waited_expires_when_the_expiry_arrives() {

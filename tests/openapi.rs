@@ -1,4 +1,4 @@
-//! The OpenAPI contract (issue 16), against the real binary: `/openapi.json` is an
+//! The OpenAPI contract, against the real binary: `/openapi.json` is an
 //! OpenAPI 3 document with every route the server serves, each with its method, path
 //! parameters, role and body schemas, every schema it names defined; `/docs` renders it.
 
@@ -102,7 +102,7 @@ async fn the_contract_has_every_route_the_server_serves() {
         "operator"
     );
     assert_eq!(doc["paths"]["/healthz"]["get"]["x-nrtxn-role"], "open");
-    // Returns (issue 25): a transaction may name the sale it returns, and its outcome may
+    // Returns: a transaction may name the sale it returns, and its outcome may
     // be a refused return; a seller's free increment is the 403.
     let txn = &doc["components"]["schemas"]["Txn"]["properties"];
     assert_eq!(txn["return_of"]["type"], "string", "{txn}");

@@ -1,4 +1,4 @@
-//! Orders (issue 15), against the real binary: several lines reserved all or none, ended
+//! Orders, against the real binary: several lines reserved all or none, ended
 //! together, in the key space of holds and transactions; concurrent orders taking the
 //! same items in opposite orders; a crash in the middle of orders.
 

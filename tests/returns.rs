@@ -1,4 +1,4 @@
-//! Returns (issue 25): a seller cannot create stock. A seller key's increment must name
+//! Returns: a seller cannot create stock. A seller key's increment must name
 //! the sale it returns (`return_of`), and may give back at most what that sale sold
 //! less what was returned against it already, across restarts; through the real binary,
 //! on the embedded journal and on Kafka + MongoDB.

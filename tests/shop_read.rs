@@ -1,4 +1,4 @@
-//! Reading a shop (issue 16): the item list, page by page, on the embedded journal and on
+//! Reading a shop: the item list, page by page, on the embedded journal and on
 //! MongoDB, through the real binary over HTTP.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Stock operations an operator can trust during a sale (issue 15), against the real
+//! Stock operations an operator can trust during a sale, against the real
 //! binary: a conditional load applies only while the item is at the seq it was read at.
 
 mod common;

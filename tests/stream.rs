@@ -1,4 +1,4 @@
-//! The shop's push stream (issue 16), `GET /v1/shops/{shop}/events/stream`, through the
+//! The shop's push stream, `GET /v1/shops/{shop}/events/stream`, through the
 //! real binary over HTTP: it starts at new events, resumes from an event's id without
 //! missing or repeating one, keeps each item's seq order, and drops a slow client with
 //! a final message rather than buffering without bound.
@@ -354,7 +354,7 @@ async fn with_two_nodes_the_stream_has_every_change_once_and_resumes_on_the_othe
         ));
     }
     let ready = parse(&text)[0].clone();
-    // Sealed (issue 25): the topic's offsets are inside, opaque; another node of the
+    // Sealed: the topic's offsets are inside, opaque; another node of the
     // deployment opens it (below), since the nodes share the sealing key.
     assert!(
         ready

@@ -1,4 +1,4 @@
-//! A shop's check-back before one of its holds or orders expires (issue 15): the port
+//! A shop's check-back before one of its holds or orders expires: the port
 //! the engine asks through. The adapter (the server's, over HTTP with a signed body)
 //! keeps the shops' settings, calls the shop, retries, and falls back to the shop's
 //! default; the engine turns its answer into a confirm, an expiry or an extension,

@@ -1,4 +1,4 @@
-//! Dead letters an operator acts on (issue 25): a check-back the shop did not answer is
+//! Dead letters an operator acts on: a check-back the shop did not answer is
 //! a dead letter in the adapter's store ([`crate::checkback`]); an operator asks the
 //! shop again ([`Engine::retry_dead_letter`]) or ends the hold or order as they decide
 //! ([`Engine::resolve_dead_letter`]).

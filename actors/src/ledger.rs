@@ -1,4 +1,4 @@
-//! Per-buyer limits (issue 15): an item loaded with `per_buyer_max` N lets no buyer hold
+//! Per-buyer limits: an item loaded with `per_buyer_max` N lets no buyer hold
 //! more than N of its units at once, counting what each buyer bought and has reserved.
 //!
 //! A buyer's units are their `ok` sales and holds, less their returns and the holds that

@@ -1,4 +1,4 @@
-//! Returns (issue 25): an increment that names the sale it gives back (`return_of`, the
+//! Returns: an increment that names the sale it gives back (`return_of`, the
 //! sale's request key). A seller's increment must be one (the API refuses a seller's
 //! free increment with 403); an operator's may be.
 //!

@@ -1,4 +1,4 @@
-//! The embedded journal (issue 12): the log is the durable record, and the queryable
+//! The embedded journal: the log is the durable record, and the queryable
 //! views (outcomes by key, events by item, holds, item snapshots, the fire-and-forget
 //! requests still pending) are derived from it off the commit path.
 //!
@@ -216,95 +216,12 @@ impl LogJournal {
         let lock = segment::lock(&dir).map_err(store_error)?;
         // What the log holds is read back only once it is on disk for good.
         segment::sync_newest(&dir).map_err(store_error)?;
-        let views = SqliteStore::open_views_in(data_dir, metrics.clone(), space.clone())?;
-        // Views with no mark hold nothing of the log: either they were written before
-        // the log existed (a data dir of the SQLite journal, migrated as it is: the log
-        // starts after them), or they were lost, and are rebuilt from the log's first
-        // record, which must then still be there.
-        let log_exists = !segment::segments(&dir)
-            .map_err(|e| StoreError::Storage(e.to_string()))?
-            .is_empty();
-        let from = match views.log_mark()? {
-            Some(mark) => mark,
-            None if log_exists => Chain {
-                next_lsn: 1,
-                ..Chain::default()
-            },
-            None => Chain::default(),
-        };
+        let views = SqliteStore::open_views(data_dir, metrics.clone(), space.clone())?;
         let progress = Arc::new(Progress {
             space: Some(views.space().clone()),
             ..Progress::default()
         });
-        progress.applied(from.next_lsn.saturating_sub(1), 0);
-        let started = Instant::now();
-        let mut replayed = 0u64;
-        let acked = seal::read_mark(&dir).map_err(store_error)?;
-        let end = scan(&dir, from, acked, |record: segment::Record<'_>| {
-            let mark = Chain {
-                next_lsn: record.header.lsn + 1,
-                parent: record.header.checksum,
-                epoch: record.header.epoch,
-            };
-            let applied = progress.clone();
-            let lsn = record.header.lsn;
-            match record.header.kind {
-                KIND_ENTRIES => {
-                    let entries = codec::decode(record.body, record.header.at_ms)?;
-                    replayed += entries.len() as u64;
-                    views.append_marked(
-                        entries,
-                        Box::new(move |_, r| {
-                            if r.is_ok() {
-                                applied.applied(lsn, 0)
-                            }
-                        }),
-                        Some(mark),
-                    );
-                }
-                KIND_ACCEPTED => {
-                    let reqs: Vec<Request> = serde_json::from_slice(record.body)
-                        .map_err(|e| format!("accepted requests: {e}"))?;
-                    views.accept_marked(
-                        reqs,
-                        Box::new(move |r| {
-                            if r.is_ok() {
-                                applied.applied(lsn, 0)
-                            }
-                        }),
-                        Some(mark),
-                    );
-                }
-                other => return Err(format!("unknown record kind {other}")),
-            }
-            Ok(())
-        })
-        .map_err(store_error)?;
-        if let Some(torn) = &end.torn {
-            tracing::warn!(
-                file = %torn.file.display(),
-                offset = torn.offset,
-                bytes = torn.bytes,
-                "journal: a torn tail (written when the process stopped, never acknowledged) is cut off"
-            );
-        }
-        progress
-            .durable
-            .store(end.chain.next_lsn.saturating_sub(1), Ordering::Release);
-        // Views rebuilt from a long log take as long as the log is: no limit at start,
-        // only word of the progress.
-        while let Err(e) = progress.wait_views() {
-            if matches!(e, StoreError::Closed) {
-                return Err(e);
-            }
-            tracing::info!("journal: bringing the views up to the log ({e})");
-        }
-        tracing::info!(
-            records = end.records,
-            entries = replayed,
-            ms = started.elapsed().as_millis() as u64,
-            "journal log read and views brought up to it"
-        );
+        let end = bring_views_up(&dir, &views, &progress)?;
         // The durable mark's first write takes a block of its own.
         let mark_room = space
             .retry(
@@ -324,27 +241,13 @@ impl LogJournal {
             .name("journal-log".into())
             .spawn(move || run(writer, rx, thread_views, thread_progress, metrics))
             .map_err(|e| StoreError::Storage(e.to_string()))?;
-        let (stop, stopped) = mpsc::channel::<()>();
-        let (m_views, m_dir) = (views.clone(), dir.clone());
-        let keep_segments = nrtxn_log::faults::keep_segments();
-        let maintainer = std::thread::Builder::new()
-            .name("journal-retention".into())
-            .spawn(move || {
-                while let Err(mpsc::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(MAINTAIN_EVERY)
-                {
-                    if let Err(e) = maintain(&m_views, &m_dir, retention, keep_segments) {
-                        tracing::warn!(error = %e, "journal retention failed; retrying");
-                    }
-                }
-            })
-            .map_err(|e| StoreError::Storage(e.to_string()))?;
+        let maintainer = start_maintainer(views.clone(), dir.clone(), retention)?;
         Ok(Arc::new(LogJournal {
             views,
             tx,
             progress,
             writer: Mutex::new(Some(writer)),
-            maintainer: Mutex::new(Some((stop, maintainer))),
+            maintainer: Mutex::new(Some(maintainer)),
             dir,
             read_hold: nrtxn_log::faults::journal_read_hold(),
         }))
@@ -377,6 +280,155 @@ impl LogJournal {
     pub fn space(&self) -> &Arc<nrtxn_log::space::Space> {
         self.views.space()
     }
+}
+
+/// Where in the log in `dir` the views start reading: after the last record they hold.
+/// Views with no mark hold nothing of the log: either they were written before the log
+/// existed (a data dir of the SQLite journal, migrated as it is: the log starts after
+/// them), or they were lost, and are rebuilt from the log's first record, which must
+/// then still be there.
+fn views_start(dir: &Path, views: &SqliteStore) -> Result<Chain, StoreError> {
+    let log_exists = !segment::segments(dir)
+        .map_err(|e| StoreError::Storage(e.to_string()))?
+        .is_empty();
+    Ok(match views.log_mark()? {
+        Some(mark) => mark,
+        None if log_exists => Chain {
+            next_lsn: 1,
+            ..Chain::default()
+        },
+        None => Chain::default(),
+    })
+}
+
+/// Recovery: reads the log in `dir` from where the views stand, checking every record,
+/// hands the views what they lack, and waits until they hold it all. Returns where the
+/// log ends, for its writer to go on from.
+fn bring_views_up(
+    dir: &Path,
+    views: &Arc<SqliteStore>,
+    progress: &Arc<Progress>,
+) -> Result<segment::ScanEnd, StoreError> {
+    let from = views_start(dir, views)?;
+    progress.applied(from.next_lsn.saturating_sub(1), 0);
+    let started = Instant::now();
+    let mut replayed = 0u64;
+    // The records replayed start right after the views' mark, one lsn after another.
+    let mut due = from.next_lsn.max(1);
+    let acked = seal::read_mark(dir).map_err(store_error)?;
+    let end = scan(dir, from, acked, |record: segment::Record<'_>| {
+        assert_eq!(
+            record.header.lsn, due,
+            "recovery was handed a record out of the log's order after {from:?}"
+        );
+        due += 1;
+        replayed += replay(views, progress, record)?;
+        Ok(())
+    })
+    .map_err(store_error)?;
+    if let Some(torn) = &end.torn {
+        tracing::warn!(
+            file = %torn.file.display(),
+            offset = torn.offset,
+            bytes = torn.bytes,
+            "journal: a torn tail (written when the process stopped, never acknowledged) is cut off"
+        );
+    }
+    progress
+        .durable
+        .store(end.chain.next_lsn.saturating_sub(1), Ordering::Release);
+    // Views rebuilt from a long log take as long as the log is: no limit at start,
+    // only word of the progress.
+    while let Err(e) = progress.wait_views() {
+        if matches!(e, StoreError::Closed) {
+            return Err(e);
+        }
+        tracing::info!("journal: bringing the views up to the log ({e})");
+    }
+    if end.records > 0 {
+        // What the log holds and what the views hold now end at the same record.
+        assert_eq!(
+            views.log_mark()?,
+            Some(end.chain),
+            "the views do not stand where the log they were brought up to ends"
+        );
+    }
+    tracing::info!(
+        records = end.records,
+        entries = replayed,
+        ms = started.elapsed().as_millis() as u64,
+        "journal log read and views brought up to it"
+    );
+    Ok(end)
+}
+
+/// Hands one record of the log read at start to the views, marked with where it brings
+/// them; returns the entries it holds.
+fn replay(
+    views: &SqliteStore,
+    progress: &Arc<Progress>,
+    record: segment::Record<'_>,
+) -> Result<u64, String> {
+    let mark = Chain {
+        next_lsn: record.header.lsn + 1,
+        parent: record.header.checksum,
+        epoch: record.header.epoch,
+    };
+    let applied = progress.clone();
+    let lsn = record.header.lsn;
+    match record.header.kind {
+        KIND_ENTRIES => {
+            let entries = codec::decode(record.body, record.header.at_ms)?;
+            let n = entries.len() as u64;
+            views.append_marked(
+                entries,
+                Box::new(move |_, r| {
+                    if r.is_ok() {
+                        applied.applied(lsn, 0)
+                    }
+                }),
+                Some(mark),
+            );
+            Ok(n)
+        }
+        KIND_ACCEPTED => {
+            let reqs: Vec<Request> = serde_json::from_slice(record.body)
+                .map_err(|e| format!("accepted requests: {e}"))?;
+            views.accept_marked(
+                reqs,
+                Box::new(move |r| {
+                    if r.is_ok() {
+                        applied.applied(lsn, 0)
+                    }
+                }),
+                Some(mark),
+            );
+            Ok(0)
+        }
+        other => Err(format!("unknown record kind {other}")),
+    }
+}
+
+/// Starts the thread that retires old segments and prunes old entries every
+/// [`MAINTAIN_EVERY`]; dropping the returned sender stops it.
+fn start_maintainer(
+    views: Arc<SqliteStore>,
+    dir: PathBuf,
+    retention: Retention,
+) -> Result<(mpsc::Sender<()>, JoinHandle<()>), StoreError> {
+    let (stop, stopped) = mpsc::channel::<()>();
+    let keep_segments = nrtxn_log::faults::keep_segments();
+    let maintainer = std::thread::Builder::new()
+        .name("journal-retention".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(MAINTAIN_EVERY) {
+                if let Err(e) = maintain(&views, &dir, retention, keep_segments) {
+                    tracing::warn!(error = %e, "journal retention failed; retrying");
+                }
+            }
+        })
+        .map_err(|e| StoreError::Storage(e.to_string()))?;
+    Ok((stop, maintainer))
 }
 
 /// Retires the segments the views hold for good, and prunes entries past the key window
@@ -500,73 +552,19 @@ fn commit(
     progress: &Arc<Progress>,
     metrics: &Metrics,
 ) -> Option<mpsc::Sender<()>> {
-    let mut closing = None;
+    // The processors hand each item's entries over in seq order, each following the
+    // last; the log keeps the order it is given, and recovery checks it again.
+    debug_assert!(
+        chained_per_item(&cmds),
+        "a group commit's entries are not in each item's seq order"
+    );
     let started = Instant::now();
-    let now = now_ms();
-    let mut marks = Vec::with_capacity(cmds.len());
-    let mut result: Result<(), LogError> = Ok(());
-    // Room for the group's records within the disk's floor (see `crate::space`), asked
-    // for by the MiB rather than by the record: one reading of the free space per MiB.
-    let space = views.space();
-    let mut room = space.claim();
-    let mut used = 0;
-    for cmd in &cmds {
-        body.clear();
-        let kind = match cmd {
-            Command::Append(entries, _) => {
-                codec::encode(entries, now, body);
-                // What the log writes is what recovery reads back (a debug build decodes
-                // every record it writes: a codec change that loses a field fails here).
-                debug_assert_eq!(
-                    codec::decode(body, now).map(|back| back.len()),
-                    Ok(entries.len()),
-                    "a record does not decode to the entries written"
-                );
-                KIND_ENTRIES
-            }
-            Command::Accept(reqs, _) => {
-                if let Err(e) = serde_json::to_writer(&mut *body, reqs) {
-                    result = Err(LogError::Io(std::io::Error::other(e)));
-                    break;
-                }
-                KIND_ACCEPTED
-            }
-            Command::Close(_) => {
-                marks.push(None);
-                continue;
-            }
-        };
-        // A record that finds the disk full, or no room above its floor, is cut off
-        // and written again once there is room, while new writes are refused; nothing
-        // of this group is answered before its sync. Its bound: the record, the footer
-        // of the segment it may end first, and the block the next segment starts in.
-        let need = used + (segment::HEADER_LEN + body.len() + seal::FOOTER_LEN) as u64;
-        match space.retry(
-            "the journal's log",
-            || {
-                if need + nrtxn_log::space::BLOCK_BYTES > room.bytes()
-                    && room.try_grow_to(need + LOG_ROOM_STEP).is_err()
-                {
-                    room.try_grow_to(need + nrtxn_log::space::BLOCK_BYTES)
-                        .map_err(LogError::Io)?;
-                }
-                log.append(kind, now, body)
-            },
-            LogError::no_room,
-        ) {
-            Ok(_) => {
-                used = need;
-                marks.push(Some(log.chain()));
-            }
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
-    }
-    if result.is_ok() {
-        result = log.sync();
-    }
+    let Written {
+        marks,
+        result,
+        room,
+    } = write_records(log, body, &cmds, views.space());
+    let result = result.and_then(|()| log.sync());
     drop(room);
     metrics
         .journal_write_seconds
@@ -587,6 +585,13 @@ fn commit(
             "the journal's log can no longer be written: {e}"
         ));
     }
+    // Every command has its record (a close none), or the group would have failed: a
+    // command without one would be neither answered nor handed to the views.
+    assert_eq!(
+        marks.len(),
+        cmds.len(),
+        "a group commit wrote records for only some of its commands"
+    );
     // Every key now durable is in the key filter before anyone is answered: a key the
     // filter does not know was never decided, and reads need not wait for the views.
     let filter = views.key_filter();
@@ -599,9 +604,139 @@ fn commit(
             }
         }
     }
-    progress
-        .durable
-        .store(log.chain().next_lsn - 1, Ordering::Release);
+    let durable = log.chain().next_lsn - 1;
+    let before = progress.durable.swap(durable, Ordering::AcqRel);
+    // The log's durable record number only moves on: reads wait for the views to reach it.
+    assert!(
+        before <= durable,
+        "the log's durable record went back from {before} to {durable}"
+    );
+    answer_and_hand_on(cmds, marks, views, progress)
+}
+
+/// What [`write_records`] did: each command's mark after its record (`None`: a close,
+/// which has none), and whether every record was written.
+struct Written {
+    marks: Vec<Option<Chain>>,
+    result: Result<(), LogError>,
+    /// The room the records were written in, held until they are synced.
+    room: nrtxn_log::space::Claim,
+}
+
+/// Writes a record for each command of a group (not synced), each within the disk's
+/// floor; stops at the first that fails.
+fn write_records(
+    log: &mut LogWriter,
+    body: &mut Vec<u8>,
+    cmds: &[Command],
+    space: &Arc<Space>,
+) -> Written {
+    let now = now_ms();
+    let mut marks = Vec::with_capacity(cmds.len());
+    // Room for the group's records within the disk's floor (see `crate::space`), asked
+    // for by the MiB rather than by the record: one reading of the free space per MiB.
+    let mut room = space.claim();
+    let mut used = 0;
+    for cmd in cmds {
+        let kind = match encode_record(cmd, now, body) {
+            Ok(Some(kind)) => kind,
+            Ok(None) => {
+                marks.push(None);
+                continue;
+            }
+            Err(e) => {
+                return Written {
+                    marks,
+                    result: Err(e),
+                    room,
+                }
+            }
+        };
+        // A record that finds the disk full, or no room above its floor, is cut off
+        // and written again once there is room, while new writes are refused; nothing
+        // of this group is answered before its sync. Its bound: the record, the footer
+        // of the segment it may end first, and the block the next segment starts in.
+        let need = used + (segment::HEADER_LEN + body.len() + seal::FOOTER_LEN) as u64;
+        let appended = space.retry(
+            "the journal's log",
+            || {
+                if need + nrtxn_log::space::BLOCK_BYTES > room.bytes()
+                    && room.try_grow_to(need + LOG_ROOM_STEP).is_err()
+                {
+                    room.try_grow_to(need + nrtxn_log::space::BLOCK_BYTES)
+                        .map_err(LogError::Io)?;
+                }
+                log.append(kind, now, body)
+            },
+            LogError::no_room,
+        );
+        if let Err(e) = appended {
+            return Written {
+                marks,
+                result: Err(e),
+                room,
+            };
+        }
+        used = need;
+        marks.push(Some(log.chain()));
+    }
+    Written {
+        marks,
+        result: Ok(()),
+        room,
+    }
+}
+
+/// Encodes `cmd` as a record's body in `body`; returns the record's kind (`None`: a
+/// close, which has no record).
+fn encode_record(cmd: &Command, now: i64, body: &mut Vec<u8>) -> Result<Option<u8>, LogError> {
+    body.clear();
+    match cmd {
+        Command::Append(entries, _) => {
+            codec::encode(entries, now, body);
+            // What the log writes is what recovery reads back (a debug build decodes
+            // every record it writes: a codec change that loses a field fails here).
+            debug_assert_eq!(
+                codec::decode(body, now).map(|back| back.len()),
+                Ok(entries.len()),
+                "a record does not decode to the entries written"
+            );
+            Ok(Some(KIND_ENTRIES))
+        }
+        Command::Accept(reqs, _) => serde_json::to_writer(&mut *body, reqs)
+            .map(|()| Some(KIND_ACCEPTED))
+            .map_err(|e| LogError::Io(std::io::Error::other(e))),
+        Command::Close(_) => Ok(None),
+    }
+}
+
+/// Whether the entries of `cmds`, in order, follow each other within each item: each
+/// entry with a seq comes right after the item's entry before it in the group.
+fn chained_per_item(cmds: &[Command]) -> bool {
+    let mut last: std::collections::HashMap<(&str, &str), u64> = Default::default();
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Append(entries, _) => Some(entries),
+            _ => None,
+        })
+        .flatten()
+        .all(|e| {
+            let Some(seq) = e.seq else { return true };
+            let before = last.insert((&*e.shop, &*e.item), seq);
+            before.is_none_or(|b| e.prev_seq == Some(b) && seq == b + 1)
+        })
+}
+
+/// After a group's sync: answers each command, and hands what it wrote to the views,
+/// marked with where in the log it brings them. Returns the acknowledgement of a
+/// `Close` among them.
+fn answer_and_hand_on(
+    cmds: Vec<Command>,
+    marks: Vec<Option<Chain>>,
+    views: &Arc<SqliteStore>,
+    progress: &Arc<Progress>,
+) -> Option<mpsc::Sender<()>> {
+    let mut closing = None;
     for (cmd, mark) in cmds.into_iter().zip(marks) {
         let lsn = mark.map_or(0, |m| m.next_lsn - 1);
         let applied = progress.clone();

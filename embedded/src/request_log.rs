@@ -70,7 +70,8 @@ pub struct EmbeddedLog {
 }
 
 impl EmbeddedLog {
-    /// `journal_is_store`: the same SQLite store is also the journal.
+    /// `journal_is_store`: the request store is the journal itself (the embedded
+    /// journal, whose entries retire the requests they decide).
     pub fn new(
         store: Arc<dyn RequestStore>,
         dispatcher: Dispatcher,

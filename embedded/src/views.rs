@@ -1,12 +1,11 @@
 //! The journal's views in SQLite (bundled, WAL mode): every read of the embedded journal
 //! (a key's outcome, an item's events, holds, item snapshots) is answered from here.
 //!
-//! [`SqliteStore`] plays three roles, chosen when it is opened: the **views** of the
-//! embedded journal, derived from the log off the commit path (`synchronous=NORMAL`: the
-//! log is what is durable, and a start catches the views up from it); the **request
-//! log** beside a MongoDB journal (fire-and-forget requests in `requests`, `synchronous=
-//! FULL`); and a **journal of its own** (`synchronous=FULL`), which only tests and
-//! benches still open. The next change of the write path removes the third.
+//! [`SqliteStore`] plays one of two roles ([`Role`]), chosen when it is opened: the
+//! **views** of the embedded journal, derived from the log off the commit path
+//! (`synchronous=NORMAL`: the log is the record, and a start catches the views up from
+//! it); or the **request store** beside a MongoDB journal (fire-and-forget requests in
+//! `requests`, `synchronous=FULL`).
 //!
 //! Why SQLite: the most widely deployed and tested embedded database, with a documented
 //! file format, crash safety proven by its own test suite (power-loss simulation), and a
@@ -36,9 +35,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::ports::{
-    ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
-};
+use nrtxn_actors::ports::{ItemPage, ItemReads, Lifecycle, Outbox, Outcomes};
 use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
@@ -295,10 +292,43 @@ const TXN_PAGES_FIXED: u64 = 16;
 /// and the free list.
 const PRUNE_PAGES_PER_ENTRY: u64 = 7;
 
+/// What a [`SqliteStore`] is opened as. The role sets how its commits are synced and how
+/// long its writer gathers commands; the tables are the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The views of the embedded journal ([`crate::journal::LogJournal`]), derived from
+    /// its log: a commit is not synced by itself (the log is the record, and replays
+    /// what a crash took), the writer lingers ([`VIEWS_LINGER`]) for fewer, larger
+    /// commits, and the file is checked before it is read ([`check_views`]).
+    Views,
+    /// The request log's store beside a MongoDB journal: the fire-and-forget requests
+    /// accepted and not yet decided, each commit synced before their `202`, with no
+    /// linger (its callers wait for the commit).
+    RequestStore,
+}
+
+impl Role {
+    /// SQLite's `synchronous` setting for this role (see [`open`]).
+    fn synchronous(self) -> &'static str {
+        match self {
+            Role::Views => "NORMAL",
+            Role::RequestStore => "FULL",
+        }
+    }
+
+    /// How long the writer waits for more commands after a transaction's first.
+    fn linger(self) -> std::time::Duration {
+        match self {
+            Role::Views => VIEWS_LINGER,
+            Role::RequestStore => std::time::Duration::ZERO,
+        }
+    }
+}
+
 pub struct SqliteStore {
     path: std::path::PathBuf,
-    /// Whether each commit is synced (see [`open`]).
-    durable: bool,
+    /// What the store was opened as: how its read connections are opened too.
+    role: Role,
     tx: SyncSender<Command>,
     readers: Mutex<Vec<Connection>>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -399,7 +429,7 @@ fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 
-fn open(path: &Path, durable: bool) -> Result<Connection, StoreError> {
+fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(storage)?;
     // 4 KiB pages (SQLite's default, set explicitly; takes effect when the file is
     // created). Each commit rewrites the tail page of the journal and of each index in
@@ -413,10 +443,11 @@ fn open(path: &Path, durable: bool) -> Result<Connection, StoreError> {
         .map_err(storage)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(storage)?;
-    // A store that is the durable record syncs every commit. The log's views (rebuilt
-    // from the log after a crash) sync only at checkpoints: in WAL mode that still
-    // survives a crash whole, losing at most the last commits, which the log replays.
-    conn.pragma_update(None, "synchronous", if durable { "FULL" } else { "NORMAL" })
+    // The request store syncs every commit: it is the record of the requests it holds.
+    // The log's views (rebuilt from the log after a crash) sync only at checkpoints: in
+    // WAL mode that still survives a crash whole, losing at most the last commits, which
+    // the log replays.
+    conn.pragma_update(None, "synchronous", role.synchronous())
         .map_err(storage)?;
     // 64 MiB of page cache (see [`CACHE_PAGES`]).
     conn.pragma_update(
@@ -443,28 +474,26 @@ impl SqliteStore {
         &self.space
     }
 
-    /// Opens (or creates) `dir/nrtxn.db` and starts the writer thread.
-    pub fn open(dir: &Path, metrics: Arc<Metrics>) -> Result<Arc<SqliteStore>, StoreError> {
-        SqliteStore::open_as(dir, metrics, true, Space::new(dir, 0))
-    }
-
-    /// [`SqliteStore::open`] keeping the floor of `space` (see [`crate::space`]).
-    pub fn open_in(
+    /// Opens (or creates) `dir/nrtxn.db` as the request log's store beside a MongoDB
+    /// journal ([`Role::RequestStore`]) and starts its writer thread. Every write keeps
+    /// the floor of `space` (see [`crate::space`]).
+    pub fn open_request_store(
         dir: &Path,
         metrics: Arc<Metrics>,
         space: Arc<Space>,
     ) -> Result<Arc<SqliteStore>, StoreError> {
-        SqliteStore::open_as(dir, metrics, true, space)
+        SqliteStore::open_as(dir, metrics, Role::RequestStore, space)
     }
 
-    /// Opens `dir/nrtxn.db` as views derived from the journal's log: commits are not
-    /// synced one by one (see [`open`]). Every write keeps the floor of `space`.
-    pub fn open_views_in(
+    /// Opens `dir/nrtxn.db` as views derived from the journal's log ([`Role::Views`]):
+    /// commits are not synced one by one (see [`open`]). Every write keeps the floor of
+    /// `space`.
+    pub fn open_views(
         dir: &Path,
         metrics: Arc<Metrics>,
         space: Arc<Space>,
     ) -> Result<Arc<SqliteStore>, StoreError> {
-        SqliteStore::open_as(dir, metrics, false, space)
+        SqliteStore::open_as(dir, metrics, Role::Views, space)
     }
 
     /// [`SqliteStore::open_inner`], with SQLite's own word for a damaged file turned
@@ -472,7 +501,7 @@ impl SqliteStore {
     fn open_as(
         dir: &Path,
         metrics: Arc<Metrics>,
-        durable: bool,
+        role: Role,
         space: Arc<Space>,
     ) -> Result<Arc<SqliteStore>, StoreError> {
         // SQLite's words for a damaged file, and rusqlite's for a value of the wrong
@@ -484,7 +513,7 @@ impl SqliteStore {
             "Invalid column type",
             "out of range",
         ];
-        SqliteStore::open_inner(dir, metrics, durable, space).map_err(|e| match e {
+        SqliteStore::open_inner(dir, metrics, role, space).map_err(|e| match e {
             StoreError::Storage(msg) if DAMAGE.iter().any(|d| msg.contains(d)) => {
                 let path = dir.join("nrtxn.db");
                 StoreError::Storage(format!(
@@ -503,30 +532,17 @@ impl SqliteStore {
     fn open_inner(
         dir: &Path,
         metrics: Arc<Metrics>,
-        durable: bool,
+        role: Role,
         space: Arc<Space>,
     ) -> Result<Arc<SqliteStore>, StoreError> {
         std::fs::create_dir_all(dir).map_err(storage)?;
         let path = dir.join("nrtxn.db");
-        let conn = open(&path, durable)?;
-        migrate(&conn).map_err(storage)?;
-        conn.execute_batch(SCHEMA).map_err(storage)?;
-        // Views made before rows had checksums: their rows get one when next written,
-        // and are trusted until then.
-        add_column_if_missing(&conn, "items", "checksum").map_err(storage)?;
-        add_column_if_missing(&conn, "journal", "rowsum").map_err(storage)?;
-        // A pending hold's buyer counts against an item's per-buyer limit until it ends.
-        add_typed_column_if_missing(&conn, "holds", "buyer", "TEXT").map_err(storage)?;
-        // After the schema, so it also covers journals made before the index existed.
-        conn.execute_batch(
-            "CREATE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)
-                WHERE seq IS NOT NULL;",
-        )
-        .map_err(storage)?;
+        let conn = open(&path, role)?;
+        prepare_schema(&conn).map_err(storage)?;
         // The views are checked before anything reads them (the key filter is filled
         // from their key index). Beside MongoDB this file holds only the fire-and-forget
         // requests not yet decided, whose rows carry no checksum: not checked.
-        if !durable {
+        if role == Role::Views {
             check_views(dir)?;
         }
         // SQLite's automatic checkpoint runs inside a commit, on the writer's thread, and
@@ -548,77 +564,25 @@ impl SqliteStore {
                 nrtxn_log::space::io_no_room,
             )
             .map_err(storage)?;
-        let checkpoint_conn = open(&path, durable)?;
-        let (checkpoint_space, checkpoint_growth) = (space.clone(), growth.clone());
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let checkpointer = std::thread::Builder::new()
-            .name("journal-checkpoint".into())
-            .spawn(move || {
-                while let Err(mpsc::RecvTimeoutError::Timeout) =
-                    stop_rx.recv_timeout(CHECKPOINT_EVERY)
-                {
-                    // When room is short the WAL is also cut to nothing, which PASSIVE
-                    // never does: its file keeps its size until a transaction starts it
-                    // over, and the views' writer may be waiting for that very room.
-                    let mode = if checkpoint_space.short() {
-                        "TRUNCATE"
-                    } else {
-                        "PASSIVE"
-                    };
-                    if let Err(e) = checkpoint(&checkpoint_conn, &checkpoint_growth, mode) {
-                        tracing::warn!(error = %e, mode, "WAL checkpoint failed; retrying");
-                    }
-                }
-            })
-            .map_err(storage)?;
+        let checkpointer = start_checkpointer(open(&path, role)?, &space, &growth)?;
         let keys = Arc::new(KeyFilter::new());
         load_keys(&conn, &keys).map_err(storage)?;
-        // The items changed after the last snapshot (before a crash) go into the next
-        // snapshot with the ones changed from now on: that snapshot covers every entry
-        // up to it, so it must hold each of those items' last state.
-        let dirty = tail_states(&conn).map_err(storage)?;
-        let limited = read_ledgers(&conn, None)
-            .map_err(storage)?
-            .into_iter()
-            .map(|(shop, item, _)| (shop, item))
-            .collect();
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
-        let writer_keys = keys.clone();
-        let writer_space = space.clone();
-        let writer_growth = growth.clone();
-        let wal_path = dir.join("nrtxn.db-wal");
-        let writer = std::thread::Builder::new()
-            .name("journal-writer".into())
-            .spawn(move || {
-                let linger = if durable {
-                    std::time::Duration::ZERO
-                } else {
-                    VIEWS_LINGER
-                };
-                let mut writer = Writer::new(
-                    conn,
-                    metrics,
-                    writer_keys,
-                    linger,
-                    Room {
-                        space: writer_space,
-                        growth: writer_growth,
-                        wal_path,
-                    },
-                );
-                writer.dirty = dirty;
-                writer.limited = limited;
-                writer.run(rx)
-            })
-            .map_err(storage)?;
+        let room = Room {
+            space: space.clone(),
+            growth: growth.clone(),
+            wal_path: dir.join("nrtxn.db-wal"),
+        };
+        let writer = Writer::new(conn, metrics, keys.clone(), role.linger(), room);
+        let writer = writer.start(rx)?;
         Ok(Arc::new(SqliteStore {
             path,
-            durable,
+            role,
             tx,
             readers: Mutex::new(Vec::new()),
             writer: Mutex::new(Some(writer)),
             keys,
-            checkpointer: Mutex::new(Some((stop_tx, checkpointer))),
+            checkpointer: Mutex::new(Some(checkpointer)),
             space,
             growth,
         }))
@@ -639,8 +603,9 @@ impl SqliteStore {
         }
     }
 
-    /// Like [`JournalWrite::append`], recording in the same transaction that the views stand
-    /// at `mark` in the journal's log.
+    /// Writes the entries of a record of the journal's log (in one transaction, then
+    /// calls `done`), recording in the same transaction that the views stand at `mark`
+    /// in the log.
     pub fn append_marked(&self, entries: Vec<Entry>, done: AppendDone, mark: Option<Chain>) {
         if let Err(mpsc::SendError(Command::Append(entries, done, _))) =
             self.tx.send(Command::Append(entries, done, mark))
@@ -720,7 +685,7 @@ impl SqliteStore {
         let conn = self.readers.lock().map_err(storage)?.pop();
         let conn = match conn {
             Some(c) => c,
-            None => open(&self.path, self.durable)?,
+            None => open(&self.path, self.role)?,
         };
         let result = f(&conn).map_err(storage);
         if let Ok(mut pool) = self.readers.lock() {
@@ -752,6 +717,51 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
         }
     }
     Ok(())
+}
+
+/// Brings the file up to the schema: the tables and indexes made if missing, and the
+/// columns added since an earlier version made it.
+fn prepare_schema(conn: &Connection) -> Result<(), rusqlite::Error> {
+    migrate(conn)?;
+    conn.execute_batch(SCHEMA)?;
+    // Views made before rows had checksums: their rows get one when next written, and
+    // are trusted until then.
+    add_column_if_missing(conn, "items", "checksum")?;
+    add_column_if_missing(conn, "journal", "rowsum")?;
+    // A pending hold's buyer counts against an item's per-buyer limit until it ends.
+    add_typed_column_if_missing(conn, "holds", "buyer", "TEXT")?;
+    // After the schema, so it also covers journals made before the index existed.
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)
+            WHERE seq IS NOT NULL;",
+    )
+}
+
+/// Starts the thread that checkpoints the WAL every [`CHECKPOINT_EVERY`] on `conn`, off
+/// the writer's thread; dropping the returned sender stops it.
+fn start_checkpointer(
+    conn: Connection,
+    space: &Arc<Space>,
+    growth: &Arc<FileGrowth>,
+) -> Result<(mpsc::Sender<()>, JoinHandle<()>), StoreError> {
+    let (space, growth) = (space.clone(), growth.clone());
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let handle = std::thread::Builder::new()
+        .name("journal-checkpoint".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(CHECKPOINT_EVERY)
+            {
+                // When room is short the WAL is also cut to nothing, which PASSIVE never
+                // does: its file keeps its size until a transaction starts it over, and
+                // the views' writer may be waiting for that very room.
+                let mode = if space.short() { "TRUNCATE" } else { "PASSIVE" };
+                if let Err(e) = checkpoint(&conn, &growth, mode) {
+                    tracing::warn!(error = %e, mode, "WAL checkpoint failed; retrying");
+                }
+            }
+        })
+        .map_err(storage)?;
+    Ok((stop_tx, handle))
 }
 
 /// Journal rows per multi-row `INSERT` (20 parameters each, far below SQLite's limit of
@@ -1045,14 +1055,7 @@ type States = HashMap<(Arc<str>, Arc<str>), ItemState>;
 
 /// The last state of every item with entries after the last snapshot.
 fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
-    let upto: i64 = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'snapshot_journal_id'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?
-        .unwrap_or(0);
+    let upto = snapshot_journal_id(conn)?;
     let mut stmt = conn.prepare(
         "SELECT shop, item, stock_after, COALESCE(reserved_after, 0), seq FROM journal
          WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
@@ -1156,7 +1159,7 @@ pub(crate) fn check_views(dir: &Path) -> Result<(), StoreError> {
         return Ok(());
     }
     let started = Instant::now();
-    let conn = open(&path, false)?;
+    let conn = open(&path, Role::Views)?;
     let problems = integrity_problems(&conn).map_err(storage)?;
     if problems.is_empty() {
         tracing::info!(
@@ -1372,49 +1375,12 @@ fn read_sales(
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let found = in_journal
-            .query_row(params![shop, key], |row| {
-                let (item, op_text, status): (String, String, String) =
-                    (row.get(0)?, row.get(1)?, row.get(2)?);
-                let qty: i64 = row.get(3)?;
-                check_row(
-                    &RowFields {
-                        shop,
-                        item: &item,
-                        request_key: Some(key),
-                        op: &op_text,
-                        qty,
-                        status: &status,
-                        stock_before: row.get(5)?,
-                        stock_after: row.get(6)?,
-                        reserved_after: row.get(7)?,
-                        seq: row.get(8)?,
-                        prev_seq: row.get(9)?,
-                    },
-                    row.get(10)?,
-                )?;
-                Ok(SaleRecord {
-                    item: item.into(),
-                    op: Op::parse(&op_text).ok_or_else(|| unknown("op", &op_text))?,
-                    status: Status::parse(&status).ok_or_else(|| unknown("status", &status))?,
-                    sold: qty,
-                    decided_at: row.get(4)?,
-                    returned: 0,
-                })
-            })
+            .query_row(params![shop, key], |row| sale_in_journal(row, shop, key))
             .optional()?;
         let found = match found {
             Some(r) => Some(r),
             None => pruned
-                .query_row(params![shop, key], |row| {
-                    Ok(SaleRecord {
-                        item: row.get::<_, String>(0)?.into(),
-                        op: Op::Decrement,
-                        status: Status::Ok,
-                        sold: row.get(1)?,
-                        decided_at: row.get(2)?,
-                        returned: 0,
-                    })
-                })
+                .query_row(params![shop, key], pruned_sale)
                 .optional()?,
         };
         let Some(mut record) = found else {
@@ -1435,6 +1401,53 @@ fn read_sales(
     Ok(out)
 }
 
+/// A sale's journal row (the columns [`read_sales`] selects), checked against its
+/// checksum.
+fn sale_in_journal(
+    row: &rusqlite::Row<'_>,
+    shop: &str,
+    key: &str,
+) -> Result<SaleRecord, rusqlite::Error> {
+    let (item, op_text, status): (String, String, String) = (row.get(0)?, row.get(1)?, row.get(2)?);
+    let qty: i64 = row.get(3)?;
+    check_row(
+        &RowFields {
+            shop,
+            item: &item,
+            request_key: Some(key),
+            op: &op_text,
+            qty,
+            status: &status,
+            stock_before: row.get(5)?,
+            stock_after: row.get(6)?,
+            reserved_after: row.get(7)?,
+            seq: row.get(8)?,
+            prev_seq: row.get(9)?,
+        },
+        row.get(10)?,
+    )?;
+    Ok(SaleRecord {
+        item: item.into(),
+        op: Op::parse(&op_text).ok_or_else(|| unknown("op", &op_text))?,
+        status: Status::parse(&status).ok_or_else(|| unknown("status", &status))?,
+        sold: qty,
+        decided_at: row.get(4)?,
+        returned: 0,
+    })
+}
+
+/// A sale's row in `sales` (pruned from the journal, still returnable): an ok sale.
+fn pruned_sale(row: &rusqlite::Row<'_>) -> Result<SaleRecord, rusqlite::Error> {
+    Ok(SaleRecord {
+        item: row.get::<_, String>(0)?.into(),
+        op: Op::Decrement,
+        status: Status::Ok,
+        sold: row.get(1)?,
+        decided_at: row.get(2)?,
+        returned: 0,
+    })
+}
+
 /// Fills the key filter from the journal's key index (a covering scan).
 fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error> {
     let started = Instant::now();
@@ -1452,12 +1465,6 @@ fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error>
         "key filter loaded"
     );
     Ok(())
-}
-
-impl JournalWrite for SqliteStore {
-    fn append(&self, entries: Vec<Entry>, done: AppendDone) {
-        self.append_marked(entries, done, None)
-    }
 }
 
 impl Outcomes for SqliteStore {
@@ -1684,9 +1691,6 @@ impl ItemReads for SqliteStore {
     }
 }
 
-/// Only this node writes it: the defaults.
-impl Sharing for SqliteStore {}
-
 impl Outbox for SqliteStore {
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError> {
         self.read(|conn| {
@@ -1744,81 +1748,7 @@ impl Outbox for SqliteStore {
 impl Lifecycle for SqliteStore {
     fn recover(&self) -> Result<Recovered, StoreError> {
         self.read(|conn| {
-            let mut snapshot = Vec::new();
-            let mut stmt =
-                conn.prepare("SELECT shop, item, stock, reserved, seq, checksum FROM items")?;
-            let rows = stmt.query_map([], |row| {
-                Ok((
-                    Arc::<str>::from(row.get::<_, String>(0)?),
-                    Arc::<str>::from(row.get::<_, String>(1)?),
-                    ItemState {
-                        stock: row.get(2)?,
-                        reserved: row.get(3)?,
-                        seq: row.get(4)?,
-                    },
-                    row.get::<_, Option<i64>>(5)?,
-                ))
-            })?;
-            for row in rows {
-                let (shop, item, state, sum) = row?;
-                let state = checked_snapshot(&shop, &item, state, sum)?;
-                snapshot.push((shop, item, state));
-            }
-            let upto: i64 = conn
-                .query_row(
-                    "SELECT value FROM meta WHERE key = 'snapshot_journal_id'",
-                    [],
-                    |r| r.get(0),
-                )
-                .optional()?
-                .unwrap_or(0);
-            // Every entry after the snapshot is checked as the processor checked it when
-            // it wrote it (gapless, never negative, each state following from the last):
-            // a journal that fails refuses the start.
-            let mut verifier = Verifier::new(snapshot);
-            let mut stmt = conn.prepare(
-                "SELECT shop, item, op, qty, status, stock_before, stock_after,
-                        reserved_after, seq, prev_seq FROM journal
-                 WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
-            )?;
-            let mut rows = stmt.query([upto])?;
-            while let Some(row) = rows.next()? {
-                let op: String = row.get(2)?;
-                let status: String = row.get(4)?;
-                let unreadable = |what: &str, v: &str| {
-                    rusqlite::Error::ToSqlConversionFailure(
-                        format!("the journal has an entry with an unknown {what} {v:?}").into(),
-                    )
-                };
-                let status = Status::parse(&status).ok_or_else(|| unreadable("status", &status))?;
-                let op = Op::parse(&op).ok_or_else(|| unreadable("op", &op))?;
-                let entry = Entry {
-                    status,
-                    stock_before: row.get(5)?,
-                    stock_after: row.get(6)?,
-                    reserved_after: Some(row.get::<_, Option<i64>>(7)?.unwrap_or(0)),
-                    seq: row.get(8)?,
-                    prev_seq: row.get(9)?,
-                    ..Entry::decided(
-                        row.get::<_, String>(0)?.into(),
-                        row.get::<_, String>(1)?.into(),
-                        op,
-                        row.get(3)?,
-                        0,
-                        0,
-                    )
-                };
-                verifier.check(&entry).map_err(|why| {
-                    rusqlite::Error::ToSqlConversionFailure(
-                        format!("the journal does not add up: {why}").into(),
-                    )
-                })?;
-            }
-            let replayed = verifier.checked();
-            let items: Vec<(Arc<str>, Arc<str>, ItemState)> = verifier
-                .into_items()
-                .map(|(shop, item, state, _)| (shop, item, state))
-                .collect();
+            let (items, replayed) = verify_tail(conn, read_snapshot(conn)?)?;
             let mut stmt = conn.prepare(
                 "SELECT shop, hold_id, item, qty, expires_at, status, seq, buyer FROM holds
                  WHERE status = 'held'",
@@ -1861,6 +1791,120 @@ impl Lifecycle for SqliteStore {
     }
 }
 
+/// Items' states, with their shop and item.
+type ItemStates = Vec<(Arc<str>, Arc<str>, ItemState)>;
+
+/// Every item's snapshot, each checked against its checksum.
+fn read_snapshot(conn: &Connection) -> Result<ItemStates, rusqlite::Error> {
+    let mut snapshot = Vec::new();
+    let mut stmt = conn.prepare("SELECT shop, item, stock, reserved, seq, checksum FROM items")?;
+    let rows = stmt.query_map([], |row| {
+        Ok((
+            Arc::<str>::from(row.get::<_, String>(0)?),
+            Arc::<str>::from(row.get::<_, String>(1)?),
+            ItemState {
+                stock: row.get(2)?,
+                reserved: row.get(3)?,
+                seq: row.get(4)?,
+            },
+            row.get::<_, Option<i64>>(5)?,
+        ))
+    })?;
+    for row in rows {
+        let (shop, item, state, sum) = row?;
+        let state = checked_snapshot(&shop, &item, state, sum)?;
+        snapshot.push((shop, item, state));
+    }
+    Ok(snapshot)
+}
+
+/// The journal id the last item snapshot covers entries up to (0: no snapshot yet).
+fn snapshot_journal_id(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    Ok(conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'snapshot_journal_id'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// The items rebuilt from `snapshot` and the journal entries after it, and how many
+/// entries moved an item on. Every entry after the snapshot is checked as the processor
+/// checked it when it wrote it (gapless, never negative, each state following from the
+/// last): a journal that fails refuses the start.
+fn verify_tail(
+    conn: &Connection,
+    snapshot: ItemStates,
+) -> Result<(ItemStates, u64), rusqlite::Error> {
+    let upto = snapshot_journal_id(conn)?;
+    let snapshot_seqs: HashMap<(Arc<str>, Arc<str>), u64> = snapshot
+        .iter()
+        .map(|(shop, item, state)| ((shop.clone(), item.clone()), state.seq))
+        .collect();
+    let mut verifier = Verifier::new(snapshot);
+    let mut stmt = conn.prepare(
+        "SELECT shop, item, op, qty, status, stock_before, stock_after,
+                reserved_after, seq, prev_seq FROM journal
+         WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
+    )?;
+    let mut rows = stmt.query([upto])?;
+    while let Some(row) = rows.next()? {
+        verifier.check(&tail_entry(row)?).map_err(|why| {
+            rusqlite::Error::ToSqlConversionFailure(
+                format!("the journal does not add up: {why}").into(),
+            )
+        })?;
+    }
+    let replayed = verifier.checked();
+    let items: ItemStates = verifier
+        .into_items()
+        .map(|(shop, item, state, _)| (shop, item, state))
+        .collect();
+    // What the snapshot holds and what recovery rebuilds on it: the tail only moves an
+    // item on from its snapshot, never back.
+    for (shop, item, state) in &items {
+        let from = snapshot_seqs.get(&(shop.clone(), item.clone()));
+        assert!(
+            from.is_none_or(|seq| state.seq >= *seq),
+            "recovery rebuilt item {shop}/{item} at seq {} before its snapshot's {from:?}",
+            state.seq
+        );
+    }
+    Ok((items, replayed))
+}
+
+/// A journal row after the snapshot (the columns [`verify_tail`] selects) as the entry
+/// the processor wrote, to be checked again.
+fn tail_entry(row: &rusqlite::Row<'_>) -> Result<Entry, rusqlite::Error> {
+    let op: String = row.get(2)?;
+    let status: String = row.get(4)?;
+    let unreadable = |what: &str, v: &str| {
+        rusqlite::Error::ToSqlConversionFailure(
+            format!("the journal has an entry with an unknown {what} {v:?}").into(),
+        )
+    };
+    let status = Status::parse(&status).ok_or_else(|| unreadable("status", &status))?;
+    let op = Op::parse(&op).ok_or_else(|| unreadable("op", &op))?;
+    Ok(Entry {
+        status,
+        stock_before: row.get(5)?,
+        stock_after: row.get(6)?,
+        reserved_after: Some(row.get::<_, Option<i64>>(7)?.unwrap_or(0)),
+        seq: row.get(8)?,
+        prev_seq: row.get(9)?,
+        ..Entry::decided(
+            row.get::<_, String>(0)?.into(),
+            row.get::<_, String>(1)?.into(),
+            op,
+            row.get(3)?,
+            0,
+            0,
+        )
+    })
+}
+
 struct Writer {
     conn: Connection,
     metrics: Arc<Metrics>,
@@ -1877,8 +1921,8 @@ struct Writer {
     /// The items with a per-buyer limit (`buyer_limits`): the entries of these keep
     /// their buyers' units in `buyer_units`.
     limited: HashSet<(Arc<str>, Arc<str>)>,
-    /// How long a transaction waits for more commands after its first: zero for a
-    /// durable store (its callers wait for the commit), [`VIEWS_LINGER`] for views.
+    /// How long a transaction waits for more commands after its first
+    /// ([`Role::linger`]).
     linger: std::time::Duration,
     /// The room on the disk: every transaction asks it first.
     room: Room,
@@ -1955,6 +1999,24 @@ impl Writer {
             linger,
             room,
         }
+    }
+
+    /// Starts the writer's thread on `rx`, after reading what it carries over from the
+    /// file: the items changed after the last snapshot (before a crash), which go into
+    /// the next snapshot with the ones changed from now on (that snapshot covers every
+    /// entry up to it, so it must hold each of those items' last state), and the items
+    /// with a per-buyer limit.
+    fn start(mut self, rx: Receiver<Command>) -> Result<JoinHandle<()>, StoreError> {
+        self.dirty = tail_states(&self.conn).map_err(storage)?;
+        self.limited = read_ledgers(&self.conn, None)
+            .map_err(storage)?
+            .into_iter()
+            .map(|(shop, item, _)| (shop, item))
+            .collect();
+        std::thread::Builder::new()
+            .name("journal-writer".into())
+            .spawn(move || self.run(rx))
+            .map_err(storage)
     }
 
     fn run(mut self, rx: Receiver<Command>) {
@@ -2198,211 +2260,48 @@ impl Writer {
     ) -> Result<u64, rusqlite::Error> {
         let tx = self.conn.transaction()?;
         {
-            // Entries go in by statements of ROWS_PER_INSERT rows (the rest one by one):
-            // one statement's setup and VDBE program run serves many rows.
-            let mut insert_many = tx.prepare_cached(&journal_insert(ROWS_PER_INSERT))?;
-            let mut insert = tx.prepare_cached(&journal_insert(1))?;
-            let mut hold_made = tx.prepare_cached(
-                "INSERT OR FAIL INTO holds (shop, hold_id, item, qty, expires_at, status, seq, buyer)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'held', ?6, ?7)",
-            )?;
-            let mut hold_ended = tx.prepare_cached(
-                "UPDATE holds SET status = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
-            )?;
-            let mut hold_extended = tx.prepare_cached(
-                "UPDATE holds SET expires_at = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
-            )?;
-            let mut retire =
-                tx.prepare_cached("DELETE FROM requests WHERE shop = ?1 AND request_key = ?2")?;
-            let mut ledgers = LedgerStatements::prepare(&tx)?;
-            let mut accept = tx.prepare_cached(
-                "INSERT OR FAIL INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
-            )?;
+            let mut st = TxnStatements::prepare(&tx)?;
             let mut offsets: HashMap<i32, i64> = HashMap::new();
             let mut mark: Option<Chain> = None;
             for cmd in cmds {
                 if let Command::Append(_, _, Some(m)) | Command::Accept(_, _, Some(m)) = cmd {
+                    // The log's writer hands its records to the views in the log's order.
+                    debug_assert!(
+                        mark.is_none_or(|had| had.next_lsn < m.next_lsn),
+                        "the views were given the log's record {} after {mark:?}",
+                        m.next_lsn.saturating_sub(1)
+                    );
                     if mark.is_none_or(|had| had.next_lsn < m.next_lsn) {
                         mark = Some(*m);
                     }
                 }
                 match cmd {
                     Command::Append(entries, ..) => {
-                        for rows in entries.chunks(ROWS_PER_INSERT) {
-                            if rows.len() == ROWS_PER_INSERT {
-                                for (row, e) in rows.iter().enumerate() {
-                                    bind_entry(&mut insert_many, row, e)?;
-                                }
-                                insert_many.raw_execute()?;
-                            } else {
-                                for e in rows {
-                                    bind_entry(&mut insert, 0, e)?;
-                                    insert.raw_execute()?;
-                                }
-                            }
-                        }
-                        for (i, e) in entries.iter().enumerate() {
-                            match (e.status, HoldStatus::after(e.op), &e.hold_id) {
-                                (Status::Ok, Some(HoldStatus::Held), Some(id)) => {
-                                    hold_made.execute(params![
-                                        &*e.shop,
-                                        &**id,
-                                        &*e.item,
-                                        e.qty,
-                                        e.expires_at,
-                                        e.seq,
-                                        e.buyer.as_deref()
-                                    ])?;
-                                }
-                                (Status::Ok, Some(status), Some(id)) => {
-                                    hold_ended.execute(params![
-                                        &*e.shop,
-                                        &**id,
-                                        status.as_str(),
-                                        e.seq
-                                    ])?;
-                                }
-                                (Status::Ok, None, Some(id)) if e.op == Op::Extend => {
-                                    hold_extended.execute(params![
-                                        &*e.shop,
-                                        &**id,
-                                        e.expires_at,
-                                        e.seq
-                                    ])?;
-                                }
-                                _ => {}
-                            }
-                            ledgers.step(&mut self.limited, e)?;
-                            if let (Status::Ok, Op::Increment, Some(sale)) =
-                                (e.status, e.op, &e.return_of)
-                            {
-                                count_return(&tx, e, sale)?;
-                            }
-                            if let Some(key) = &e.request_key {
-                                // Before the commit, so the key is in the filter before
-                                // its outcome can be looked for.
-                                self.keys.insert(&e.shop, key);
-                            }
-                            if let Some(pos) = e.log_pos {
-                                let o = offsets.entry(pos.partition).or_insert(pos.offset);
-                                *o = (*o).max(pos.offset);
-                            }
-                            if e.logged {
-                                retire.execute(params![&*e.shop, e.request_key.as_deref()])?;
-                            }
-                            // Only the last state of each run of one item's entries
-                            // matters: a hot item's batch costs one map update, not one
-                            // per entry.
-                            let run_ends = entries
-                                .get(i + 1)
-                                .is_none_or(|next| next.item != e.item || next.shop != e.shop);
-                            if let (true, Some(state)) = (run_ends, e.state_after()) {
-                                self.dirty.insert((e.shop.clone(), e.item.clone()), state);
-                            }
-                        }
+                        st.insert_entries(entries)?;
+                        let memory = WriterMemory {
+                            limited: &mut self.limited,
+                            keys: &self.keys,
+                            dirty: &mut self.dirty,
+                            offsets: &mut offsets,
+                        };
+                        st.entries_written(entries, memory)?;
                     }
-                    Command::Accept(reqs, ..) => {
-                        for r in reqs {
-                            let body = serde_json::to_string(r).map_err(|e| {
-                                rusqlite::Error::ToSqlConversionFailure(Box::new(e))
-                            })?;
-                            accept.execute(params![&*r.shop, &*r.key, body])?;
-                        }
-                    }
-                    Command::Retire(shop, keys) => {
-                        for key in keys {
-                            retire.execute(params![&**shop, &**key])?;
-                        }
-                    }
+                    Command::Accept(reqs, ..) => st.accept_requests(reqs)?,
+                    Command::Retire(shop, keys) => st.retire_requests(shop, keys)?,
                     Command::Prune(before, max, returnable_from, _) => {
-                        // What fits in the disk's room (see `write_within`).
-                        let max = &(*max).min(self.prune_left);
-                        self.prune_left -= *max;
-                        // Only entries a snapshot covers (recovery starts after it), and
-                        // only those the outbox relay has published, if it runs.
-                        const PRUNED: &str = "SELECT id FROM journal
-                                    WHERE id <= (SELECT COALESCE(MAX(value), 0) FROM meta
-                                                 WHERE key = 'snapshot_journal_id')
-                                      AND id <= COALESCE((SELECT value FROM meta
-                                                          WHERE key = 'relay_journal_id'),
-                                                         9223372036854775807)
-                                      AND completed_at < ?1
-                                    ORDER BY id LIMIT ?2";
-                        // The sales among them that may still be returned stay
-                        // findable by their key (the same rows: same query, same
-                        // transaction).
-                        tx.prepare_cached(&format!(
-                            "INSERT OR REPLACE INTO sales (shop, sale_key, item, sold, sold_at)
-                             SELECT shop, request_key, item, qty, completed_at FROM journal
-                             WHERE id IN ({PRUNED}) AND op = 'decrement' AND status = 'ok'
-                               AND request_key IS NOT NULL AND completed_at >= ?3"
-                        ))?
-                        .execute(params![
-                            before,
-                            *max as i64,
-                            returnable_from
-                        ])?;
-                        self.pruned = tx
-                            .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({PRUNED})"))?
-                            .execute(params![before, *max as i64])?;
-                        // Sales past the return window, and their counts, go.
-                        for table in ["sales", "returned"] {
-                            tx.prepare_cached(&format!(
-                                "DELETE FROM {table} WHERE rowid IN (
-                                    SELECT rowid FROM {table} WHERE sold_at < ?1 LIMIT ?2)"
-                            ))?
-                            .execute(params![returnable_from, *max as i64])?;
-                        }
+                        // What fits in the disk's room (see `write_claimed`).
+                        let max = (*max).min(self.prune_left);
+                        self.prune_left -= max;
+                        self.pruned = prune(&tx, *before, max, *returnable_from)?;
                     }
-                    Command::RelaySave(id, _) => {
-                        tx.prepare_cached(
-                            "INSERT INTO meta (key, value) VALUES ('relay_journal_id', ?1)
-                             ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
-                        )?
-                        .execute(params![id])?;
-                    }
+                    Command::RelaySave(id, _) => save_relay_cursor(&tx, *id)?,
                     Command::Close(_) => {}
                 }
             }
-            // How far the request log is applied, in the same transaction as the entries.
-            let mut applied = tx.prepare_cached(
-                "INSERT INTO log_offsets (log_partition, log_offset) VALUES (?1, ?2)
-                 ON CONFLICT (log_partition)
-                 DO UPDATE SET log_offset = MAX(log_offset, excluded.log_offset)",
-            )?;
-            for (partition, offset) in offsets {
-                applied.execute(params![partition, offset])?;
-            }
-            if let Some(m) = mark {
-                let mut set = tx.prepare_cached(
-                    "INSERT INTO meta (key, value) VALUES (?1, ?2)
-                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                )?;
-                set.execute(params!["log_next_lsn", m.next_lsn as i64])?;
-                set.execute(params!["log_parent_hi", (m.parent >> 64) as u64 as i64])?;
-                set.execute(params!["log_parent_lo", m.parent as u64 as i64])?;
-                set.execute(params!["log_epoch", m.epoch as i64])?;
-            }
+            write_positions(&tx, offsets, mark)?;
         }
         if snapshot {
-            let mut upsert = tx.prepare_cached(
-                "INSERT INTO items (shop, item, stock, reserved, seq, checksum)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT (shop, item) DO UPDATE SET
-                    stock = excluded.stock, reserved = excluded.reserved, seq = excluded.seq,
-                    checksum = excluded.checksum",
-            )?;
-            for ((shop, item), s) in &self.dirty {
-                let sum = snapshot_checksum(shop, item, *s);
-                upsert.execute(params![&**shop, &**item, s.stock, s.reserved, s.seq, sum])?;
-            }
-            drop(upsert);
-            tx.execute(
-                "INSERT INTO meta (key, value)
-                 VALUES ('snapshot_journal_id', (SELECT COALESCE(MAX(id), 0) FROM journal))
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [],
-            )?;
+            write_snapshot(&tx, &self.dirty)?;
         }
         // The commit writes a frame for each page dirtied (a page written before in
         // this transaction is written over its frame, but for the last), so at most one
@@ -2416,6 +2315,299 @@ impl Writer {
         tx.commit()?;
         Ok(frames)
     }
+}
+
+/// What the views' writer keeps in memory of the entries it writes, lent to one
+/// transaction ([`TxnStatements::entries_written`]).
+struct WriterMemory<'w> {
+    /// The writer's limited items ([`Writer::limited`]).
+    limited: &'w mut HashSet<(Arc<str>, Arc<str>)>,
+    /// The request keys the views hold ([`SqliteStore::key_filter`]).
+    keys: &'w KeyFilter,
+    /// Each item's last state since the last snapshot ([`Writer::dirty`]).
+    dirty: &'w mut States,
+    /// The request log's furthest offset applied, by partition, in this transaction.
+    offsets: &'w mut HashMap<i32, i64>,
+}
+
+/// The statements one views transaction writes entries, holds, ledgers and requests
+/// with, prepared once per transaction.
+struct TxnStatements<'t> {
+    conn: &'t Connection,
+    /// Entries go in by statements of ROWS_PER_INSERT rows (the rest one by one): one
+    /// statement's setup and VDBE program run serves many rows.
+    insert_many: rusqlite::CachedStatement<'t>,
+    insert: rusqlite::CachedStatement<'t>,
+    hold_made: rusqlite::CachedStatement<'t>,
+    hold_ended: rusqlite::CachedStatement<'t>,
+    hold_extended: rusqlite::CachedStatement<'t>,
+    retire: rusqlite::CachedStatement<'t>,
+    accept: rusqlite::CachedStatement<'t>,
+    ledgers: LedgerStatements<'t>,
+}
+
+impl<'t> TxnStatements<'t> {
+    fn prepare(tx: &'t rusqlite::Transaction<'_>) -> Result<Self, rusqlite::Error> {
+        Ok(TxnStatements {
+            conn: tx,
+            insert_many: tx.prepare_cached(&journal_insert(ROWS_PER_INSERT))?,
+            insert: tx.prepare_cached(&journal_insert(1))?,
+            hold_made: tx.prepare_cached(
+                "INSERT OR FAIL INTO holds (shop, hold_id, item, qty, expires_at, status, seq, buyer)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'held', ?6, ?7)",
+            )?,
+            hold_ended: tx.prepare_cached(
+                "UPDATE holds SET status = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
+            )?,
+            hold_extended: tx.prepare_cached(
+                "UPDATE holds SET expires_at = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
+            )?,
+            retire: tx
+                .prepare_cached("DELETE FROM requests WHERE shop = ?1 AND request_key = ?2")?,
+            accept: tx.prepare_cached(
+                "INSERT OR FAIL INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
+            )?,
+            ledgers: LedgerStatements::prepare(tx)?,
+        })
+    }
+
+    /// Inserts the journal rows of `entries`, in their order.
+    fn insert_entries(&mut self, entries: &[Entry]) -> Result<(), rusqlite::Error> {
+        let mut rows_written = 0;
+        for rows in entries.chunks(ROWS_PER_INSERT) {
+            if rows.len() == ROWS_PER_INSERT {
+                for (row, e) in rows.iter().enumerate() {
+                    bind_entry(&mut self.insert_many, row, e)?;
+                }
+                rows_written += self.insert_many.raw_execute()?;
+            } else {
+                for e in rows {
+                    bind_entry(&mut self.insert, 0, e)?;
+                    rows_written += self.insert.raw_execute()?;
+                }
+            }
+        }
+        // What the log made durable is what the views hold: a row for every entry.
+        debug_assert_eq!(
+            rows_written,
+            entries.len(),
+            "the views wrote a different number of journal rows than entries given"
+        );
+        Ok(())
+    }
+
+    /// Writes what each of `entries` changes besides its journal row (its hold, its
+    /// item's per-buyer ledger, its sale's returned units, the request it retires), and
+    /// keeps `memory` up to date with it.
+    fn entries_written(
+        &mut self,
+        entries: &[Entry],
+        memory: WriterMemory<'_>,
+    ) -> Result<(), rusqlite::Error> {
+        for (i, e) in entries.iter().enumerate() {
+            // The views take each item's entries as the log's writer checked them before
+            // it wrote them: each right after the item's entry before it.
+            debug_assert!(
+                i == 0 || follows(&entries[i - 1], e),
+                "item {}/{}: the views were given seq {:?} (prev {:?}) after seq {:?}",
+                e.shop,
+                e.item,
+                e.seq,
+                e.prev_seq,
+                entries[i.saturating_sub(1)].seq
+            );
+            self.hold_step(e)?;
+            self.ledgers.step(memory.limited, e)?;
+            if let (Status::Ok, Op::Increment, Some(sale)) = (e.status, e.op, &e.return_of) {
+                count_return(self.conn, e, sale)?;
+            }
+            if let Some(key) = &e.request_key {
+                // Before the commit, so the key is in the filter before its outcome can
+                // be looked for.
+                memory.keys.insert(&e.shop, key);
+            }
+            if let Some(pos) = e.log_pos {
+                let o = memory.offsets.entry(pos.partition).or_insert(pos.offset);
+                *o = (*o).max(pos.offset);
+            }
+            if e.logged {
+                self.retire
+                    .execute(params![&*e.shop, e.request_key.as_deref()])?;
+            }
+            // Only the last state of each run of one item's entries matters: a hot
+            // item's batch costs one map update, not one per entry.
+            let run_ends = entries
+                .get(i + 1)
+                .is_none_or(|next| next.item != e.item || next.shop != e.shop);
+            if let (true, Some(state)) = (run_ends, e.state_after()) {
+                memory.dirty.insert((e.shop.clone(), e.item.clone()), state);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps fire-and-forget requests in `requests` until their outcomes are written.
+    fn accept_requests(&mut self, reqs: &[Request]) -> Result<(), rusqlite::Error> {
+        for r in reqs {
+            let body = serde_json::to_string(r)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            self.accept.execute(params![&*r.shop, &*r.key, body])?;
+        }
+        Ok(())
+    }
+
+    /// Forgets fire-and-forget requests of `shop` decided in another journal.
+    fn retire_requests(&mut self, shop: &str, keys: &[Arc<str>]) -> Result<(), rusqlite::Error> {
+        for key in keys {
+            self.retire.execute(params![shop, &**key])?;
+        }
+        Ok(())
+    }
+
+    /// Writes the hold that `e` makes, ends or extends, if it is an ok one.
+    fn hold_step(&mut self, e: &Entry) -> Result<(), rusqlite::Error> {
+        match (e.status, HoldStatus::after(e.op), &e.hold_id) {
+            (Status::Ok, Some(HoldStatus::Held), Some(id)) => {
+                self.hold_made.execute(params![
+                    &*e.shop,
+                    &**id,
+                    &*e.item,
+                    e.qty,
+                    e.expires_at,
+                    e.seq,
+                    e.buyer.as_deref()
+                ])?;
+            }
+            (Status::Ok, Some(status), Some(id)) => {
+                self.hold_ended
+                    .execute(params![&*e.shop, &**id, status.as_str(), e.seq])?;
+            }
+            (Status::Ok, None, Some(id)) if e.op == Op::Extend => {
+                self.hold_extended
+                    .execute(params![&*e.shop, &**id, e.expires_at, e.seq])?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Whether `e` may come right after `before` in one batch: another item's entry, or one
+/// of the same item that follows it (an entry without a seq, an unknown item's, follows
+/// nothing and is followed by anything).
+fn follows(before: &Entry, e: &Entry) -> bool {
+    let same_item = before.shop == e.shop && before.item == e.item;
+    match (same_item, before.seq, e.seq) {
+        (true, Some(seq), Some(next)) => e.prev_seq == Some(seq) && next == seq + 1,
+        _ => true,
+    }
+}
+
+/// Deletes up to `max` entries decided before `before` (ms) that the last snapshot
+/// covers and the outbox relay has published, keeping the ok sales among them decided
+/// from `returnable_from` (ms) on in `sales`, and forgets sales and return counts
+/// decided before it. Returns how many entries went.
+fn prune(
+    tx: &Connection,
+    before: i64,
+    max: usize,
+    returnable_from: i64,
+) -> Result<usize, rusqlite::Error> {
+    // Only entries a snapshot covers (recovery starts after it), and only those the
+    // outbox relay has published, if it runs.
+    const PRUNED: &str = "SELECT id FROM journal
+                WHERE id <= (SELECT COALESCE(MAX(value), 0) FROM meta
+                             WHERE key = 'snapshot_journal_id')
+                  AND id <= COALESCE((SELECT value FROM meta
+                                      WHERE key = 'relay_journal_id'),
+                                     9223372036854775807)
+                  AND completed_at < ?1
+                ORDER BY id LIMIT ?2";
+    // The sales among them that may still be returned stay findable by their key (the
+    // same rows: same query, same transaction).
+    tx.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO sales (shop, sale_key, item, sold, sold_at)
+         SELECT shop, request_key, item, qty, completed_at FROM journal
+         WHERE id IN ({PRUNED}) AND op = 'decrement' AND status = 'ok'
+           AND request_key IS NOT NULL AND completed_at >= ?3"
+    ))?
+    .execute(params![before, max as i64, returnable_from])?;
+    let pruned = tx
+        .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({PRUNED})"))?
+        .execute(params![before, max as i64])?;
+    // Sales past the return window, and their counts, go.
+    for table in ["sales", "returned"] {
+        tx.prepare_cached(&format!(
+            "DELETE FROM {table} WHERE rowid IN (
+                SELECT rowid FROM {table} WHERE sold_at < ?1 LIMIT ?2)"
+        ))?
+        .execute(params![returnable_from, max as i64])?;
+    }
+    Ok(pruned)
+}
+
+/// Keeps the outbox relay's cursor (the journal id it published up to); it never goes
+/// back.
+fn save_relay_cursor(tx: &Connection, id: i64) -> Result<(), rusqlite::Error> {
+    tx.prepare_cached(
+        "INSERT INTO meta (key, value) VALUES ('relay_journal_id', ?1)
+         ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
+    )?
+    .execute(params![id])?;
+    Ok(())
+}
+
+/// Writes how far the request log is applied (`offsets`, by partition) and where in the
+/// journal's log the views stand (`mark`), in the transaction of the entries that bring
+/// them there.
+fn write_positions(
+    tx: &Connection,
+    offsets: HashMap<i32, i64>,
+    mark: Option<Chain>,
+) -> Result<(), rusqlite::Error> {
+    let mut applied = tx.prepare_cached(
+        "INSERT INTO log_offsets (log_partition, log_offset) VALUES (?1, ?2)
+         ON CONFLICT (log_partition)
+         DO UPDATE SET log_offset = MAX(log_offset, excluded.log_offset)",
+    )?;
+    for (partition, offset) in offsets {
+        applied.execute(params![partition, offset])?;
+    }
+    if let Some(m) = mark {
+        let mut set = tx.prepare_cached(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )?;
+        set.execute(params!["log_next_lsn", m.next_lsn as i64])?;
+        set.execute(params!["log_parent_hi", (m.parent >> 64) as u64 as i64])?;
+        set.execute(params!["log_parent_lo", m.parent as u64 as i64])?;
+        set.execute(params!["log_epoch", m.epoch as i64])?;
+    }
+    Ok(())
+}
+
+/// Writes the item snapshot: the last state of every item in `dirty`, and that it
+/// covers every entry written so far.
+fn write_snapshot(tx: &Connection, dirty: &States) -> Result<(), rusqlite::Error> {
+    let mut upsert = tx.prepare_cached(
+        "INSERT INTO items (shop, item, stock, reserved, seq, checksum)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (shop, item) DO UPDATE SET
+            stock = excluded.stock, reserved = excluded.reserved, seq = excluded.seq,
+            checksum = excluded.checksum",
+    )?;
+    for ((shop, item), s) in dirty {
+        let sum = snapshot_checksum(shop, item, *s);
+        upsert.execute(params![&**shop, &**item, s.stock, s.reserved, s.seq, sum])?;
+    }
+    drop(upsert);
+    tx.execute(
+        "INSERT INTO meta (key, value)
+         VALUES ('snapshot_journal_id', (SELECT COALESCE(MAX(id), 0) FROM journal))
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        [],
+    )?;
+    Ok(())
 }
 
 /// Whether an SQLite error means the disk has no room (`SQLITE_FULL`).
