@@ -93,7 +93,8 @@ r = json.load(open(run))
 n = r["throughput_rps"] * r["duration_s"]
 print(f"{system:8} {scenario:10} {r['throughput_rps']:>9.0f}/s  cpu {vals['task-clock'] * 1000 / n:6.1f} us/req"
       f" (user {user_us / n:5.1f}, kernel {sys_us / n:5.1f})"
-      f"  cs {vals['context-switches'] / n:5.2f}/req  ({n:.0f} decisions, p99 {r['p99_ms']:.1f} ms)")
+      f"  cs {vals['context-switches'] / n:5.2f}/req  ({n:.0f} decisions, p99 {r['p99_ms']:.1f} ms"
+      + (f", {r['entries_per_sync']} entries/sync" if r.get("entries_per_sync") else "") + ")")
 EOF
   done
 done

@@ -69,7 +69,7 @@ async fn run_and_print(args: run::RunArgs) -> anyhow::Result<()> {
     let line = serde_json::to_string(&result)?;
     println!("{line}");
     eprintln!(
-        "nrtxn-bench: {} {} ({}): {}/s, p50 {} ms, p99 {} ms, p99.9 {} ms; ok {}, rejected {}, 429 {}, errors {}; check {}; peak RSS {} MB",
+        "nrtxn-bench: {} {} ({}): {}/s, p50 {} ms, p99 {} ms, p99.9 {} ms; ok {}, rejected {}, 429 {}, errors {}; check {}; peak RSS {} MB{}",
         result.system,
         result.scenario,
         result.mode,
@@ -83,6 +83,10 @@ async fn run_and_print(args: run::RunArgs) -> anyhow::Result<()> {
         result.errors,
         result.check.get("verdict").and_then(|v| v.as_str()).unwrap_or("?"),
         result.peak_rss_mb.map(|m| m.to_string()).unwrap_or_else(|| "n/a".into()),
+        result
+            .entries_per_sync
+            .map(|e| format!("; {e} entries per sync"))
+            .unwrap_or_default(),
     );
     if let Some(path) = json_path {
         std::fs::write(&path, format!("{line}\n"))

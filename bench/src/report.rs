@@ -233,16 +233,17 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
          Oversold is units sold beyond the stock, from the answers and from reading every item back; the \
          check also compares each item's stock with loaded − Σ ok decrements + Σ ok increments and \
          polls and resubmits a sample of keys. Peak RSS is the HTTP server process's (for the peers, not \
-         Redis's or PostgreSQL's own).\n\n",
+         Redis's or PostgreSQL's own). Entries/sync is nrtxn's journal entries per group commit \
+         (one `fdatasync` each on the embedded journal) during the run.\n\n",
     );
     md.push_str(
-        "| scenario | system | conns | throughput/s | p50 ms | p90 ms | p99 ms | p99.9 ms | ok | rejected | 429 | errors | oversold | check | peak RSS MB |\n",
+        "| scenario | system | conns | throughput/s | p50 ms | p90 ms | p99 ms | p99.9 ms | ok | rejected | 429 | errors | oversold | check | peak RSS MB | entries/sync |\n",
     );
-    md.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
+    md.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n");
     for r in sorted_runs(&res.runs) {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             run_label(r),
             r.system,
             r.connections,
@@ -262,6 +263,9 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
             r.peak_rss_mb
                 .map(|m| format!("{m:.0}"))
                 .unwrap_or_else(|| "n/a".into()),
+            r.entries_per_sync
+                .map(|e| format!("{e:.1}"))
+                .unwrap_or_else(|| "".into()),
         );
     }
     let orders = orders_lines(&res.runs);
@@ -700,6 +704,7 @@ mod tests {
             counts: BTreeMap::new(),
             oversold: Some(0),
             peak_rss_mb: Some(42.0),
+            entries_per_sync: None,
             durability: Some("fsync <on>".into()),
             check: serde_json::json!({"verdict": "passed"}),
             notes: vec![],

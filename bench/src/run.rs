@@ -252,6 +252,10 @@ pub struct RunResult {
     /// Units sold beyond what existed; null when the check was skipped.
     pub oversold: Option<i64>,
     pub peak_rss_mb: Option<f64>,
+    /// nrtxn only: journal entries per group commit (one `fdatasync` each on the embedded
+    /// journal) during the run, from the server's `/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries_per_sync: Option<f64>,
     pub durability: Option<String>,
     pub check: serde_json::Value,
     pub notes: Vec<String>,
@@ -886,6 +890,25 @@ fn progress_bar(len: u64, template: &str) -> ProgressBar {
     pb
 }
 
+/// The server's journal entries and group commits so far (`nrtxn_journal_txn_entries`'s
+/// sum and count on `/metrics`); `None` from a server without them (the peers).
+async fn journal_groups(target: &Target, timeout: Duration) -> Option<(f64, f64)> {
+    let answer = Conn::new(target.clone(), timeout)
+        .send(Method::GET, "/metrics", None)
+        .await
+        .ok()
+        .filter(|a| a.status == 200)?;
+    let text = std::str::from_utf8(&answer.body).ok()?;
+    let figure = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+    };
+    Some((
+        figure("nrtxn_journal_txn_entries_sum ")?,
+        figure("nrtxn_journal_txn_entries_count ")?,
+    ))
+}
+
 /// Runs one scenario against `--target` and returns its result.
 pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
     args.validate()?;
@@ -946,8 +969,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
 
     load_items(&shared, &target, timeout, stock).await?;
 
+    let groups_before = journal_groups(&target, timeout).await;
     let (outs, elapsed, dropped, started_ms, ended_ms) =
         drive(&shared, &args, &target, timeout).await;
+    let entries_per_sync = match (groups_before, journal_groups(&target, timeout).await) {
+        (Some((e0, g0)), Some((e1, g1))) if g1 > g0 => {
+            Some(((e1 - e0) / (g1 - g0) * 10.0).round() / 10.0)
+        }
+        _ => None,
+    };
     let mut lat = Latencies::new();
     let mut counts = Counts::default();
     let mut accepted = Vec::new();
@@ -1163,6 +1193,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<RunResult> {
         counts: counts.0,
         oversold,
         peak_rss_mb: peak_rss_mb.map(|m| (m * 10.0).round() / 10.0),
+        entries_per_sync,
         durability: args.durability.clone(),
         check: serde_json::to_value(&check).unwrap_or(serde_json::Value::Null),
         notes,
