@@ -32,7 +32,7 @@ use std::path::Path;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nrtxn_actors::ledger::{self, BuyerLedger};
 use nrtxn_actors::ports::{ItemPage, ItemReads, Lifecycle, Outbox, Outcomes};
@@ -1050,6 +1050,44 @@ pub(crate) fn gather<C>(
     Some((cmds, total))
 }
 
+/// Wake-ups of the views' writer while it lingers: it looks at its queue this often
+/// rather than waking for every group the log hands it, so its wake-ups follow the clock,
+/// not the load.
+const LINGER_SLICES: u32 = 5;
+
+/// The views' next transaction: the first command, then whatever comes within `linger`,
+/// looked at [`LINGER_SLICES`] times, ended early by a command someone waits for (weight
+/// 0) or by `max` entries.
+fn gather_by_time(rx: &Receiver<Command>, max: usize, linger: Duration) -> Option<Vec<Command>> {
+    let first = rx.recv().ok()?;
+    let until = Instant::now() + linger;
+    let mut total = first.weight();
+    let mut urgent = total == 0;
+    let mut cmds = vec![first];
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok(c) => {
+                    let w = c.weight();
+                    urgent |= w == 0;
+                    total += w;
+                    cmds.push(c);
+                    if total >= max {
+                        return Some(cmds);
+                    }
+                }
+                Err(TryRecvError::Disconnected) => return Some(cmds),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if urgent || left.is_zero() {
+            return Some(cmds);
+        }
+        std::thread::sleep(left.min(linger / LINGER_SLICES));
+    }
+}
+
 /// Item states by shop and item.
 type States = HashMap<(Arc<str>, Arc<str>), ItemState>;
 
@@ -2022,8 +2060,7 @@ impl Writer {
     fn run(mut self, rx: Receiver<Command>) {
         let mut closing = None;
         while closing.is_none() {
-            let Some((mut cmds, _)) = gather(&rx, TXN_ENTRIES_MAX, self.linger, Command::weight)
-            else {
+            let Some(mut cmds) = gather_by_time(&rx, TXN_ENTRIES_MAX, self.linger) else {
                 break;
             };
             // Near the disk's floor, a group in transactions that each fit in the room.
