@@ -1,6 +1,20 @@
 //! viewbench: derived-view store candidates for nrtxn.
-//! Usage: viewbench <sqlite|fjall|redb> <hot|spread|soldout> <entries> <store_dir> [seed]
+//! Usage: viewbench <sqlite|fjall|redb|segidx|sqlite-sorted|fjall-ingest> <hot|spread|soldout>
+//!        <entries> <store_dir> [seed]
+//!        viewbench reopen <candidate> <store_dir>
 //! Prints one line of `key=value` results on stdout.
+//!
+//! The first three store every outcome and event row in the store (the 2026-11 study).
+//! The last three append the entries to a simulated log (`seglog`), whose writes are timed
+//! apart and subtracted, and index positions in it (`segidx`, `bulk`).
+//! Environment: `VB_SEGMENT_MB` (log segment size, default 64), `VB_RUN_ENTRIES` (sorted
+//! run size of the bulk candidates, default 65,536).
+
+mod bulk;
+mod filter;
+mod segidx;
+mod seglog;
+mod tail;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::path::{Path, PathBuf};
@@ -106,7 +120,11 @@ fn gen_entries(mix: &str, n: usize, rng: &mut StdRng) -> Entries {
             (1u8, 2u8, before)
         } else {
             let op = rng.gen_range(0..2u8);
-            let after = if op == 0 { before - qty as i64 } else { before + qty as i64 };
+            let after = if op == 0 {
+                before - qty as i64
+            } else {
+                before + qty as i64
+            };
             (op, 0u8, after)
         };
         stock[item as usize] = after;
@@ -141,6 +159,19 @@ trait Store {
     fn force(&mut self) -> &'static str;
     fn get_outcome(&self, shop: u32, rkey: &[u8], okey: &[u8]) -> Option<usize>;
     fn range_events(&self, shop: u32, item: u32, after: u64, limit: usize) -> usize;
+    /// The range read with each event's entry read from the log; None where the store
+    /// holds the rows themselves.
+    fn range_fetch(&self, _shop: u32, _item: u32, _after: u64, _limit: usize) -> Option<usize> {
+        None
+    }
+    /// Thread CPU spent writing the simulated log, not the derivation's cost.
+    fn log_cpu_s(&self) -> f64 {
+        0.0
+    }
+    /// Thread CPU spent sealing segments or writing sorted runs (part of the derivation).
+    fn bulk_cpu_s(&self) -> f64 {
+        0.0
+    }
 }
 
 // ---------------------------------------------------------------- sqlite
@@ -170,7 +201,9 @@ impl Store for Sqlite {
     fn write_batch(&mut self, e: &Entries, range: std::ops::Range<usize>, _b: usize) {
         let tx = self.conn.transaction().unwrap();
         {
-            let mut so = tx.prepare_cached("INSERT INTO outcomes(shop, request_key, v) VALUES (?1, ?2, ?3)").unwrap();
+            let mut so = tx
+                .prepare_cached("INSERT INTO outcomes(shop, request_key, v) VALUES (?1, ?2, ?3)")
+                .unwrap();
             let mut se = tx
                 .prepare_cached("INSERT INTO events(shop, item, seq, seg, off) VALUES (?1, ?2, ?3, ?4, ?5)")
                 .unwrap();
@@ -178,7 +211,8 @@ impl Store for Sqlite {
                 so.execute(rusqlite::params![e.shop[i], e.rkey(i), e.oval(i)]).unwrap();
                 let seg = (e.seq[i] / 1_000_000) as i64;
                 let off = ((e.seq[i] % 1_000_000) * 96) as i64;
-                se.execute(rusqlite::params![e.shop[i], e.item[i], e.seq[i] as i64, seg, off]).unwrap();
+                se.execute(rusqlite::params![e.shop[i], e.item[i], e.seq[i] as i64, seg, off])
+                    .unwrap();
             }
         }
         tx.commit().unwrap();
@@ -189,16 +223,25 @@ impl Store for Sqlite {
         "wal_checkpoint(TRUNCATE)"
     }
     fn get_outcome(&self, shop: u32, rkey: &[u8], _okey: &[u8]) -> Option<usize> {
-        let mut st = self.conn.prepare_cached("SELECT v FROM outcomes WHERE shop=?1 AND request_key=?2").unwrap();
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT v FROM outcomes WHERE shop=?1 AND request_key=?2")
+            .unwrap();
         let mut rows = st.query(rusqlite::params![shop, rkey]).unwrap();
-        rows.next().unwrap().map(|r| r.get_ref(0).unwrap().as_blob().unwrap().len())
+        rows.next()
+            .unwrap()
+            .map(|r| r.get_ref(0).unwrap().as_blob().unwrap().len())
     }
     fn range_events(&self, shop: u32, item: u32, after: u64, limit: usize) -> usize {
         let mut st = self
             .conn
-            .prepare_cached("SELECT seq, seg, off FROM events WHERE shop=?1 AND item=?2 AND seq>?3 ORDER BY seq LIMIT ?4")
+            .prepare_cached(
+                "SELECT seq, seg, off FROM events WHERE shop=?1 AND item=?2 AND seq>?3 ORDER BY seq LIMIT ?4",
+            )
             .unwrap();
-        let mut rows = st.query(rusqlite::params![shop, item, after as i64, limit as i64]).unwrap();
+        let mut rows = st
+            .query(rusqlite::params![shop, item, after as i64, limit as i64])
+            .unwrap();
         let mut n = 0;
         let mut acc = 0i64;
         while let Some(r) = rows.next().unwrap() {
@@ -287,8 +330,14 @@ struct Redb {
 impl Redb {
     fn open(dir: &Path) -> Self {
         std::fs::create_dir_all(dir).unwrap();
-        let db = redb::Builder::new().set_cache_size(CACHE_BYTES as usize).create(dir.join("views.redb")).unwrap();
-        Redb { db, pending_nondurable: false }
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES as usize)
+            .create(dir.join("views.redb"))
+            .unwrap();
+        Redb {
+            db,
+            pending_nondurable: false,
+        }
     }
     fn commit_durable(&mut self) {
         let mut tx = self.db.begin_write().unwrap();
@@ -301,8 +350,13 @@ impl Redb {
 impl Store for Redb {
     fn write_batch(&mut self, e: &Entries, range: std::ops::Range<usize>, b: usize) {
         let mut tx = self.db.begin_write().unwrap();
-        let durable = (b + 1) % REDB_DURABLE_EVERY == 0;
-        tx.set_durability(if durable { redb::Durability::Immediate } else { redb::Durability::None }).unwrap();
+        let durable = (b + 1).is_multiple_of(REDB_DURABLE_EVERY);
+        tx.set_durability(if durable {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        })
+        .unwrap();
         {
             let mut to = tx.open_table(R_OUT).unwrap();
             let mut te = tx.open_table(R_EV).unwrap();
@@ -329,7 +383,7 @@ impl Store for Redb {
         t.get(okey).unwrap().map(|v| v.value().len())
     }
     fn range_events(&self, shop: u32, item: u32, after: u64, limit: usize) -> usize {
-        use redb::{ReadableDatabase, ReadableTable};
+        use redb::ReadableDatabase;
         let tx = self.db.begin_read().unwrap();
         let t = tx.open_table(R_EV).unwrap();
         let lo = ekey(shop, item, after + 1);
@@ -348,11 +402,50 @@ impl Store for Redb {
 
 // ---------------------------------------------------------------- measurement helpers
 
-fn cpu_secs() -> f64 {
+fn rusage_secs(who: libc::c_int) -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// CPU of the whole process: the writer and every background thread of a store.
+fn cpu_secs() -> f64 {
+    rusage_secs(libc::RUSAGE_SELF)
+}
+
+/// CPU of the calling thread (`getrusage(RUSAGE_THREAD)`), for the writer's own share.
+fn thread_rusage_secs() -> f64 {
+    rusage_secs(libc::RUSAGE_THREAD)
+}
+
+/// CPU of the calling thread in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, the same kernel
+/// counter as `RUSAGE_THREAD`, finer): cheap enough to time each batch's log write.
+pub(crate) fn thread_cpu_s() -> f64 {
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Peak and current resident set of this process, from /proc (kB).
+fn rss_kb() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+fn segment_bytes() -> u64 {
+    std::env::var("VB_SEGMENT_MB")
+        .ok()
+        .map(|v| v.parse::<u64>().unwrap())
+        .unwrap_or(64)
+        << 20
 }
 
 fn du_bytes(dir: &Path) -> u64 {
@@ -380,17 +473,50 @@ fn pct(v: &mut [u64], p: f64) -> u64 {
     v[idx]
 }
 
+/// A store for the write phase: the log-backed candidates start an empty log.
+fn create_store(cand: &str, dir: &Path) -> Box<dyn Store> {
+    match cand {
+        "segidx" => Box::new(segidx::SegIdx::create(dir, segment_bytes())),
+        "sqlite-sorted" | "fjall-ingest" => Box::new(bulk::Bulk::create(cand, dir, segment_bytes())),
+        _ => open_store(cand, dir),
+    }
+}
+
 fn open_store(cand: &str, dir: &Path) -> Box<dyn Store> {
     match cand {
         "sqlite" => Box::new(Sqlite::open(dir)),
         "fjall" => Box::new(Fjall::open(dir)),
         "redb" => Box::new(Redb::open(dir)),
+        "segidx" => Box::new(segidx::SegIdx::open(dir, segment_bytes())),
+        "sqlite-sorted" | "fjall-ingest" => Box::new(bulk::Bulk::open(cand, dir, segment_bytes())),
         _ => panic!("unknown candidate {cand}"),
     }
 }
 
+/// `viewbench reopen <cand> <store_dir>`: opens a store left by an earlier run and prints
+/// how long that took (and, for segidx, how many indexes it rebuilt): a start at a size
+/// too large to write twice, or after the indexes were deleted (a restore without them).
+fn reopen_only(cand: &str, dir: &Path) {
+    let t = Instant::now();
+    let c = cpu_secs();
+    let rebuilt = if cand == "segidx" {
+        segidx::SegIdx::open(dir, segment_bytes()).rebuilt
+    } else {
+        drop(open_store(cand, dir));
+        0
+    };
+    println!(
+        "cand={cand} reopen_s={:.3} reopen_cpu_s={:.3} rebuilt={rebuilt}",
+        t.elapsed().as_secs_f64(),
+        cpu_secs() - c
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args[1] == "reopen" {
+        return reopen_only(&args[2], Path::new(&args[3]));
+    }
     let cand = args[1].as_str();
     let mix = args[2].as_str();
     let n: usize = args[3].parse().unwrap();
@@ -403,9 +529,12 @@ fn main() {
     let key_bytes = e.okey.len() as f64 / n as f64;
     let val_bytes = e.oval.len() as f64 / n as f64;
 
+    let (_, rss_gen_kb) = rss_kb();
+
     // ---- write phase
-    let mut store = open_store(cand, &dir);
+    let mut store = create_store(cand, &dir);
     let c0 = cpu_secs();
+    let t0 = thread_rusage_secs();
     let w0 = Instant::now();
     let mut b = 0;
     let mut i = 0;
@@ -423,8 +552,12 @@ fn main() {
     let du_settled = du_bytes(&dir);
     let forced = store.force();
     let c3 = cpu_secs();
+    let t3 = thread_rusage_secs();
     let w3 = w0.elapsed().as_secs_f64();
+    let log_cpu = store.log_cpu_s();
+    let bulk_cpu = store.bulk_cpu_s();
     let du_forced = du_bytes(&dir);
+    let du_log = du_bytes_ext(&dir, "log");
     drop(store);
     let du_closed = du_bytes(&dir);
 
@@ -473,14 +606,45 @@ fn main() {
         let k = rng.gen_range(0..n);
         let (shop, item) = (e.shop[k], e.item[k]);
         // hot/soldout: random `after` with >=1000 following; spread: after=0 (whole item, ~n/10000 rows)
-        let after = if mix == "spread" { 0 } else { rng.gen_range(0..(n as u64).saturating_sub(1000)) };
+        let after = if mix == "spread" {
+            0
+        } else {
+            rng.gen_range(0..(n as u64).saturating_sub(1000))
+        };
         let t = Instant::now();
         rows += store.range_events(shop, item, after, 1000);
         lat.push(t.elapsed().as_nanos() as u64);
     }
     let rng_p50 = pct(&mut lat, 0.5);
     let rng_p99 = pct(&mut lat, 0.99);
+    // the same range reads, each event's entry read from the log (log-backed candidates)
+    let mut lat = Vec::with_capacity(N_RANGE);
+    for _ in 0..N_RANGE {
+        let k = rng.gen_range(0..n);
+        let (shop, item) = (e.shop[k], e.item[k]);
+        let after = if mix == "spread" {
+            0
+        } else {
+            rng.gen_range(0..(n as u64).saturating_sub(1000))
+        };
+        let t = Instant::now();
+        if store.range_fetch(shop, item, after, 1000).is_none() {
+            break;
+        }
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    let (fetch_p50, fetch_p99) = if lat.is_empty() {
+        ("-".to_string(), "-".to_string())
+    } else {
+        (pct(&mut lat, 0.5).to_string(), pct(&mut lat, 0.99).to_string())
+    };
     drop(store);
+    let extra = if cand == "segidx" {
+        segidx_faults(&dir, &e, &mut rng)
+    } else {
+        String::new()
+    };
+    let (hwm_kb, _) = rss_kb();
 
     println!(
         "cand={cand} mix={mix} n={n} seed={seed} key_b={key_bytes:.1} val_b={val_bytes:.1} \
@@ -490,7 +654,11 @@ fn main() {
          du_settled={du_settled} du_forced={du_forced} du_closed={du_closed} \
          b_per_entry_settled={:.1} b_per_entry_forced={:.1} b_per_entry_closed={:.1} \
          reopen_s={open_s:.3} hit_p50_ns={hit_p50} hit_p99_ns={hit_p99} miss_p50_ns={miss_p50} miss_p99_ns={miss_p99} miss_found={miss_found} \
-         range_p50_ns={rng_p50} range_p99_ns={rng_p99} range_rows_avg={:.1} forced_how=\"{forced}\"",
+         range_p50_ns={rng_p50} range_p99_ns={rng_p99} range_rows_avg={:.1} \
+         range_fetch_p50_ns={fetch_p50} range_fetch_p99_ns={fetch_p99} \
+         thr_cpu_us_per_entry_forced={:.3} log_cpu_us_per_entry={:.3} bulk_cpu_us_per_entry={:.3} \
+         derive_cpu_us_per_entry_forced={:.3} derive_thr_us_per_entry_forced={:.3} \
+         du_log={du_log} b_per_entry_index={:.1} rss_gen_kb={rss_gen_kb} hwm_kb={hwm_kb} {extra}forced_how=\"{forced}\"",
         c1 - c0,
         (c1 - c0) * 1e6 / n as f64,
         w1 * 1e6 / n as f64,
@@ -502,5 +670,77 @@ fn main() {
         du_forced as f64 / n as f64,
         du_closed as f64 / n as f64,
         rows as f64 / N_RANGE as f64,
+        (t3 - t0) * 1e6 / n as f64,
+        log_cpu * 1e6 / n as f64,
+        bulk_cpu * 1e6 / n as f64,
+        (c3 - c0 - log_cpu) * 1e6 / n as f64,
+        (t3 - t0 - log_cpu) * 1e6 / n as f64,
+        (du_forced - du_log) as f64 / n as f64,
     );
+}
+
+/// Allocated bytes of the files in `dir` (and below) whose extension is `ext`.
+fn du_bytes_ext(dir: &Path, ext: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for ent in std::fs::read_dir(&d).unwrap() {
+            let ent = ent.unwrap();
+            let md = ent.metadata().unwrap();
+            if md.is_dir() {
+                stack.push(ent.path());
+            } else if ent.path().extension().is_some_and(|x| x == ext) {
+                total += md.blocks() * 512;
+            }
+        }
+    }
+    total
+}
+
+/// segidx's corruption and recovery paths, on the store just measured:
+/// - the full check of every index block (what a start runs after it is ready);
+/// - an index whose filter has a flipped byte: refused at open and rebuilt from its
+///   segment (the time of that open, and that every sampled key is still found);
+/// - a flipped byte in a key block: not seen at open (blocks are checked when read),
+///   found by the full check.
+fn segidx_faults(dir: &Path, e: &Entries, rng: &mut StdRng) -> String {
+    let s = segidx::SegIdx::open(dir, segment_bytes());
+    let t = Instant::now();
+    s.check_all().unwrap();
+    let check_all_s = t.elapsed().as_secs_f64();
+    drop(s);
+    let mut idx: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "idx"))
+        .collect();
+    idx.sort();
+    let flip = |p: &Path, at: usize| {
+        let mut b = std::fs::read(p).unwrap();
+        b[at] ^= 0x40;
+        std::fs::write(p, b).unwrap();
+    };
+    let len = std::fs::metadata(&idx[0]).unwrap().len() as usize;
+    flip(&idx[0], len - 64 - 8 * 1024); // inside the directory, fence or filter
+    let t = Instant::now();
+    let s = segidx::SegIdx::open(dir, segment_bytes());
+    let rebuild_open_s = t.elapsed().as_secs_f64();
+    let rebuilt = s.rebuilt;
+    let found = (0..10_000)
+        .filter(|_| {
+            let k = rng.gen_range(0..e.len());
+            s.get_outcome(e.shop[k], e.rkey(k), e.okey(k)).is_some()
+        })
+        .count();
+    assert_eq!(found, 10_000, "every key is found after the rebuild");
+    drop(s);
+    flip(idx.last().unwrap(), 100); // in the first key block
+    let s = segidx::SegIdx::open(dir, segment_bytes());
+    let block_refused = s.check_all().is_err();
+    format!(
+        "check_all_s={check_all_s:.3} rebuild_open_s={rebuild_open_s:.3} rebuilt={rebuilt} \
+         block_flip_refused={block_refused} segments={} ",
+        idx.len()
+    )
 }
