@@ -28,7 +28,7 @@ use nrtxn_actors::{
     now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
 };
 
-use crate::views::{gather, SqliteStore};
+use crate::views::SqliteStore;
 use crate::AcceptDone;
 use nrtxn_log::codec;
 use nrtxn_log::seal;
@@ -506,8 +506,7 @@ fn run(
     let hold = nrtxn_log::faults::journal_hold();
     while closing.is_none() {
         progress.wait_room();
-        let Some((cmds, weight)) = gather(&rx, GROUP_ENTRIES_MAX, Duration::ZERO, Command::weight)
-        else {
+        let Some((cmds, weight)) = next_group(&rx) else {
             break;
         };
         match hold {
@@ -539,6 +538,21 @@ fn run(
     if let Some(ack) = closing {
         let _ = ack.send(());
     }
+}
+
+/// The next group: the first command to come, then every one already waiting, up to
+/// [`GROUP_ENTRIES_MAX`] entries; no wait for more (docs/decisions/log-groups.md).
+/// `None` once every sender is gone.
+fn next_group(rx: &Receiver<Command>) -> Option<(Vec<Command>, usize)> {
+    let first = rx.recv().ok()?;
+    let mut weight = first.weight();
+    let mut cmds = vec![first];
+    while weight < GROUP_ENTRIES_MAX {
+        let Ok(cmd) = rx.try_recv() else { break };
+        weight += cmd.weight();
+        cmds.push(cmd);
+    }
+    Some((cmds, weight))
 }
 
 /// One group commit: every command's record, one sync, then the callbacks and the

@@ -1016,40 +1016,6 @@ pub fn read_log_mark(conn: &Connection) -> Result<Option<Chain>, rusqlite::Error
     }))
 }
 
-/// A writer thread's next group: the first command to come, then every one already
-/// waiting, until their weight (entries) reaches `max`. With a `linger`, the group also
-/// takes what arrives until `linger` after the first command, unless a command with no
-/// weight (a close, a prune, a relay save: someone waits on it alone) comes first.
-/// `None` once every sender is gone.
-pub(crate) fn gather<C>(
-    rx: &Receiver<C>,
-    max: usize,
-    linger: std::time::Duration,
-    weight: impl Fn(&C) -> usize,
-) -> Option<(Vec<C>, usize)> {
-    let first = rx.recv().ok()?;
-    let until = Instant::now() + linger;
-    let mut total = weight(&first);
-    let mut urgent = total == 0;
-    let mut cmds = vec![first];
-    while total < max {
-        let next = match rx.try_recv() {
-            Ok(c) => Some(c),
-            Err(TryRecvError::Disconnected) => None,
-            Err(TryRecvError::Empty) if urgent || linger.is_zero() => None,
-            Err(TryRecvError::Empty) => rx
-                .recv_timeout(until.saturating_duration_since(Instant::now()))
-                .ok(),
-        };
-        let Some(c) = next else { break };
-        let w = weight(&c);
-        urgent |= w == 0;
-        total += w;
-        cmds.push(c);
-    }
-    Some((cmds, total))
-}
-
 /// Wake-ups of the views' writer while it lingers: it looks at its queue this often
 /// rather than waking for every group the log hands it, so its wake-ups follow the clock,
 /// not the load.
@@ -1106,14 +1072,20 @@ fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
                 Arc::<str>::from(row.get::<_, String>(0)?),
                 Arc::<str>::from(row.get::<_, String>(1)?),
             ),
-            ItemState {
-                stock: row.get(2)?,
-                reserved: row.get(3)?,
-                seq: row.get(4)?,
-            },
+            state_at(row, 2)?,
         );
     }
     Ok(out)
+}
+
+/// An item's state from a row's columns `first` (stock), `first + 1` (reserved) and
+/// `first + 2` (seq).
+fn state_at(row: &rusqlite::Row, first: usize) -> Result<ItemState, rusqlite::Error> {
+    Ok(ItemState {
+        stock: row.get(first)?,
+        reserved: row.get(first + 1)?,
+        seq: row.get(first + 2)?,
+    })
 }
 
 /// At most this many of SQLite's integrity problems are read and reported.
@@ -1170,11 +1142,7 @@ fn damaged_rows(conn: &Connection) -> Result<(u64, Option<String>), rusqlite::Er
     let mut stmt = conn.prepare("SELECT shop, item, stock, reserved, seq, checksum FROM items")?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
-        let state = ItemState {
-            stock: row.get(2)?,
-            reserved: row.get(3)?,
-            seq: row.get(4)?,
-        };
+        let state = state_at(row, 2)?;
         let (shop, item) = (row.get_ref(0)?.as_str()?, row.get_ref(1)?.as_str()?);
         if let Err(e) = checked_snapshot(shop, item, state, row.get(5)?) {
             note(e);
@@ -1840,11 +1808,7 @@ fn read_snapshot(conn: &Connection) -> Result<ItemStates, rusqlite::Error> {
         Ok((
             Arc::<str>::from(row.get::<_, String>(0)?),
             Arc::<str>::from(row.get::<_, String>(1)?),
-            ItemState {
-                stock: row.get(2)?,
-                reserved: row.get(3)?,
-                seq: row.get(4)?,
-            },
+            state_at(row, 2)?,
             row.get::<_, Option<i64>>(5)?,
         ))
     })?;

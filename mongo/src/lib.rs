@@ -231,8 +231,14 @@ async fn connect(uri: &str) -> Result<Database, StoreError> {
 /// Every request key in the journal, in a new key filter.
 async fn known_keys(db: &Database) -> Result<Arc<KeyFilter>, StoreError> {
     let keys = Arc::new(KeyFilter::new());
+    insert_keys(db, doc! { "request_key": { "$type": "string" } }, &keys).await?;
+    Ok(keys)
+}
+
+/// Adds to `keys` the shop and request key of every journal entry `filter` finds.
+async fn insert_keys(db: &Database, filter: Document, keys: &KeyFilter) -> Result<(), StoreError> {
     let mut cursor = journal(db)
-        .find(doc! { "request_key": { "$type": "string" } })
+        .find(filter)
         .projection(doc! { "_id": 0, "shop": 1, "request_key": 1 })
         .await
         .map_err(storage)?;
@@ -241,7 +247,7 @@ async fn known_keys(db: &Database) -> Result<Arc<KeyFilter>, StoreError> {
             keys.insert(shop, key);
         }
     }
-    Ok(keys)
+    Ok(())
 }
 
 /// The highest batch number in the journal, any node's; 0 when it is empty.
@@ -546,25 +552,15 @@ impl Sharing for MongoJournal {
             .get(&partition)
             .copied()
             .unwrap_or(i64::MIN);
-        let coll = journal(&self.db);
-        let keys = self.keys.clone();
+        let (db, keys) = (self.db.clone(), self.keys.clone());
         self.wait(async move {
             // Through the index on partition and offset.
-            let mut cursor = coll
-                .find(doc! {
-                    "partition": partition,
-                    "offset": { "$gte": start },
-                    "request_key": { "$type": "string" },
-                })
-                .projection(doc! { "_id": 0, "shop": 1, "request_key": 1 })
-                .await
-                .map_err(storage)?;
-            while let Some(d) = cursor.try_next().await.map_err(storage)? {
-                if let (Ok(shop), Ok(key)) = (d.get_str("shop"), d.get_str("request_key")) {
-                    keys.insert(shop, key);
-                }
-            }
-            Ok(())
+            let filter = doc! {
+                "partition": partition,
+                "offset": { "$gte": start },
+                "request_key": { "$type": "string" },
+            };
+            insert_keys(&db, filter, &keys).await
         })?;
         let mut learned = self.learned_from.lock().map_err(|_| StoreError::Closed)?;
         let at = learned.entry(partition).or_insert(from);
