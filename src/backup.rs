@@ -122,9 +122,12 @@ fn try_backup(from: &Path, to: &Path) -> anyhow::Result<BackupReport> {
     })
 }
 
-/// Copies every segment of `from` that `copied` does not have at its current length.
+/// Copies every segment of `from` that `copied` does not have at its current length, and
+/// the newest one always: written into a spare, it holds more records at the same length.
 fn copy_segments(from: &Path, to: &Path, copied: &mut Vec<(PathBuf, u64)>) -> anyhow::Result<()> {
-    for (_, path) in segments(from)? {
+    let segs = segments(from)?;
+    let newest = segs.last().map(|(first, _)| *first);
+    for (first, path) in segs {
         let name = path.file_name().expect("a segment has a name");
         let len = match std::fs::metadata(&path) {
             Ok(m) => m.len(),
@@ -132,7 +135,7 @@ fn copy_segments(from: &Path, to: &Path, copied: &mut Vec<(PathBuf, u64)>) -> an
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e.into()),
         };
-        if copied.iter().any(|(p, n)| p == &path && *n >= len) {
+        if Some(first) != newest && copied.iter().any(|(p, n)| p == &path && *n >= len) {
             continue;
         }
         let target = to.join(name);

@@ -230,9 +230,16 @@ impl LogJournal {
                 nrtxn_log::space::io_no_room,
             )
             .map_err(|e| store_error(LogError::Io(e)))?;
-        let writer =
+        let mut writer =
             LogWriter::open(&dir, &end, 0, retention.segment_bytes, lock).map_err(store_error)?;
         drop(mark_room);
+        // A loaded log writes into segments zero-filled ahead: its syncs skip the size.
+        writer
+            .prepare_spares(
+                space.clone(),
+                nrtxn_log::spare::SPARE_AFTER.min(retention.segment_bytes / 4),
+            )
+            .map_err(store_error)?;
         verify_in_background(end.unread, metrics.clone())?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
         let thread_views = views.clone();

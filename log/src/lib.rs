@@ -3,6 +3,7 @@
 //! The log is segment files of checksummed, hash-chained records ([`segment`]) whose
 //! bodies are packed batches of entries ([`codec`]); a sealed segment ends with a footer,
 //! and the durable mark tells an acknowledged record lost from a torn write ([`seal`]);
+//! the next segment is zero-filled ahead by a thread of its own ([`spare`]);
 //! see `docs/decisions/journal-log.md` and `docs/decisions/log-ends.md`. Beside it: the
 //! room on the data dir's disk that every writer asks before it writes ([`space`]), the
 //! fixed-size filter of request keys the journals fill at start ([`keyfilter`]), the
@@ -18,3 +19,4 @@ pub mod seal;
 pub mod secret_file;
 pub mod segment;
 pub mod space;
+pub mod spare;

@@ -14,6 +14,9 @@ use xxhash_rust::xxh3::xxh3_128;
 
 pub use crate::record::{checked_record, Chain, Header, LogError, BODY_MAX, HEADER_LEN, VERSION};
 use crate::seal::{self, Acked, Footer, MarkWriter, Successor};
+use crate::space::Space;
+use crate::spare::Spares;
+use std::sync::Arc;
 
 const SUFFIX: &str = ".log";
 
@@ -141,7 +144,7 @@ pub fn scan(
         File::open(path)?.read_to_end(&mut data)?;
         s.begins.get_or_insert(*first);
         let (len, sealed) = match s.segment(*first, path, &data, i + 1 == segs.len())? {
-            SegmentEnd::Open => (data.len() as u64, false),
+            SegmentEnd::Open(len) => (len, false),
             SegmentEnd::Sealed(len) => (len, true),
             SegmentEnd::Torn(t) => {
                 let len = t.offset;
@@ -235,8 +238,9 @@ pub fn verify_unread(unread: &[Unread]) -> Result<(), LogError> {
 
 /// How one segment's bytes end.
 enum SegmentEnd {
-    /// At the end of the file, after a whole record.
-    Open,
+    /// After a whole record, at this offset: the end of the file, or where the zeros of
+    /// a segment written ahead of its records begin (see [`crate::spare`]).
+    Open(u64),
     /// With a footer that starts at this offset.
     Sealed(u64),
     /// With a torn tail (the last segment only).
@@ -288,13 +292,8 @@ impl<V: FnMut(Record<'_>) -> Result<(), String>> Scanner<V> {
             }
             let (header, end) = match checked_record(data, at) {
                 Ok(v) => v,
-                Err(detail) if last && !any_record_after(data, at + 1) => {
-                    return Ok(SegmentEnd::Torn(TornTail {
-                        file: path.to_path_buf(),
-                        offset: at as u64,
-                        bytes: (data.len() - at) as u64,
-                        detail,
-                    }));
+                Err(detail) if last => {
+                    return last_end(path, data, at, self.chain.next_lsn, detail)
                 }
                 Err(detail) => {
                     return Err(LogError::Corrupt {
@@ -322,7 +321,7 @@ impl<V: FnMut(Record<'_>) -> Result<(), String>> Scanner<V> {
             last_checksum = Some(header.checksum);
             at = end;
         }
-        Ok(SegmentEnd::Open)
+        Ok(SegmentEnd::Open(data.len() as u64))
     }
 
     /// Checks one record against the records before it and hands it on, unless it
@@ -437,6 +436,37 @@ impl<V: FnMut(Record<'_>) -> Result<(), String>> Scanner<V> {
     }
 }
 
+/// How the last segment ends at `at`, where no good record starts (`detail` says why):
+/// only zeros from there on are the room a spare segment had left (the records end
+/// there); a bad record with no good one after it is a torn tail; anything else is
+/// corruption.
+fn last_end(
+    path: &Path,
+    data: &[u8],
+    at: usize,
+    lsn: u64,
+    detail: String,
+) -> Result<SegmentEnd, LogError> {
+    let used = data.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
+    if at >= used {
+        return Ok(SegmentEnd::Open(at as u64));
+    }
+    if any_record_after(&data[..used], at + 1) {
+        return Err(LogError::Corrupt {
+            file: path.to_path_buf(),
+            offset: at as u64,
+            lsn,
+            detail,
+        });
+    }
+    Ok(SegmentEnd::Torn(TornTail {
+        file: path.to_path_buf(),
+        offset: at as u64,
+        bytes: (data.len() - at) as u64,
+        detail,
+    }))
+}
+
 /// Whether a record header with a good checksum starts anywhere in `data` from `from`:
 /// a bad record followed by a good one is corruption, not a torn tail.
 fn any_record_after(data: &[u8], from: usize) -> bool {
@@ -456,6 +486,11 @@ pub struct LogWriter {
     chain: Chain,
     epoch: u64,
     segment_bytes: u64,
+    /// Whether the file holds zeros past `offset` to its size, written and synced ahead
+    /// (a spare, see [`crate::spare`]): records then overwrite them.
+    preallocated: bool,
+    /// The next segments, prepared ahead (`None`: each segment is created as it comes).
+    spares: Option<Spares>,
     buf: Vec<u8>,
     mark: MarkWriter,
     _lock: File,
@@ -478,7 +513,7 @@ impl LogWriter {
         if chain.next_lsn == 0 {
             chain.next_lsn = 1;
         }
-        let (file, first, offset) = match &end.last {
+        let (file, first, offset, preallocated) = match &end.last {
             Some(tail) if !tail.sealed => {
                 let mut f = OpenOptions::new().write(true).open(&tail.path)?;
                 if end.torn.is_some() {
@@ -486,10 +521,16 @@ impl LogWriter {
                     f.sync_data()?;
                 }
                 f.seek(io::SeekFrom::Start(tail.len))?;
-                (f, tail.first, tail.len)
+                let preallocated = f.metadata()?.len() > tail.len;
+                (f, tail.first, tail.len, preallocated)
             }
             // None yet, or the last one sealed before the process stopped.
-            _ => (create_segment(dir, chain.next_lsn)?, chain.next_lsn, 0),
+            _ => (
+                create_segment(dir, chain.next_lsn)?,
+                chain.next_lsn,
+                0,
+                false,
+            ),
         };
         let mut mark = MarkWriter::open(dir)?;
         if chain.next_lsn > 1 {
@@ -507,6 +548,8 @@ impl LogWriter {
             chain,
             epoch,
             segment_bytes: segment_bytes.max(HEADER_LEN as u64 * 2),
+            preallocated,
+            spares: None,
             buf: Vec::new(),
             mark,
             _lock: lock,
@@ -515,6 +558,14 @@ impl LogWriter {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Prepares each next segment ahead, zero-filled within `space`'s room, once `after`
+    /// bytes were written (see [`crate::spare`]); the segment being written is ended
+    /// early for the first one, so that a loaded log soon writes into one.
+    pub fn prepare_spares(&mut self, space: Arc<Space>, after: u64) -> Result<(), LogError> {
+        self.spares = Some(Spares::new(&self.dir, self.segment_bytes, space, after)?);
+        Ok(())
     }
 
     pub fn chain(&self) -> Chain {
@@ -538,9 +589,27 @@ impl LogWriter {
             last_checksum: self.chain.parent,
             len: self.offset,
         };
+        if self.preallocated {
+            // The footer ends the file: the zeros the records did not take go.
+            self.file.set_len(self.offset)?;
+            self.preallocated = false;
+        }
         self.write_or_cut(&footer.encode())?;
         self.file.sync_data()?;
-        self.file = create_segment(&self.dir, self.chain.next_lsn)?;
+        let next = self.dir.join(segment_name(self.chain.next_lsn));
+        let spare = match self.spares.as_mut().map(|s| s.take_as(&next)) {
+            Some(Ok(spare)) => spare,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "journal: a spare segment could not be taken");
+                None
+            }
+            None => None,
+        };
+        self.preallocated = spare.is_some();
+        self.file = match spare {
+            Some(f) => f,
+            None => create_segment(&self.dir, self.chain.next_lsn)?,
+        };
         self.first = self.chain.next_lsn;
         self.offset = 0;
         Ok(())
@@ -552,6 +621,7 @@ impl LogWriter {
     /// (`crate::space`). Cutting frees space, so it does not fail for want of it.
     fn write_or_cut(&mut self, bytes: &[u8]) -> Result<(), LogError> {
         if let Err(e) = self.file.write_all(bytes) {
+            self.preallocated = false;
             self.file.set_len(self.offset)?;
             self.file.seek(io::SeekFrom::Start(self.offset))?;
             return Err(e.into());
@@ -568,7 +638,9 @@ impl LogWriter {
             )));
         }
         let len = (HEADER_LEN + body.len()) as u64;
-        if self.offset > 0 && self.offset + len > self.segment_bytes {
+        // A segment written by appending ends early once a spare is ready.
+        let spare_waits = !self.preallocated && self.spares.as_mut().is_some_and(|s| s.ready());
+        if self.offset > 0 && (self.offset + len > self.segment_bytes || spare_waits) {
             self.roll()?;
         }
         let header = Header {
@@ -597,6 +669,9 @@ impl LogWriter {
         self.buf = buf;
         written?;
         self.offset += len;
+        if let Some(spares) = self.spares.as_mut() {
+            spares.wrote(len);
+        }
         // A segment passes its size only by a record that is larger on its own.
         assert!(
             self.offset <= self.segment_bytes || self.offset == len,
@@ -1072,5 +1147,106 @@ mod tests {
         let n = end.records;
         let end = write(dir.path(), 3, 500);
         assert_eq!((end.records, end.torn), (n + 3, None));
+    }
+    /// Writes `n` records into a log whose segments are spares of `segment_bytes`,
+    /// waiting for each spare so that every segment after the first is written into one.
+    fn write_into_spares(dir: &Path, n: u64, segment_bytes: u64) {
+        let (_, end) = bodies(dir, Chain::default()).unwrap();
+        let mut w = LogWriter::open(dir, &end, 0, segment_bytes, lock(dir).unwrap()).unwrap();
+        w.prepare_spares(Space::new(dir, 0), 1).unwrap();
+        for i in 0..n {
+            w.append(3, i as i64, format!("body {i}").as_bytes())
+                .unwrap();
+            let spares = w.spares.as_mut().unwrap();
+            for _ in 0..500 {
+                if w.preallocated && w.offset + 64 < segment_bytes || spares.ready() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        w.sync().unwrap();
+    }
+
+    #[test]
+    fn records_written_into_spare_segments_read_back_and_a_new_writer_goes_on_after_them() {
+        let dir = tempfile::tempdir().unwrap();
+        write_into_spares(dir.path(), 60, 1_000);
+        let segs = segments(dir.path()).unwrap();
+        assert!(segs.len() > 3, "{} segments", segs.len());
+        let newest = std::fs::metadata(&segs.last().unwrap().1).unwrap().len();
+        assert_eq!(
+            newest, 1_000,
+            "the newest segment is a spare, zeros and all"
+        );
+        let (got, end) = bodies(dir.path(), Chain::default()).unwrap();
+        assert_eq!(got.len(), 60);
+        assert_eq!(
+            end.torn, None,
+            "the zeros after the records are not a torn tail"
+        );
+        let last = end.last.clone().unwrap();
+        assert!(last.len < 1_000 && !last.sealed);
+        // Sealed spares end at their footer, as any segment does.
+        for (_, path) in &segs[1..segs.len() - 1] {
+            let data = std::fs::read(path).unwrap();
+            assert_ne!(data.last(), Some(&0), "{} ends in zeros", path.display());
+        }
+        write_into_spares(dir.path(), 40, 1_000);
+        let (got, end) = bodies(dir.path(), Chain::default()).unwrap();
+        assert_eq!(got.len(), 100);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, (lsn, _))| *lsn == i as u64 + 1));
+        assert_eq!(got[60].1, b"body 0");
+        assert_eq!(end.torn, None);
+        let spares_left = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("spare-")
+            })
+            .count();
+        assert!(spares_left <= 1, "{spares_left} spare files");
+    }
+
+    #[test]
+    fn a_torn_record_before_a_spares_zeros_is_cut_and_an_acknowledged_one_zeroed_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        write_into_spares(dir.path(), 30, 2_000);
+        let (_, end) = bodies(dir.path(), Chain::default()).unwrap();
+        let Tail { path, len, .. } = end.last.clone().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 2_000);
+        let mut data = std::fs::read(&path).unwrap();
+        let acked = seal::read_mark(dir.path())
+            .unwrap()
+            .expect("a durable mark");
+        // The last record's bytes gone back to zeros: acknowledged, so refused.
+        let kept = data.clone();
+        let last_start = (0..len as usize)
+            .rev()
+            .find(|at| checked_record(&data, *at).is_ok_and(|(_, end)| end == len as usize))
+            .unwrap();
+        data[last_start..len as usize].fill(0);
+        std::fs::write(&path, &data).unwrap();
+        let err = scan(dir.path(), Chain::default(), Some(acked), |_| Ok(()))
+            .expect_err("an acknowledged record lost to zeros refuses");
+        assert!(err.to_string().contains("acknowledged"), "{err}");
+        // Half of it written, then zeros: a torn write, cut off when not acknowledged.
+        let mut torn = kept;
+        torn[last_start + 10..len as usize].fill(0);
+        std::fs::write(&path, &torn).unwrap();
+        let (got, end) = bodies(dir.path(), Chain::default()).unwrap();
+        assert_eq!(got.len(), 29);
+        let t = end.torn.clone().expect("a torn tail");
+        assert_eq!(t.offset, last_start as u64);
+        let w = LogWriter::open(dir.path(), &end, 0, 2_000, lock(dir.path()).unwrap()).unwrap();
+        assert!(!w.preallocated, "the cut took the zeros with it");
+        drop(w);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), last_start as u64);
     }
 }
