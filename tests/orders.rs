@@ -568,7 +568,9 @@ async fn sigkill_mid_orders(flags: &[&str]) {
 /// line (an item of stock 0) take the first item tentatively for a moment, and orders
 /// that could be served wait for them rather than being refused. Of 150 such failing
 /// orders and 150 servable ones on an item of stock 100, exactly 100 servable orders
-/// are held, and the item ends at stock 0.
+/// are held, and the item ends at stock 0. Servable orders whose first attempt (every
+/// line at once) met the item held tentatively released the line they had taken past
+/// it and held it again, in item order, under its second key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_line_taken_only_tentatively_by_another_order_waits_instead_of_being_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -605,6 +607,35 @@ async fn a_line_taken_only_tentatively_by_another_order_waits_instead_of_being_r
     assert_eq!(held, 100, "servable orders held");
     assert_eq!(stock(&c, &server, "s", "a").await, (0, 100));
     assert_eq!(stock(&c, &server, "s", "c-plenty").await, (900, 100));
+    // The servable orders' first attempts (every line at once, none waiting) met `a`
+    // held tentatively by the others: they released the `c-plenty` line they had
+    // taken past it, went on in item order, and held it again under a key of its own
+    // (orders/reserve.rs). The stock above is what that path left.
+    let url = server.url("/v1/shops/s/items/c-plenty/events?after=0&limit=1000");
+    let (_, events) = get(&c, &url).await;
+    let events = events["events"].as_array().unwrap();
+    let hold_id = |e: &Value| e["hold_id"].as_str().unwrap_or_default().to_string();
+    let again: Vec<String> = events
+        .iter()
+        .filter(|e| e["kind"] == "hold" && e["status"] == "ok")
+        .map(hold_id)
+        .filter_map(|h| {
+            let (order, i) = h.rsplit_once(':')?;
+            let i: usize = i.parse().ok()?;
+            // The first key of a line held again (its index is past LINE_RETRY).
+            (i >= nrtxn_actors::types::LINE_RETRY)
+                .then(|| format!("{order}:{}", i - nrtxn_actors::types::LINE_RETRY))
+        })
+        .collect();
+    assert!(!again.is_empty(), "no first attempt met contention");
+    for first in &again {
+        assert!(
+            events
+                .iter()
+                .any(|e| e["kind"] == "release" && hold_id(e) == *first),
+            "{first} was held again without its first hold released"
+        );
+    }
 }
 
 /// Through Kafka with two nodes sharing MongoDB: the callers of 300 orders on a pair of

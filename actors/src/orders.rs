@@ -7,12 +7,13 @@
 //! 1. Its record is journaled first: an [`Op::Order`] entry on one of the shop's order
 //!    items ([`order_item`]), a pending record of the order's lines until it ends. Its
 //!    key is the `order_id`, so orders share the key space of holds and transactions.
-//! 2. Each line is then held, one after the other in item order, as a hold with the
-//!    nrtxn-own key [`line_key`]. A line is *tentative* until its order is held: a line
-//!    of another order that finds too little stock, but enough with the tentative lines
-//!    counted back, is answered [`Status::Tentative`] and asks again, rather than being
-//!    refused. Lines are taken in one order, so an order waits only for orders ahead of
-//!    it on an item, which never wait for it: no deadlock.
+//! 2. Its lines are then held as holds with the nrtxn-own key [`line_key`]: all at once,
+//!    none waiting, and under contention one after the other in item order (`reserve`).
+//!    A line is *tentative* until its order is held: a line of another order that finds
+//!    too little stock, but enough with the tentative lines counted back, waits (or, in
+//!    an order's first attempt, is answered [`Status::Tentative`]), rather than being
+//!    refused. An order waits only for orders ahead of it on an item in item order,
+//!    which never wait for it: no deadlock.
 //! 3. Every line held: they are made firm ([`Op::Firm`]) and the order is answered
 //!    `held`. A line refused for real: the record ends (`release`, with the failing
 //!    line), every line held so far is released, and only then is the order answered.
@@ -36,10 +37,12 @@ use crate::processor::{Nudge, OrderNudge};
 use crate::reply::Reply;
 pub use crate::settling::{CHECKS_SETTLING_MAX, CHECKS_SETTLING_PER_SHOP};
 use crate::types::{
-    hold_end_key, line_key, now_ms, order_item, HoldStatus, HoldView, Millis, Op, Outcome, Request,
-    Status, HOLD_TTL_MAX_MS,
+    hold_end_key, line_key, now_ms, order_item, retry_line_key, HoldStatus, HoldView, Millis, Op,
+    Outcome, Request, Status, HOLD_TTL_MAX_MS,
 };
 use crate::work_manager::PollResult;
+
+mod reserve;
 
 /// Most lines one order may have.
 pub const ORDER_LINES_MAX: usize = 100;
@@ -182,131 +185,14 @@ impl Engine {
                 return Ok(Placed::Answer(view));
             }
         }
-        let expires_at = expires_at.unwrap_or(started.saturating_add(ttl_ms));
-        self.reserve_lines(shop, order_id, lines, &buyer, expires_at, repeat)
-            .await
-    }
-
-    /// `place_order` once its record is made: holds the lines one by one in item order
-    /// (releasing the order at the first refused), then makes the holds firm.
-    async fn reserve_lines(
-        &self,
-        shop: &Arc<str>,
-        order_id: Arc<str>,
-        lines: Vec<OrderLine>,
-        buyer: &Option<Arc<str>>,
-        expires_at: Millis,
-        repeat: bool,
-    ) -> Result<Placed, EngineError> {
-        let mut order_of: Vec<usize> = (0..lines.len()).collect();
-        order_of.sort_by(|a, b| lines[*a].item.cmp(&lines[*b].item));
         let r = Reserving {
             shop,
             order_id: &order_id,
-            buyer,
-            expires_at,
+            buyer: &buyer,
+            expires_at: expires_at.unwrap_or(started.saturating_add(ttl_ms)),
             give_up: Instant::now() + self.reply_timeout(),
         };
-        let mut seqs: Vec<Option<u64>> = vec![None; lines.len()];
-        let mut held: Vec<(usize, HoldView)> = Vec::with_capacity(lines.len());
-        for i in order_of {
-            let line = &lines[i];
-            match self.hold_line(&r, i, line, &held).await? {
-                Ok(seq) => {
-                    seqs[i] = seq;
-                    held.push((i, line_hold(shop, &order_id, i, line, expires_at)));
-                }
-                Err((status, reason)) => {
-                    let why = format!("{FAILED_PREFIX}{i}: {}: {reason}", status.as_str());
-                    self.end_order_lines(shop, &order_id, Op::Release, Some(why), Some(&held))
-                        .await?;
-                    return Ok(Placed::Answer(OrderView {
-                        order_id,
-                        status: status.as_str().to_string(),
-                        lines: not_held(&lines),
-                        expires_at: Some(expires_at),
-                        failed_line: Some(i),
-                        reason: Some(reason),
-                    }));
-                }
-            }
-        }
-        self.send_internal(firm_requests(shop, &held));
-        if repeat || now_ms() >= expires_at {
-            // The record may have ended meanwhile (expired, or released by a check at a
-            // restart): the order is answered as it stands.
-            if let Some(view) = self.order_unless_reserving(shop, &order_id).await? {
-                return Ok(Placed::Answer(view));
-            }
-        }
-        Ok(Placed::Answer(held_view(
-            order_id, &lines, seqs, expires_at,
-        )))
-    }
-
-    /// Holds line `i` of an order, waiting while its item's stock is tentative, until
-    /// the reserving gives up: its item's seq, or why it was refused. On an error the
-    /// order is released (`held`: the lines held so before) and the error returned.
-    async fn hold_line(
-        &self,
-        r: &Reserving<'_>,
-        i: usize,
-        line: &OrderLine,
-        held: &[(usize, HoldView)],
-    ) -> Result<Result<Option<u64>, (Status, String)>, EngineError> {
-        let (shop, order_id, give_up) = (r.shop, r.order_id, r.give_up);
-        let mut wait = Duration::from_millis(1);
-        loop {
-            let now = now_ms();
-            let req = Request {
-                ttl_ms: (r.expires_at - now).max(1),
-                buyer: r.buyer.clone(),
-                ..Request::new(
-                    shop.clone(),
-                    line.item.clone(),
-                    line_key(order_id, i),
-                    Op::Hold,
-                    line.qty,
-                    now,
-                )
-            };
-            // The whole reserving is bounded by the reply timeout, so that a node
-            // checking orders it reads back knows when a coordinator has given up.
-            let decided = tokio::time::timeout_at(give_up.into(), self.decide_one(shop, req))
-                .await
-                .unwrap_or(Err(EngineError::Timeout));
-            let o = match decided {
-                Ok(o) => o,
-                Err(e) => {
-                    // Nothing to answer the caller with: the order is released so
-                    // that no line stays held. A line whose hold was still on its
-                    // way is released by its own timer, through the order.
-                    let why = format!("reserving line {i} failed: {e}");
-                    let _ = self
-                        .end_order_lines(shop, order_id, Op::Release, Some(why), Some(held))
-                        .await;
-                    return Err(e);
-                }
-            };
-            match o.status {
-                Status::Ok => return Ok(Ok(o.seq)),
-                Status::Tentative if Instant::now() < give_up => {
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(LINE_WAIT_MAX);
-                }
-                Status::Tentative => {
-                    return Ok(Err((
-                        Status::InsufficientStock,
-                        format!(
-                            "{} (still so after waiting {} ms for them)",
-                            o.reason.as_deref().unwrap_or("too little stock"),
-                            self.reply_timeout().as_millis()
-                        ),
-                    )))
-                }
-                status => return Ok(Err((status, o.reason.clone().unwrap_or_default()))),
-            }
-        }
+        self.reserve_lines(&r, lines, repeat).await
     }
 
     /// Order `order_id` as it stands, unless it is still being reserved.
@@ -346,10 +232,11 @@ impl Engine {
                 .into_iter()
                 .enumerate()
                 .map(|(i, l)| {
-                    let key = line_key(order_id, i);
-                    let end = ended
-                        .iter()
-                        .find(|e| e.hold_id.as_deref() == Some(&*key) && e.status == Status::Ok);
+                    let keys = [line_key(order_id, i), retry_line_key(order_id, i)];
+                    let end = ended.iter().find(|e| {
+                        e.status == Status::Ok
+                            && e.hold_id.as_ref().is_some_and(|id| keys.contains(id))
+                    });
                     LineView {
                         item: l.item,
                         qty: l.qty,
@@ -424,21 +311,36 @@ impl Engine {
                     .await?
             }
         };
-        if pending.is_empty() {
-            return Ok((o, Vec::new()));
+        let ended = self.end_holds(shop, pending, o.op, None).await?;
+        Ok((o, ended))
+    }
+
+    /// Ends each of `holds` with `op`, under its ending key, in one call: the endings'
+    /// outcomes in order (a hold ended before answers with the ending it has). An
+    /// answer missing is an error, left to the holds' own timers.
+    pub(super) async fn end_holds(
+        &self,
+        shop: &Arc<str>,
+        holds: Vec<HoldView>,
+        op: Op,
+        reason: Option<&str>,
+    ) -> Result<Vec<Arc<Outcome>>, EngineError> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
         }
         let now = now_ms();
-        let reqs = pending
+        let reqs = holds
             .into_iter()
             .map(|h| {
                 let req = Request {
                     hold_id: Some(h.hold_id.clone()),
                     buyer: h.buyer.clone(),
+                    reason: reason.map(Into::into),
                     ..Request::new(
                         shop.clone(),
                         h.item,
                         hold_end_key(&h.hold_id),
-                        o.op,
+                        op,
                         h.qty,
                         now,
                     )
@@ -455,7 +357,7 @@ impl Engine {
                 _ => return Err(EngineError::Timeout),
             }
         }
-        Ok((o, ended))
+        Ok(ended)
     }
 
     /// The lines of `order_id` (the first `n`) that were held: from the outcomes of their
@@ -471,46 +373,57 @@ impl Engine {
     ) -> Result<Vec<HoldView>, EngineError> {
         let mut held = Vec::with_capacity(n);
         for i in 0..n {
-            let key = line_key(order_id, i);
-            match self.poll(shop, key.clone()).await? {
-                PollResult::Decided(o) if o.op == Op::Hold => {
-                    if o.status == Status::Ok {
-                        held.push(HoldView {
-                            hold_id: key,
-                            status: HoldStatus::Held,
-                            shop: shop.clone(),
-                            item: o.item.clone(),
-                            qty: o.qty,
-                            expires_at: o.expires_at.unwrap_or_default(),
-                            seq: o.seq.unwrap_or_default(),
-                            buyer: None,
-                        });
+            // A line held again has its second key decided: that hold is the line's.
+            for (key, retry) in [
+                (retry_line_key(order_id, i), true),
+                (line_key(order_id, i), false),
+            ] {
+                match self.poll(shop, key.clone()).await? {
+                    PollResult::Decided(o) if o.op == Op::Hold => {
+                        if o.status == Status::Ok {
+                            held.push(HoldView {
+                                hold_id: key,
+                                status: HoldStatus::Held,
+                                shop: shop.clone(),
+                                item: o.item.clone(),
+                                qty: o.qty,
+                                expires_at: o.expires_at.unwrap_or_default(),
+                                seq: o.seq.unwrap_or_default(),
+                                buyer: None,
+                            });
+                        }
+                        break;
                     }
-                }
-                _ => {
-                    // Not known here (or still on its way): the store says.
-                    return Ok(self
-                        .line_holds(shop, order_id, n)
-                        .await?
-                        .into_iter()
-                        .flatten()
-                        .filter(|h| h.status == HoldStatus::Held)
-                        .collect());
+                    PollResult::Unknown if retry => {}
+                    _ => {
+                        // Not known here (or still on its way): the store says.
+                        return Ok(self
+                            .line_holds(shop, order_id, n)
+                            .await?
+                            .into_iter()
+                            .flatten()
+                            .filter(|h| h.status == HoldStatus::Held)
+                            .collect());
+                    }
                 }
             }
         }
         Ok(held)
     }
 
-    /// The holds of the first `n` lines of `order_id`, in line order.
+    /// The holds of the first `n` lines of `order_id`, in line order: each line's
+    /// second hold where it was held again ([`retry_line_key`]), else its first.
     async fn line_holds(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
         n: usize,
     ) -> Result<Vec<Option<HoldView>>, EngineError> {
-        let keys: Vec<Arc<str>> = (0..n).map(|i| line_key(order_id, i)).collect();
-        self.holds_of(shop, keys).await
+        let both = self.line_holds_both(shop, order_id, n).await?;
+        Ok(both
+            .into_iter()
+            .map(|(first, retry)| retry.or(first))
+            .collect())
     }
 
     /// The record of `order_id` (its `order` outcome), `None` if the key made no order.
@@ -544,16 +457,24 @@ impl Engine {
         record: &Outcome,
     ) -> Result<OrderView, EngineError> {
         let lines = lines_of(record);
+        let n = lines.len();
         let mut keys: Vec<Arc<str>> = vec![order_id.clone()];
-        keys.extend((0..lines.len()).map(|i| line_key(order_id, i)));
-        let mut holds = self.holds_of(shop, keys).await?.into_iter();
+        keys.extend((0..n).map(|i| line_key(order_id, i)));
+        keys.extend((0..n).map(|i| retry_line_key(order_id, i)));
+        let mut holds = self.holds_of(shop, keys).await?;
+        let retries = holds.split_off(n + 1);
+        let mut holds = holds.into_iter();
         let record_hold = holds.next().flatten();
         let state = record_hold.as_ref().map(|h| h.status);
         // Pending past its expiry while its shop is asked (or an operator decides).
         let checking = record_hold
             .as_ref()
             .is_some_and(|h| self.checking(shop, h.expires_at));
-        let line_holds: Vec<Option<HoldView>> = holds.collect();
+        // Each line's second hold where it was held again, else its first.
+        let line_holds: Vec<Option<HoldView>> = holds
+            .zip(retries)
+            .map(|(first, retry)| retry.or(first))
+            .collect();
         let all_held = line_holds
             .iter()
             .all(|h| h.as_ref().is_some_and(|h| h.status == HoldStatus::Held));
@@ -1012,16 +933,10 @@ fn held_view(
     }
 }
 
-/// The hold a line of `order_id` makes.
-fn line_hold(
-    shop: &Arc<str>,
-    order_id: &str,
-    index: usize,
-    line: &OrderLine,
-    expires_at: Millis,
-) -> HoldView {
+/// The hold a line makes under `hold_id` (its key).
+fn line_hold(shop: &Arc<str>, hold_id: Arc<str>, line: &OrderLine, expires_at: Millis) -> HoldView {
     HoldView {
-        hold_id: line_key(order_id, index),
+        hold_id,
         status: HoldStatus::Held,
         shop: shop.clone(),
         item: line.item.clone(),

@@ -81,6 +81,16 @@ pub fn line_key(order_id: &str, index: usize) -> Arc<str> {
     format!("{LINE_PREFIX}{order_id}:{index}").into()
 }
 
+/// Added to a line's index in its key when the line is held a second time: its first
+/// hold (under [`line_key`]) was released when the order's parallel attempt met
+/// contention, and a key is decided once (see `crate::orders`).
+pub const LINE_RETRY: usize = 1 << 20;
+
+/// The hold id of line `index` of order `order_id` held a second time ([`LINE_RETRY`]).
+pub fn retry_line_key(order_id: &str, index: usize) -> Arc<str> {
+    line_key(order_id, LINE_RETRY + index)
+}
+
 /// The order a hold id belongs to and its line index, if it is an order's line.
 pub fn order_of_line(hold_id: &str) -> Option<(&str, usize)> {
     let rest = hold_id.strip_prefix(LINE_PREFIX)?;
@@ -324,6 +334,11 @@ pub struct Request {
     /// that sale ([`crate::returns`]); a seller's increment must carry it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_of: Option<Arc<str>>,
+    /// Order lines only: a line that would wait for other orders' tentative lines is
+    /// answered [`Status::Tentative`] at once instead (the first, parallel attempt of an
+    /// order's reserving, which never waits: see `crate::orders`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_wait: bool,
     /// True when the request log holds this request durably (fire-and-forget), so its
     /// record there is retired in the same write that journals its outcome.
     #[serde(default)]
@@ -365,6 +380,7 @@ impl Request {
             per_buyer_max: None,
             by_check: false,
             return_of: None,
+            no_wait: false,
             logged: false,
             log_pos: None,
             origin: None,

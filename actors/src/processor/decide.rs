@@ -143,7 +143,8 @@ impl Processor {
     /// An order's line that finds too little stock available, but enough with the
     /// lines of other orders not yet held counted back: it waits
     /// ([`Decision::Wait`]) until one of those is decided, or (past
-    /// [`WAITING_LINES_MAX`]) is answered [`Status::Tentative`], not journaled, and its
+    /// [`WAITING_LINES_MAX`], or a line of an order's first attempt, which never waits:
+    /// [`Request::no_wait`]) is answered [`Status::Tentative`], not journaled, and its
     /// order asks again.
     fn line_waits(&mut self, req: &Request, now: Millis) -> Option<Decision> {
         let live = self.items.get(&req.shop, &req.item)?.live;
@@ -155,7 +156,7 @@ impl Processor {
             return None;
         }
         let fresh = now.saturating_sub(req.submitted_at) <= self.request_ttl_ms;
-        if fresh && self.lines.wait(req) {
+        if fresh && !req.no_wait && self.lines.wait(req) {
             return Some(Decision::Wait);
         }
         let mut entry = Entry::of_request(req, now);
