@@ -8,11 +8,13 @@
 //! room on the data dir's disk that every writer asks before it writes ([`space`]), the
 //! fixed-size filter of request keys the journals fill at start ([`keyfilter`]), the
 //! faults tests inject through the environment ([`faults`]), and files of secrets kept
-//! owner-only ([`secret_file`]). The group commit that writes
-//! this log, and the views derived from it, are in `nrtxn-embedded`.
+//! owner-only ([`secret_file`]). The views derived from the log as sorted indexes of
+//! log positions, one per segment, are in [`index`] (not wired into the journal yet);
+//! the group commit that writes this log, and today's views, are in `nrtxn-embedded`.
 
 pub mod codec;
 pub mod faults;
+pub mod index;
 pub mod keyfilter;
 pub mod record;
 pub mod seal;

@@ -572,6 +572,13 @@ impl LogWriter {
         self.chain
     }
 
+    /// The segment being written (its first lsn) and where its records end: after an
+    /// [`LogWriter::append`], the record just written ends there, so that the index of
+    /// the log ([`crate::index`]) can name it by segment and offset.
+    pub fn segment_end(&self) -> (u64, u64) {
+        (self.first, self.offset)
+    }
+
     /// Ends the segment being written with its footer and makes it durable, then starts
     /// the next one. A footer that finds no room is cut off again, as a record is.
     fn roll(&mut self) -> Result<(), LogError> {
