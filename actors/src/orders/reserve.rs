@@ -79,23 +79,10 @@ impl Engine {
                 }
                 AtOnce::Contended(first) => {
                     let at = order_of.iter().position(|i| *i == first).unwrap_or(0);
-                    let (before, after): (Vec<_>, Vec<_>) = taken
-                        .into_iter()
-                        .partition(|(i, _)| order_of[..at].contains(i));
-                    // Released before any wait, so that no line past the one waited on
-                    // stays held; each is held again under a key of its own.
-                    let why = "released to be held again in item order (contention)";
-                    let again: Vec<HoldView> = after.iter().map(|(_, h)| h.clone()).collect();
-                    if let Err(e) = self.end_holds(shop, again, Op::Release, Some(why)).await {
-                        return Err(self.give_up(r, &held_and(before, after), e).await);
-                    }
-                    for (i, _) in &after {
-                        keys[*i] = retry_line_key(order_id, *i);
-                    }
-                    for (i, h) in &before {
+                    held = self.contended(r, &order_of[..at], taken, &mut keys).await?;
+                    for (i, h) in &held {
                         seqs[*i] = Some(h.seq);
                     }
-                    held = before;
                     (keys, at)
                 }
             }
@@ -126,6 +113,30 @@ impl Engine {
             seqs,
             r.expires_at,
         )))
+    }
+
+    /// The first attempt met contention: of the lines it `taken`, those in `before` (the
+    /// lines ahead of the first contended one in item order) stay held and are given
+    /// back; the others are released before any wait, so that no line past the one
+    /// waited on stays held, and get their second key in `keys`, to be held again.
+    async fn contended(
+        &self,
+        r: &Reserving<'_>,
+        before: &[usize],
+        taken: Vec<(usize, HoldView)>,
+        keys: &mut [Arc<str>],
+    ) -> Result<Vec<(usize, HoldView)>, EngineError> {
+        let (kept, after): (Vec<_>, Vec<_>) =
+            taken.into_iter().partition(|(i, _)| before.contains(i));
+        let why = "released to be held again in item order (contention)";
+        let again: Vec<HoldView> = after.iter().map(|(_, h)| h.clone()).collect();
+        if let Err(e) = self.end_holds(r.shop, again, Op::Release, Some(why)).await {
+            return Err(self.give_up(r, &held_and(kept, after), e).await);
+        }
+        for (i, _) in &after {
+            keys[*i] = retry_line_key(r.order_id, *i);
+        }
+        Ok(kept)
     }
 
     /// The first attempt: every line at once, none waiting. Also the lines it held (by
