@@ -4,10 +4,13 @@
 //! An order is driven by its coordinator, [`Engine::place_order`], through the same
 //! requests as everything else, so it works wherever requests do (one node or several
 //! sharing Kafka and MongoDB):
-//! 1. Its record is journaled first: an [`Op::Order`] entry on one of the shop's order
-//!    items ([`order_item`]), a pending record of the order's lines until it ends. Its
-//!    key is the `order_id`, so orders share the key space of holds and transactions.
-//! 2. Its lines are then held as holds with the nrtxn-own key [`line_key`]: all at once,
+//! 1. Its record: an [`Op::Order`] entry on one of the shop's order items
+//!    ([`order_item`]), a pending record of the order's lines until it ends. Its key is
+//!    the `order_id`, so orders share the key space of holds and transactions. It goes
+//!    in one call with the first attempt at the lines (2.); lines taken by a call whose
+//!    record is not a new order's are released, and a line left without its record by
+//!    a stop is released by its timer or the check at the start.
+//! 2. Its lines are held as holds with the nrtxn-own key [`line_key`]: all at once,
 //!    none waiting, and under contention one after the other in item order (`reserve`).
 //!    A line is *tentative* until its order is held: a line of another order that finds
 //!    too little stock, but enough with the tentative lines counted back, waits (or, in
@@ -37,8 +40,8 @@ use crate::processor::{Nudge, OrderNudge};
 use crate::reply::Reply;
 pub use crate::settling::{CHECKS_SETTLING_MAX, CHECKS_SETTLING_PER_SHOP};
 use crate::types::{
-    hold_end_key, line_key, now_ms, order_item, retry_line_key, HoldStatus, HoldView, Millis, Op,
-    Outcome, Request, Status, HOLD_TTL_MAX_MS,
+    hold_end_key, line_key, now_ms, order_item, order_of_line, retry_line_key, HoldStatus,
+    HoldView, Millis, Op, Outcome, Request, Status, HOLD_TTL_MAX_MS,
 };
 use crate::work_manager::PollResult;
 
@@ -149,21 +152,35 @@ impl Engine {
             buyer,
         } = order;
         let started = now_ms();
-        let record_req = Request {
-            ttl_ms,
-            buyer: buyer.clone(),
-            reason: Some(lines_json(&lines).into()),
-            ..Request::new(
-                shop.clone(),
-                order_item(shop, &order_id),
-                order_id.clone(),
-                Op::Order,
-                lines.len() as i64,
-                started,
-            )
+        let record_req = record_request(shop, &order_id, &lines, ttl_ms, &buyer, started);
+        let probe = Reserving {
+            shop,
+            order_id: &order_id,
+            buyer: &buyer,
+            expires_at: started.saturating_add(ttl_ms),
+            give_up: Instant::now() + self.reply_timeout(),
         };
-        let record = self.decide_one(shop, record_req.clone()).await?;
-        if let Some(diff) = record_req.reuse_conflict(&record) {
+        let (record, replies) = self
+            .record_and_lines(&probe, record_req.clone(), &lines)
+            .await?;
+        let repeat = record.submitted_at != started;
+        let reused = record_req.reuse_conflict(&record);
+        if reused.is_some() || record.status != Status::Ok || repeat {
+            // A repeat of an order still being reserved keeps the lines it took: its
+            // first call, if it still runs, finds them held under the same keys.
+            let reserving = repeat && reused.is_none() && record.status == Status::Ok;
+            if !reserving
+                || self
+                    .order_unless_reserving(shop, &order_id)
+                    .await?
+                    .is_some()
+            {
+                let taken = reserve::newly_held(&probe, &lines, &replies);
+                let why = "released: the order was not placed by this call";
+                self.end_holds(shop, taken, Op::Release, Some(why)).await?;
+            }
+        }
+        if let Some(diff) = reused {
             return Ok(Placed::Reused(diff, record));
         }
         let expires_at = record.expires_at;
@@ -177,22 +194,43 @@ impl Engine {
                 reason: record.reason.clone(),
             }));
         }
-        let repeat = record.submitted_at != started;
+        let r = Reserving {
+            expires_at: expires_at.unwrap_or(probe.expires_at),
+            ..probe
+        };
         if repeat {
             // Asked again: an order that ended, or whose lines are all held, is answered
             // as it stands; one still being reserved (its first call died) goes on.
             if let Some(view) = self.order_unless_reserving(shop, &order_id).await? {
                 return Ok(Placed::Answer(view));
             }
+            return self.reserve_lines(&r, lines, None).await;
         }
-        let r = Reserving {
-            shop,
-            order_id: &order_id,
-            buyer: &buyer,
-            expires_at: expires_at.unwrap_or(started.saturating_add(ttl_ms)),
-            give_up: Instant::now() + self.reply_timeout(),
-        };
-        self.reserve_lines(&r, lines, repeat).await
+        self.reserve_lines(&r, lines, Some(replies)).await
+    }
+
+    /// The order's record and the first attempt at every line (`reserve`), in one call:
+    /// both rounds of group commits at once. The record's outcome, and a reply per line.
+    /// No record (yet) is an error with nothing to end: the record, if it comes, expires
+    /// with its lines, and a line with no record is released by its own timer
+    /// ([`Engine::release_orphan`]).
+    async fn record_and_lines(
+        &self,
+        probe: &Reserving<'_>,
+        record_req: Request,
+        lines: &[OrderLine],
+    ) -> Result<(Arc<Outcome>, Vec<Reply>), EngineError> {
+        let mut reqs = vec![(record_req, true)];
+        reqs.extend(reserve::first_attempt(probe, lines));
+        let answers = tokio::time::timeout_at(probe.give_up.into(), self.submit(probe.shop, reqs))
+            .await
+            .unwrap_or(Err(EngineError::Timeout));
+        let mut replies = answers?.replies;
+        debug_assert_eq!(replies.len(), lines.len() + 1, "a reply per request");
+        match replies.remove(0) {
+            Reply::Repeat(o) | Reply::Decided(o) => Ok((o, replies)),
+            _ => Err(EngineError::Timeout),
+        }
     }
 
     /// Order `order_id` as it stands, unless it is still being reserved.
@@ -512,6 +550,34 @@ impl Engine {
         Ok(view)
     }
 
+    /// The lines of an order that has no record are released. The record and the first
+    /// attempt at the lines go in one call, so a stop between their writes can leave
+    /// lines without their record; a line's timer (or the check at a start) finds them
+    /// here, long after the call that placed them gave up. Every line of the order is
+    /// looked for (by its first key: a line is held again only once its record is
+    /// made), since one order is settled at a time and the other lines' nudges may have
+    /// found it busy.
+    async fn release_orphan(&self, nudge: &OrderNudge) -> Result<(), EngineError> {
+        if order_of_line(&nudge.hold).is_none() {
+            return Ok(());
+        }
+        let keys = (0..ORDER_LINES_MAX)
+            .map(|i| line_key(&nudge.id, i))
+            .collect();
+        let held: Vec<HoldView> = self
+            .holds_of(&nudge.shop, keys)
+            .await?
+            .into_iter()
+            .flatten()
+            .filter(|h| h.status == HoldStatus::Held)
+            .collect();
+        let why = "released: its order has no record (the call that placed it stopped \
+                   before the record was written)";
+        self.end_holds(&nudge.shop, held, Op::Release, Some(why))
+            .await?;
+        Ok(())
+    }
+
     /// Acts on a processor's nudge, off its thread: one settling per order at a time.
     pub(crate) fn on_nudge(self: &Arc<Self>, nudge: OrderNudge) {
         let key = (nudge.shop.clone(), nudge.id.clone());
@@ -533,7 +599,7 @@ impl Engine {
         let (shop, order_id) = (&nudge.shop, &nudge.id);
         match nudge.why {
             Nudge::HoldDue => return self.check_hold(shop, order_id).await,
-            Nudge::Due => return self.order_due(shop, order_id).await,
+            Nudge::Due => return self.order_due(nudge).await,
             Nudge::Recovered => {}
         }
         if self.shares_journal() {
@@ -548,7 +614,7 @@ impl Engine {
             .pop()
             .flatten()
         else {
-            return Ok(());
+            return self.release_orphan(nudge).await;
         };
         if record.status == HoldStatus::Held {
             let lines = self
@@ -587,11 +653,16 @@ impl Engine {
     /// An order's record, or one of its lines, is past its time: the order expires, or
     /// (a shop with a check-back) its shop decides; an ended order's lines follow its
     /// ending.
-    async fn order_due(&self, shop: &Arc<str>, order_id: &Arc<str>) -> Result<(), EngineError> {
+    async fn order_due(&self, nudge: &OrderNudge) -> Result<(), EngineError> {
+        let (shop, order_id) = (&nudge.shop, &nudge.id);
         let checkback = self.checkback().filter(|c| c.enabled(shop));
         let Some(checkback) = checkback else {
-            self.end_order_lines(shop, order_id, Op::Expire, None, None)
+            let o = self
+                .end_order_lines(shop, order_id, Op::Expire, None, None)
                 .await?;
+            if o.status == Status::UnknownHold {
+                return self.release_orphan(nudge).await;
+            }
             return Ok(());
         };
         let Some(record) = self
@@ -600,7 +671,7 @@ impl Engine {
             .pop()
             .flatten()
         else {
-            return Ok(());
+            return self.release_orphan(nudge).await;
         };
         if record.status != HoldStatus::Held {
             self.end_order_lines(shop, order_id, Op::Expire, None, None)
@@ -875,6 +946,31 @@ fn extension(shop: &Arc<str>, h: &HoldView, now: Millis, until: Millis) -> Reque
             Op::Extend,
             h.qty,
             now,
+        )
+    }
+}
+
+/// The request that makes an order's record: a pending "hold" of one of the shop's
+/// order items whose `qty` is the number of lines, its `reason` the lines (JSON).
+fn record_request(
+    shop: &Arc<str>,
+    order_id: &Arc<str>,
+    lines: &[OrderLine],
+    ttl_ms: i64,
+    buyer: &Option<Arc<str>>,
+    started: Millis,
+) -> Request {
+    Request {
+        ttl_ms,
+        buyer: buyer.clone(),
+        reason: Some(lines_json(lines).into()),
+        ..Request::new(
+            shop.clone(),
+            order_item(shop, order_id),
+            order_id.clone(),
+            Op::Order,
+            lines.len() as i64,
+            started,
         )
     }
 }

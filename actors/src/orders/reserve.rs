@@ -47,15 +47,18 @@ enum Line {
 }
 
 impl Engine {
-    /// Holds the lines of an order whose record is made: all at once, then, under
+    /// Holds the lines of an order whose record is made, from the replies to its first
+    /// attempt (every line at once, sent with the record: [`first_attempt`]); under
     /// contention, one after the other in item order (see the module's documentation).
-    /// A line refused releases the order before it is answered.
+    /// `None`: a call asked again, which goes on one line after the other. A line
+    /// refused releases the order before it is answered.
     pub(super) async fn reserve_lines(
         &self,
         r: &Reserving<'_>,
         lines: Vec<OrderLine>,
-        repeat: bool,
+        first: Option<Vec<Reply>>,
     ) -> Result<Placed, EngineError> {
+        let repeat = first.is_none();
         let (shop, order_id) = (r.shop, r.order_id);
         let mut order_of: Vec<usize> = (0..lines.len()).collect();
         order_of.sort_by(|a, b| lines[*a].item.cmp(&lines[*b].item));
@@ -63,11 +66,9 @@ impl Engine {
         let mut held: Vec<(usize, HoldView)> = Vec::with_capacity(lines.len());
         // A call asked again may find the lines of an attempt it did not finish: it goes
         // on one line after the other, each under the key it was last held with.
-        let (keys, from) = if repeat {
-            (self.line_keys_now(shop, order_id, lines.len()).await?, 0)
-        } else {
+        let (keys, from) = if let Some(replies) = first {
             let mut keys: Vec<Arc<str>> = (0..lines.len()).map(|i| line_key(order_id, i)).collect();
-            let (at_once, taken) = self.hold_at_once(r, &lines, &keys, &order_of).await?;
+            let (at_once, taken) = self.at_once(r, &lines, &keys, &order_of, replies).await?;
             match at_once {
                 AtOnce::Held(all) => {
                     seqs = all;
@@ -86,6 +87,8 @@ impl Engine {
                     (keys, at)
                 }
             }
+        } else {
+            (self.line_keys_now(shop, order_id, lines.len()).await?, 0)
         };
         for &i in &order_of[from..] {
             let line = &lines[i];
@@ -139,33 +142,16 @@ impl Engine {
         Ok(kept)
     }
 
-    /// The first attempt: every line at once, none waiting. Also the lines it held (by
-    /// index, with their holds), whatever it ended as.
-    async fn hold_at_once(
+    /// How the first attempt ended, from its `replies` (one per line). Also the lines
+    /// it held (by index, with their holds), whatever it ended as.
+    async fn at_once(
         &self,
         r: &Reserving<'_>,
         lines: &[OrderLine],
         keys: &[Arc<str>],
         order_of: &[usize],
+        replies: Vec<Reply>,
     ) -> Result<(AtOnce, Vec<(usize, HoldView)>), EngineError> {
-        let reqs = lines
-            .iter()
-            .zip(keys)
-            .map(|(line, key)| {
-                let req = Request {
-                    no_wait: true,
-                    ..line_request(r, key, line)
-                };
-                (req, true)
-            })
-            .collect();
-        let answers = tokio::time::timeout_at(r.give_up.into(), self.submit(r.shop, reqs))
-            .await
-            .unwrap_or(Err(EngineError::Timeout));
-        let replies = match answers {
-            Ok(a) => a.replies,
-            Err(e) => return Err(self.give_up(r, &[], e).await),
-        };
         debug_assert_eq!(replies.len(), lines.len(), "one reply per line");
         let mut states = Vec::with_capacity(lines.len());
         for reply in replies {
@@ -328,6 +314,44 @@ impl Engine {
         let retries = firsts.split_off(n);
         Ok(firsts.into_iter().zip(retries).collect())
     }
+}
+
+/// The first attempt's requests: every line under its first key, none waiting.
+pub(super) fn first_attempt(r: &Reserving<'_>, lines: &[OrderLine]) -> Vec<(Request, bool)> {
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, line)| {
+            let req = Request {
+                no_wait: true,
+                ..line_request(r, &line_key(r.order_id, i), line)
+            };
+            (req, true)
+        })
+        .collect()
+}
+
+/// The lines a first attempt's `replies` held that this call decided (not repeats of
+/// an earlier call's): what to release when the call's record says the order is not
+/// this call's to reserve.
+pub(super) fn newly_held(
+    r: &Reserving<'_>,
+    lines: &[OrderLine],
+    replies: &[Reply],
+) -> Vec<HoldView> {
+    lines
+        .iter()
+        .zip(replies)
+        .enumerate()
+        .filter_map(|(i, (line, reply))| match reply {
+            Reply::Decided(o) if o.status == Status::Ok && o.op == Op::Hold => {
+                let mut h = line_hold(r.shop, line_key(r.order_id, i), line, r.expires_at);
+                h.seq = o.seq.unwrap_or_default();
+                Some(h)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// A line's hold request under `key`, lasting until the order's expiry.

@@ -58,6 +58,7 @@ impl Processor {
         let taken = (self.ports.order_hook)(OrderNudge {
             shop: key.0.clone(),
             id: order_id,
+            hold: key.1.clone(),
             why,
         });
         if taken {
@@ -169,6 +170,7 @@ impl Processor {
         let taken = (self.ports.order_hook)(OrderNudge {
             shop: key.0.clone(),
             id: key.1.clone(),
+            hold: key.1.clone(),
             why: Nudge::HoldDue,
         });
         if !taken {

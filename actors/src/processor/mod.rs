@@ -120,6 +120,9 @@ pub struct OrderNudge {
     pub shop: Arc<str>,
     /// The order's id ([`Nudge::HoldDue`]: the hold's).
     pub id: Arc<str>,
+    /// The hold whose timer sent the nudge: the order's record, one of its lines, or
+    /// ([`Nudge::HoldDue`]) a hold of its own.
+    pub hold: Arc<str>,
     pub why: Nudge,
 }
 
