@@ -467,6 +467,17 @@ impl Engine {
 
     /// What is known of a request key.
     pub async fn poll(&self, shop: &Arc<str>, key: Arc<str>) -> Result<PollResult, EngineError> {
+        let mut found = self.poll_many(shop, vec![key]).await?;
+        Ok(found.pop().unwrap_or(PollResult::Unknown))
+    }
+
+    /// What is known of each of `keys`, in their order, in one round trip to the shop's
+    /// WorkManager (and at most one read of the journal).
+    pub async fn poll_many(
+        &self,
+        shop: &Arc<str>,
+        keys: Vec<Arc<str>>,
+    ) -> Result<Vec<PollResult>, EngineError> {
         let Some(wm) = self.registry.get(shop).map(|w| w.addr.clone()) else {
             // No WorkManager yet: nothing is in flight for this shop in this process,
             // so the journal alone knows the answer (read off the HTTP worker's thread).
@@ -477,22 +488,26 @@ impl Engine {
             );
             let found = self
                 .read_for_caller("an outcome", move || {
+                    let refs: Vec<&str> = keys.iter().map(|k| &**k).collect();
                     if exact {
-                        journal.decided(&shop, &[&key])
+                        journal.decided(&shop, &refs)
                     } else {
-                        journal.outcomes(&shop, &[&key])
+                        journal.outcomes(&shop, &refs)
                     }
                 })
                 .await?;
-            return Ok(match found.into_iter().next().flatten() {
-                Some(o) => PollResult::Decided(Arc::new(o)),
-                None => PollResult::Unknown,
-            });
+            return Ok(found
+                .into_iter()
+                .map(|o| match o {
+                    Some(o) => PollResult::Decided(Arc::new(o)),
+                    None => PollResult::Unknown,
+                })
+                .collect());
         };
         // The WorkManager answers from memory, or reads the journal off its thread:
         // bounded like a read of the caller's own.
         let within = self.deps.reply_timeout;
-        match tokio::time::timeout(within, wm.send(Poll(key))).await {
+        match tokio::time::timeout(within, wm.send(Poll(keys))).await {
             Ok(answer) => Ok(answer.map_err(|_| EngineError::ShuttingDown)??),
             Err(_) => Err(EngineError::Store(StoreError::Storage(format!(
                 "an outcome: the journal did not answer within the reply timeout ({} ms)",

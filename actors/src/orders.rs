@@ -409,41 +409,39 @@ impl Engine {
         order_id: &Arc<str>,
         n: usize,
     ) -> Result<Vec<HoldView>, EngineError> {
+        // Each line's second key, then its first, all asked in one message.
+        let keys: Vec<Arc<str>> = (0..n)
+            .flat_map(|i| [retry_line_key(order_id, i), line_key(order_id, i)])
+            .collect();
+        let found = self.poll_many(shop, keys.clone()).await?;
         let mut held = Vec::with_capacity(n);
-        for i in 0..n {
+        for (pair, keys) in found.chunks(2).zip(keys.chunks(2)) {
             // A line held again has its second key decided: that hold is the line's.
-            for (key, retry) in [
-                (retry_line_key(order_id, i), true),
-                (line_key(order_id, i), false),
-            ] {
-                match self.poll(shop, key.clone()).await? {
-                    PollResult::Decided(o) if o.op == Op::Hold => {
-                        if o.status == Status::Ok {
-                            held.push(HoldView {
-                                hold_id: key,
-                                status: HoldStatus::Held,
-                                shop: shop.clone(),
-                                item: o.item.clone(),
-                                qty: o.qty,
-                                expires_at: o.expires_at.unwrap_or_default(),
-                                seq: o.seq.unwrap_or_default(),
-                                buyer: None,
-                            });
-                        }
-                        break;
-                    }
-                    PollResult::Unknown if retry => {}
-                    _ => {
-                        // Not known here (or still on its way): the store says.
-                        return Ok(self
-                            .line_holds(shop, order_id, n)
-                            .await?
-                            .into_iter()
-                            .flatten()
-                            .filter(|h| h.status == HoldStatus::Held)
-                            .collect());
-                    }
+            let (key, o) = match pair {
+                [PollResult::Decided(o), _] if o.op == Op::Hold => (&keys[0], o),
+                [PollResult::Unknown, PollResult::Decided(o)] if o.op == Op::Hold => (&keys[1], o),
+                _ => {
+                    // Not known here (or still on its way): the store says.
+                    return Ok(self
+                        .line_holds(shop, order_id, n)
+                        .await?
+                        .into_iter()
+                        .flatten()
+                        .filter(|h| h.status == HoldStatus::Held)
+                        .collect());
                 }
+            };
+            if o.status == Status::Ok {
+                held.push(HoldView {
+                    hold_id: key.clone(),
+                    status: HoldStatus::Held,
+                    shop: shop.clone(),
+                    item: o.item.clone(),
+                    qty: o.qty,
+                    expires_at: o.expires_at.unwrap_or_default(),
+                    seq: o.seq.unwrap_or_default(),
+                    buyer: None,
+                });
             }
         }
         Ok(held)

@@ -806,56 +806,82 @@ pub enum PollResult {
     Unknown,
 }
 
+/// What is known of each key, in their order: one message for several keys (an
+/// order's lines), and at most one read of the journal for those memory cannot answer.
 #[derive(Message)]
-#[rtype(result = "Result<PollResult, StoreError>")]
-pub struct Poll(pub Arc<str>);
+#[rtype(result = "Result<Vec<PollResult>, StoreError>")]
+pub struct Poll(pub Vec<Arc<str>>);
+
+impl WorkManager {
+    /// What memory knows of `key`: in flight, decided lately, or surely never decided;
+    /// `None` when the journal must be read.
+    fn known(&self, key: &Arc<str>, exact: bool) -> Option<PollResult> {
+        if let Some(flight) = self.in_flight.get(key) {
+            // Long in flight with a shared log: its reply may have been lost with the
+            // node that decided it, so the journal is asked.
+            return (!(exact && flight.since.elapsed() > self.deps.reply_timeout))
+                .then_some(PollResult::Pending);
+        }
+        if let Some(o) = self.recent.get(key) {
+            return Some(PollResult::Decided(o.clone()));
+        }
+        // Never decided, known from memory: no read (an order's endings ask for each
+        // line's second key, which most lines never have).
+        (!exact && self.deps.outcomes.surely_new(&self.shop, &[&**key]))
+            .then_some(PollResult::Unknown)
+    }
+}
 
 impl Handler<Poll> for WorkManager {
-    type Result = ResponseActFuture<Self, Result<PollResult, StoreError>>;
+    type Result = ResponseActFuture<Self, Result<Vec<PollResult>, StoreError>>;
     fn handle(&mut self, msg: Poll, _: &mut Self::Context) -> Self::Result {
         self.status.touch();
-        let key = msg.0;
         let exact = self.deps.topology.is_shared();
-        if let Some(flight) = self.in_flight.get(&key) {
-            if !(exact && flight.since.elapsed() > self.deps.reply_timeout) {
-                return Box::pin(fut::ready(Ok(PollResult::Pending)));
+        let mut results: Vec<Option<PollResult>> = Vec::with_capacity(msg.0.len());
+        let mut asked: Vec<(usize, Arc<str>)> = Vec::new();
+        for (i, key) in msg.0.into_iter().enumerate() {
+            let known = self.known(&key, exact);
+            if known.is_none() {
+                asked.push((i, key));
             }
-            // Long in flight with a shared log: its reply may have been lost with the
-            // node that decided it, so the journal is asked (below).
-        } else if let Some(o) = self.recent.get(&key) {
-            return Box::pin(fut::ready(Ok(PollResult::Decided(o.clone()))));
-        } else if !exact && self.deps.outcomes.surely_new(&self.shop, &[&key]) {
-            // Never decided, known from memory: no read (an order's endings ask for
-            // each line's second key, which most lines never have).
-            return Box::pin(fut::ready(Ok(PollResult::Unknown)));
+            results.push(known);
+        }
+        if asked.is_empty() {
+            return Box::pin(fut::ready(Ok(results.into_iter().flatten().collect())));
         }
         // Read off this thread: a store call may take a network round trip.
-        let (journal, shop, asked) = (self.deps.outcomes.clone(), self.shop.clone(), key.clone());
+        let (journal, shop) = (self.deps.outcomes.clone(), self.shop.clone());
+        let keys: Vec<Arc<str>> = asked.iter().map(|(_, k)| k.clone()).collect();
         let read = async move {
             tokio::task::spawn_blocking(move || {
+                let refs: Vec<&str> = keys.iter().map(|k| &**k).collect();
                 if exact {
-                    journal.decided(&shop, &[&asked])
+                    journal.decided(&shop, &refs)
                 } else {
-                    journal.outcomes(&shop, &[&asked])
+                    journal.outcomes(&shop, &refs)
                 }
             })
             .await
             .unwrap_or(Err(StoreError::Closed))
         };
         Box::pin(read.into_actor(self).map(move |found, wm, _| {
-            let found = found?.into_iter().next().flatten().map(Arc::new);
-            Ok(match found {
-                Some(o) => {
-                    if wm.in_flight.contains_key(&key) {
-                        wm.decided(vec![o.clone()], None);
-                    } else {
-                        wm.remember(o.clone());
+            let found = found?;
+            debug_assert_eq!(found.len(), asked.len(), "one outcome or none per key");
+            for ((i, key), o) in asked.into_iter().zip(found) {
+                results[i] = Some(match o.map(Arc::new) {
+                    Some(o) => {
+                        if wm.in_flight.contains_key(&key) {
+                            wm.decided(vec![o.clone()], None);
+                        } else {
+                            wm.remember(o.clone());
+                        }
+                        PollResult::Decided(o)
                     }
-                    PollResult::Decided(o)
-                }
-                None if wm.in_flight.contains_key(&key) => PollResult::Pending,
-                None => PollResult::Unknown,
-            })
+                    None if wm.in_flight.contains_key(&key) => PollResult::Pending,
+                    None => PollResult::Unknown,
+                });
+            }
+            Ok(results.into_iter().flatten().collect())
         }))
     }
 }

@@ -22,6 +22,8 @@ const PREFIX: &str = "spare-";
 const SUFFIX: &str = ".tmp";
 /// Bytes of zeros written at a time.
 const CHUNK: usize = 1 << 20;
+/// The pause after each chunk is flushed, which leaves the device to the log's syncs.
+const CHUNK_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
 /// Bytes the log writes after it is opened before the first spare is prepared.
 pub const SPARE_AFTER: u64 = 1 << 20;
 
@@ -190,6 +192,11 @@ fn prepare(
             let n = left.min(CHUNK as u64) as usize;
             f.write_all(&zeros[..n])?;
             left -= n as u64;
+            // Flushed a chunk at a time, with a pause: one flush of the whole segment
+            // at the end held the device for long enough to stall the log's own syncs
+            // (p99.9 of `hot-sales` 25 to 35 ms against 21 to 26 without spares).
+            f.sync_data()?;
+            std::thread::sleep(CHUNK_PAUSE);
         }
         f.sync_all()
     })();
