@@ -1,8 +1,9 @@
-//! An order's lines reserved once its record is made (`docs/decisions/orders.md`).
+//! An order's lines reserved (`docs/decisions/orders.md`).
 //!
-//! 1. **All at once.** Every line is sent in one call, each marked never to wait
-//!    ([`Request::no_wait`]): the lines of all shards are decided in parallel, in one
-//!    round of group commits. Every line held: the order is held. A line refused for real
+//! 1. **All at once.** Every line is sent in one call with the order's record
+//!    ([`first_attempt`], `Engine::record_and_lines`), each marked never to wait
+//!    ([`Request::no_wait`]): the record and the lines of all shards are decided in
+//!    parallel, in one round of group commits. Every line held: the order is held. A line refused for real
 //!    (its stock is short even with other orders' tentative lines counted back): the
 //!    order is refused. Neither waits for anything, so this round adds no edge to the
 //!    waits-for graph.
