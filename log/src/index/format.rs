@@ -14,7 +14,7 @@
 //! - **Item entry**: seq (u64), record offset (u32), slot (u32). An item hash's events
 //!   are one run in seq order; the runs follow each other in item-hash order.
 //! - **Filter**: a blocked Bloom filter over the key hashes, 10 bits per key
-//!   ([`super::filter`]; its length follows from the key count).
+//!   (`filter.rs`; its length follows from the key count).
 //! - **Key fence**: each key block's first hash (u64): a lookup reads one block.
 //! - **Item directory**: per item hash, 32 bytes: hash (u64), first item entry (u32),
 //!   count (u32), first seq (u64), last seq (u64); in hash order.

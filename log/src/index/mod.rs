@@ -9,7 +9,7 @@
 //!   writes it and marks what its sync made durable; reads see only the durable part.
 //! - [`SealedIndex`]: `<20-digit first lsn>.idx` beside `<first lsn>.log`, written from
 //!   the tail when the segment is sealed, or rebuilt from the segment alone. Its layout
-//!   is in [`format`]. Opened with its footer and the parts kept in memory checked; every
+//!   is in [`mod@format`]. Opened with its footer and the parts kept in memory checked; every
 //!   4 KiB block is checked when it is read.
 //! - [`Index`]: the facade the journal would call: key lookups newest first, an item's
 //!   events across segments in seq order (gapless or refused), seals and retirements.
