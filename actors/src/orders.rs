@@ -200,7 +200,9 @@ impl Engine {
         };
         if repeat {
             // Asked again: an order that ended, or whose lines are all held, is answered
-            // as it stands; one still being reserved (its first call died) goes on.
+            // as it stands; one still being reserved (its first call died) goes on. Read
+            // again, not taken from the check above: the release there may have turned a
+            // `held` order (held only by lines this call took) back into `reserving`.
             if let Some(view) = self.order_unless_reserving(shop, &order_id).await? {
                 return Ok(Placed::Answer(view));
             }
@@ -495,8 +497,7 @@ impl Engine {
         let lines = lines_of(record);
         let n = lines.len();
         let mut keys: Vec<Arc<str>> = vec![order_id.clone()];
-        keys.extend((0..n).map(|i| line_key(order_id, i)));
-        keys.extend((0..n).map(|i| retry_line_key(order_id, i)));
+        keys.extend(line_keys_both(order_id, n));
         let mut holds = self.holds_of(shop, keys).await?;
         let retries = holds.split_off(n + 1);
         let mut holds = holds.into_iter();
@@ -1025,6 +1026,15 @@ fn held_view(
         failed_line: None,
         reason: None,
     }
+}
+
+/// The keys of an order's first `n` lines: each line's first key, then each line's
+/// second ([`retry_line_key`]), in line order.
+fn line_keys_both(order_id: &str, n: usize) -> Vec<Arc<str>> {
+    (0..n)
+        .map(|i| line_key(order_id, i))
+        .chain((0..n).map(|i| retry_line_key(order_id, i)))
+        .collect()
 }
 
 /// The hold a line makes under `hold_id` (its key).

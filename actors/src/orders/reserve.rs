@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    firm_requests, held_view, line_hold, not_held, OrderLine, OrderView, Placed, Reserving,
-    FAILED_PREFIX, LINE_WAIT_MAX,
+    firm_requests, held_view, line_hold, line_keys_both, not_held, OrderLine, OrderView, Placed,
+    Reserving, FAILED_PREFIX, LINE_WAIT_MAX,
 };
 use crate::engine::{Engine, EngineError};
 use crate::reply::Reply;
@@ -135,7 +135,8 @@ impl Engine {
         let why = "released to be held again in item order (contention)";
         let again: Vec<HoldView> = after.iter().map(|(_, h)| h.clone()).collect();
         if let Err(e) = self.end_holds(r.shop, again, Op::Release, Some(why)).await {
-            return Err(self.give_up(r, &held_and(kept, after), e).await);
+            let all: Vec<(usize, HoldView)> = kept.into_iter().chain(after).collect();
+            return Err(self.give_up(r, &all, e).await);
         }
         for (i, _) in &after {
             keys[*i] = retry_line_key(r.order_id, *i);
@@ -309,9 +310,7 @@ impl Engine {
         order_id: &Arc<str>,
         n: usize,
     ) -> Result<Vec<(Option<HoldView>, Option<HoldView>)>, EngineError> {
-        let mut keys: Vec<Arc<str>> = (0..n).map(|i| line_key(order_id, i)).collect();
-        keys.extend((0..n).map(|i| retry_line_key(order_id, i)));
-        let mut firsts = self.holds_of(shop, keys).await?;
+        let mut firsts = self.holds_of(shop, line_keys_both(order_id, n)).await?;
         let retries = firsts.split_off(n);
         Ok(firsts.into_iter().zip(retries).collect())
     }
@@ -378,13 +377,4 @@ fn line_state(o: &Outcome) -> Line {
         Status::Tentative => Line::Tentative,
         status => Line::Refused(status, o.reason.clone().unwrap_or_default()),
     }
-}
-
-/// `before` and `after` together.
-fn held_and(
-    mut before: Vec<(usize, HoldView)>,
-    after: Vec<(usize, HoldView)>,
-) -> Vec<(usize, HoldView)> {
-    before.extend(after);
-    before
 }
