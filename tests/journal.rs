@@ -285,11 +285,11 @@ async fn a_damaged_snapshot_in_the_views_refuses_the_start_and_the_log_rebuilds_
     .await;
 }
 
-/// An entry in the views damaged behind nrtxn's back (here: a sale's status changed) is
-/// refused when read, by a poll or an events page (503, and the log says what to do),
-/// never served; moving the views away rebuilds them from the log, whole.
+/// An entry in the views damaged behind nrtxn's back (here: a sale's status changed)
+/// changes no answer: a key's outcome and an item's events are read from the log, under
+/// the log's checksums, not from the views' rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_damaged_entry_in_the_views_is_refused_not_served() {
+async fn a_damaged_entry_in_the_views_changes_no_outcome_or_event() {
     let dir = tempfile::tempdir().unwrap();
     let answered = sell_then_kill(dir.path()).await;
     let c = client();
@@ -299,24 +299,22 @@ async fn a_damaged_entry_in_the_views_is_refused_not_served() {
         &data,
         "UPDATE journal SET status = 'insufficient_stock' WHERE request_key = 'k5'",
     );
-    let mut server = Server::start(dir.path(), &[]);
-    let (status, body) = get(&c, &server.url("/v1/shops/shop/txns/k5")).await;
-    assert_eq!(status, 503, "a damaged outcome was served: {body}");
+    let server = Server::start(dir.path(), &[]);
+    check_answers(&server, &answered).await;
     let (status, body) = get(
         &c,
         &server.url("/v1/shops/shop/items/sku/events?after=0&limit=100"),
     )
     .await;
-    assert_eq!(status, 503, "a damaged event was served: {body}");
-    assert!(server.terminate().success());
-    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
-    assert!(
-        log.contains("does not match its checksum") && log.contains("rebuilt from the log"),
-        "{log}"
-    );
-    delete_views(&data);
-    let server = Server::start(dir.path(), &[]);
-    check_answers(&server, &answered).await;
+    assert_eq!(status, 200, "{body}");
+    let k5: Vec<&Value> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["request_key"] == "k5")
+        .collect();
+    assert_eq!(k5.len(), 1, "{body}");
+    assert_eq!(k5[0]["status"], "ok", "{body}");
 }
 
 /// Flips one bit of the first occurrence of `pattern` in a page of the views whose
@@ -360,19 +358,18 @@ fn flip_in_views_page(data: &Path, page_type: u8, pattern: &[u8]) {
     std::fs::write(&path, bytes).unwrap();
 }
 
-/// A bit flipped in an entry of the views' key index (found by the fault campaign,
-/// issue 14): the row stays intact but cannot be reached by its key, so the key would
-/// poll 404 and a resubmission would be applied again. The start's check finds the
-/// index unlike its table, every row matching its checksum, and rebuilds the index: the
-/// key polls its outcome and a resubmission is answered with it, applied once.
+/// A bit flipped in the key of a views row (found by the fault campaign, issue 14, in
+/// the views' key index when they had one): the key is still found, since keys are read
+/// from the log's index and the log, and a resubmission is answered with its outcome,
+/// applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flipped_bit_in_the_views_key_index_is_found_at_start_and_the_index_rebuilt() {
+async fn a_flipped_bit_in_a_views_rows_key_changes_no_answer() {
     let dir = tempfile::tempdir().unwrap();
     let answered = sell_then_kill(dir.path()).await;
     start_and_stop(dir.path()).await;
     let data = dir.path().join("data");
-    // An index entry of the key index: (shop, request_key, rowid).
-    flip_in_views_page(&data, 0x0A, b"shopk5");
+    // A journal row: ..., prev_seq, request_key, op, ...
+    flip_in_views_page(&data, 0x0D, b"k5decrement");
     let server = Server::start(dir.path(), &[]);
     check_answers(&server, &answered).await;
     let c = client();
@@ -384,28 +381,6 @@ async fn a_flipped_bit_in_the_views_key_index_is_found_at_start_and_the_index_re
     .await;
     assert_eq!((status, &again), (200, &answered[5]), "k5 resubmitted");
     check_answers(&server, &answered).await;
-    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
-    assert!(log.contains("were rebuilt from them"), "{log}");
-}
-
-/// A bit flipped in the key of a views row: the index would be rebuilt under the wrong
-/// key, so the start is refused, saying what to do; moved away, the views are rebuilt
-/// from the log, whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flipped_bit_in_a_views_rows_key_refuses_the_start_and_the_log_rebuilds_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let answered = sell_then_kill(dir.path()).await;
-    start_and_stop(dir.path()).await;
-    let data = dir.path().join("data");
-    // A journal row: ..., prev_seq, request_key, op, ...
-    flip_in_views_page(&data, 0x0D, b"k5decrement");
-    refused_then_rebuilt(
-        dir.path(),
-        &answered,
-        "views with a damaged key",
-        &["do not match their checksums", "rebuilt from the log"],
-    )
-    .await;
 }
 
 /// The views file cut short (a disk that lost its end, a copy cut off) refuses the start
@@ -443,10 +418,15 @@ async fn a_views_value_of_the_wrong_type_refuses_the_start_saying_what_to_do() {
     let answered = sell_then_kill(dir.path()).await;
     start_and_stop(dir.path()).await;
     let data = dir.path().join("data");
+    // A row the start reads (it follows the last snapshot, here made to cover none).
     tamper_views(
         &data,
-        "UPDATE journal SET request_key = CAST(request_key AS BLOB) \
-         WHERE rowid = (SELECT max(rowid) FROM journal WHERE request_key IS NOT NULL)",
+        "UPDATE journal SET stock_after = CAST(stock_after AS BLOB) \
+         WHERE rowid = (SELECT max(rowid) FROM journal WHERE seq IS NOT NULL)",
+    );
+    tamper_views(
+        &data,
+        "UPDATE meta SET value = 0 WHERE key = 'snapshot_journal_id'",
     );
     refused_then_rebuilt(
         dir.path(),
@@ -463,9 +443,10 @@ fn first_lsn(seg: &Path) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn segments_the_views_hold_for_good_are_retired() {
+async fn segments_the_views_hold_for_good_are_retired_past_the_key_window() {
     let dir = tempfile::tempdir().unwrap();
-    let flags = ["--journal-segment-mb", "1"];
+    // The log answers reads by key until the key window has passed over a segment.
+    let flags = ["--journal-segment-mb", "1", "--key-window-secs", "1"];
     let server = Server::start(dir.path(), &flags);
     let c = client();
     // 40 loads of 2,000 items: about 3 MB of log, so several 1 MiB segments.

@@ -28,9 +28,11 @@ use nrtxn_actors::{
     now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
 };
 
+use crate::log_reads::LogReads;
 use crate::views::SqliteStore;
 use crate::AcceptDone;
 use nrtxn_log::codec;
+use nrtxn_log::index::Index;
 use nrtxn_log::seal;
 use nrtxn_log::segment::{self, scan, Chain, LogError, LogWriter, Unread};
 use nrtxn_log::space::Space;
@@ -177,6 +179,9 @@ impl Progress {
 
 pub struct LogJournal {
     views: Arc<SqliteStore>,
+    /// The log's index, which answers reads by key and by item (`None`: views with rows
+    /// from before the log answer them; see `crate::log_reads`).
+    index: Option<Arc<Index>>,
     tx: SyncSender<Command>,
     progress: Arc<Progress>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -189,6 +194,33 @@ pub struct LogJournal {
 
 fn store_error(e: LogError) -> StoreError {
     StoreError::Storage(e.to_string())
+}
+
+/// Opens the index of the log in `dir` and hands it to the views for their reads by key
+/// and by item, unless they hold rows from before the log (then they answer those reads
+/// themselves, and `None`).
+fn open_index(
+    dir: &Path,
+    views: &SqliteStore,
+    retention: Retention,
+) -> Result<Option<Arc<Index>>, StoreError> {
+    if !views.reads_from_log() {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let index = Arc::new(Index::open(dir).map_err(|e| StoreError::Storage(e.to_string()))?);
+    tracing::info!(
+        sealed = index.sealed_segments().len(),
+        rebuilt = index.rebuilt_at_open(),
+        ms = started.elapsed().as_millis() as u64,
+        "journal: the log's index opened"
+    );
+    views.read_from_log(LogReads {
+        index: index.clone(),
+        key_window_ms: retention.key_window_ms,
+        return_window_ms: retention.return_window_ms,
+    });
+    Ok(Some(index))
 }
 
 impl LogJournal {
@@ -217,6 +249,9 @@ impl LogJournal {
         // What the log holds is read back only once it is on disk for good.
         segment::sync_newest(&dir).map_err(store_error)?;
         let views = SqliteStore::open_views(data_dir, metrics.clone(), space.clone())?;
+        // Before the views are brought up: their writer reads the sales that returns
+        // name through it.
+        let index = open_index(&dir, &views, retention)?;
         let progress = Arc::new(Progress {
             space: Some(views.space().clone()),
             ..Progress::default()
@@ -242,15 +277,20 @@ impl LogJournal {
             .map_err(store_error)?;
         verify_in_background(end.unread, metrics.clone())?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
-        let thread_views = views.clone();
-        let thread_progress = progress.clone();
+        let after_sync = AfterSync {
+            views: views.clone(),
+            index: index.clone(),
+            progress: progress.clone(),
+            metrics,
+        };
         let writer = std::thread::Builder::new()
             .name("journal-log".into())
-            .spawn(move || run(writer, rx, thread_views, thread_progress, metrics))
+            .spawn(move || run(writer, rx, after_sync))
             .map_err(|e| StoreError::Storage(e.to_string()))?;
-        let maintainer = start_maintainer(views.clone(), dir.clone(), retention)?;
+        let maintainer = start_maintainer(views.clone(), index.clone(), dir.clone(), retention)?;
         Ok(Arc::new(LogJournal {
             views,
+            index,
             tx,
             progress,
             writer: Mutex::new(Some(writer)),
@@ -420,6 +460,7 @@ fn replay(
 /// [`MAINTAIN_EVERY`]; dropping the returned sender stops it.
 fn start_maintainer(
     views: Arc<SqliteStore>,
+    index: Option<Arc<Index>>,
     dir: PathBuf,
     retention: Retention,
 ) -> Result<(mpsc::Sender<()>, JoinHandle<()>), StoreError> {
@@ -429,7 +470,7 @@ fn start_maintainer(
         .name("journal-retention".into())
         .spawn(move || {
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(MAINTAIN_EVERY) {
-                if let Err(e) = maintain(&views, &dir, retention, keep_segments) {
+                if let Err(e) = maintain(&views, index.as_deref(), &dir, retention, keep_segments) {
                     tracing::warn!(error = %e, "journal retention failed; retrying");
                 }
             }
@@ -438,31 +479,71 @@ fn start_maintainer(
     Ok((stop, maintainer))
 }
 
-/// Retires the segments the views hold for good, and prunes entries past the key window
-/// from the views (a batch at a time, so the writer is never held for long).
+/// Writes the index files of segments sealed since, retires the segments no longer
+/// needed, and prunes entries past the key window from the views (a batch at a time, so
+/// the writer is never held for long).
 fn maintain(
     views: &SqliteStore,
+    index: Option<&Index>,
     dir: &Path,
     retention: Retention,
     keep_segments: bool,
 ) -> Result<(), StoreError> {
-    if let Some(mark) = views.durable_mark()?.filter(|_| !keep_segments) {
-        let gone = segment::retire_before(dir, mark.next_lsn).map_err(store_error)?;
-        if gone > 0 {
-            tracing::info!(
-                segments = gone,
-                before = mark.next_lsn,
-                "journal segments retired"
-            );
+    if let Some(index) = index.filter(|i| i.has_frozen()) {
+        // A failure leaves the frozen tail read in its place; tried again next time.
+        if let Err(e) = index.write_frozen() {
+            tracing::warn!(error = %e, "journal: a sealed segment's index could not be written");
         }
     }
     let now = now_ms();
+    if let Some(mark) = views.durable_mark()?.filter(|_| !keep_segments) {
+        let before = match index {
+            Some(index) => kept_for_keys(dir, index, mark.next_lsn, now - retention.key_window_ms)?,
+            None => mark.next_lsn,
+        };
+        let gone = segment::retire_before(dir, before).map_err(store_error)?;
+        if gone > 0 {
+            tracing::info!(segments = gone, before, "journal segments retired");
+        }
+    }
     let before = now - retention.key_window_ms;
     let pruned = views.prune(before, PRUNE_MAX, now - retention.return_window_ms)?;
     if pruned > 0 {
         tracing::debug!(entries = pruned, "entries past the key window pruned");
     }
     Ok(())
+}
+
+/// Where the segments that must stay begin, when reads by key and by item go to the
+/// log: the views must hold them for good (`held_before`, the first record they may not),
+/// and every key in them must be past the key window: a segment last written before
+/// `window_start` (ms) may go. The segments that go are dropped from `index` first.
+fn kept_for_keys(
+    dir: &Path,
+    index: &Index,
+    held_before: u64,
+    window_start: i64,
+) -> Result<u64, StoreError> {
+    let segs = segment::segments(dir).map_err(|e| store_error(LogError::Io(e)))?;
+    let mut before = held_before;
+    for w in segs.windows(2) {
+        let ((first, path), (next_first, _)) = (&w[0], &w[1]);
+        // The file's time is its last write's, at or after every record's in it.
+        let written = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .map_err(|e| store_error(LogError::Io(e)))?;
+        let written_ms = written
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(i64::MAX, |d| d.as_millis() as i64);
+        if *next_first > before || written_ms >= window_start {
+            before = before.min(*first);
+            break;
+        }
+        index
+            .retire(*first)
+            .map_err(|e| StoreError::Storage(e.to_string()))?;
+    }
+    Ok(before)
 }
 
 /// Reads whole, off the path, the kept segments the start checked by their footer
@@ -500,19 +581,21 @@ fn verify_in_background(unread: Vec<Unread>, metrics: Arc<Metrics>) -> Result<()
     Ok(())
 }
 
-/// The writer thread: group commits until closed.
-fn run(
-    mut log: LogWriter,
-    rx: Receiver<Command>,
+/// What a group's sync is followed by: the log's index, the views, the reads' progress.
+struct AfterSync {
     views: Arc<SqliteStore>,
+    index: Option<Arc<Index>>,
     progress: Arc<Progress>,
     metrics: Arc<Metrics>,
-) {
+}
+
+/// The writer thread: group commits until closed.
+fn run(mut log: LogWriter, rx: Receiver<Command>, after: AfterSync) {
     let mut body = Vec::new();
     let mut closing = None;
     let hold = nrtxn_log::faults::journal_hold();
     while closing.is_none() {
-        progress.wait_room();
+        after.progress.wait_room();
         let Some((cmds, weight)) = next_group(&rx) else {
             break;
         };
@@ -525,21 +608,13 @@ fn run(
                     .partition(|c| matches!(c, Command::Accept(..)));
                 let weight = accepts.iter().map(Command::weight).sum();
                 if !accepts.is_empty() {
-                    commit(
-                        &mut log, &mut body, accepts, weight, &views, &progress, &metrics,
-                    );
+                    commit(&mut log, &mut body, accepts, weight, &after);
                 }
                 std::thread::sleep(hold);
                 let weight = decisions.iter().map(Command::weight).sum();
-                closing = commit(
-                    &mut log, &mut body, decisions, weight, &views, &progress, &metrics,
-                );
+                closing = commit(&mut log, &mut body, decisions, weight, &after);
             }
-            _ => {
-                closing = commit(
-                    &mut log, &mut body, cmds, weight, &views, &progress, &metrics,
-                )
-            }
+            _ => closing = commit(&mut log, &mut body, cmds, weight, &after),
         }
     }
     if let Some(ack) = closing {
@@ -569,10 +644,9 @@ fn commit(
     body: &mut Vec<u8>,
     cmds: Vec<Command>,
     weight: usize,
-    views: &Arc<SqliteStore>,
-    progress: &Arc<Progress>,
-    metrics: &Metrics,
+    after: &AfterSync,
 ) -> Option<mpsc::Sender<()>> {
+    let (views, progress, metrics) = (&after.views, &after.progress, &after.metrics);
     // The processors hand each item's entries over in seq order, each following the
     // last; the log keeps the order it is given, and recovery checks it again.
     debug_assert!(
@@ -580,8 +654,9 @@ fn commit(
         "a group commit's entries are not in each item's seq order"
     );
     let started = Instant::now();
-    let Written {
+    let Records {
         marks,
+        places,
         result,
         room,
     } = write_records(log, body, &cmds, views.space());
@@ -613,14 +688,20 @@ fn commit(
         cmds.len(),
         "a group commit wrote records for only some of its commands"
     );
-    // Every key now durable is in the key filter before anyone is answered: a key the
-    // filter does not know was never decided, and reads need not wait for the views.
-    let filter = views.key_filter();
-    for cmd in &cmds {
-        if let Command::Append(entries, _) = cmd {
-            for e in entries {
-                if let Some(key) = &e.request_key {
-                    filter.insert(&e.shop, key);
+    // Every key now durable is in the log's index (or, for views that answer keys
+    // themselves, the key filter) before anyone is answered: a key it does not know was
+    // never decided, and reads need not wait for the views.
+    match &after.index {
+        Some(index) => index_group(index, &cmds, &places),
+        None => {
+            let filter = views.key_filter();
+            for cmd in &cmds {
+                if let Command::Append(entries, _) = cmd {
+                    for e in entries {
+                        if let Some(key) = &e.request_key {
+                            filter.insert(&e.shop, key);
+                        }
+                    }
                 }
             }
         }
@@ -635,10 +716,43 @@ fn commit(
     answer_and_hand_on(cmds, marks, views, progress)
 }
 
+/// Hands a synced group's entries records to the log's index, before anyone is
+/// answered: a poll that follows an answer finds its key. An index that cannot follow
+/// the log would answer reads wrong: the process stops.
+fn index_group(index: &Index, cmds: &[Command], places: &[Option<Place>]) {
+    let records: Vec<nrtxn_log::index::Written<'_>> = cmds
+        .iter()
+        .zip(places)
+        .filter_map(|(cmd, place)| match (cmd, place) {
+            (Command::Append(entries, _), Some(p)) => Some(nrtxn_log::index::Written {
+                first_lsn: p.first_lsn,
+                offset: p.offset,
+                end: p.end,
+                entries,
+            }),
+            _ => None,
+        })
+        .collect();
+    if let Err(e) = index.add_synced(&records) {
+        nrtxn_actors::fatal::stop_not_durable(format!(
+            "the log's index can no longer follow the log: {e}"
+        ));
+    }
+}
+
+/// Where a record was written: its segment (first lsn) and its bytes there.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    first_lsn: u64,
+    offset: u64,
+    end: u64,
+}
+
 /// What [`write_records`] did: each command's mark after its record (`None`: a close,
-/// which has none), and whether every record was written.
-struct Written {
+/// which has none) and where the record went, and whether every record was written.
+struct Records {
     marks: Vec<Option<Chain>>,
+    places: Vec<Option<Place>>,
     result: Result<(), LogError>,
     /// The room the records were written in, held until they are synced.
     room: nrtxn_log::space::Claim,
@@ -651,9 +765,10 @@ fn write_records(
     body: &mut Vec<u8>,
     cmds: &[Command],
     space: &Arc<Space>,
-) -> Written {
+) -> Records {
     let now = now_ms();
     let mut marks = Vec::with_capacity(cmds.len());
+    let mut places = Vec::with_capacity(cmds.len());
     // Room for the group's records within the disk's floor (see `crate::space`), asked
     // for by the MiB rather than by the record: one reading of the free space per MiB.
     let mut room = space.claim();
@@ -663,11 +778,13 @@ fn write_records(
             Ok(Some(kind)) => kind,
             Ok(None) => {
                 marks.push(None);
+                places.push(None);
                 continue;
             }
             Err(e) => {
-                return Written {
+                return Records {
                     marks,
+                    places,
                     result: Err(e),
                     room,
                 }
@@ -692,17 +809,25 @@ fn write_records(
             LogError::no_room,
         );
         if let Err(e) = appended {
-            return Written {
+            return Records {
                 marks,
+                places,
                 result: Err(e),
                 room,
             };
         }
         used = need;
         marks.push(Some(log.chain()));
+        let (first_lsn, end) = log.segment_end();
+        places.push(Some(Place {
+            first_lsn,
+            offset: end - (segment::HEADER_LEN + body.len()) as u64,
+            end,
+        }));
     }
-    Written {
+    Records {
         marks,
+        places,
         result: Ok(()),
         room,
     }
@@ -800,14 +925,17 @@ impl Outcomes for LogJournal {
     }
 
     /// A key the filter does not know was never made durable (the log writer adds each
-    /// key before anyone is answered): most keys, new ones, are answered at once. Only a
-    /// key that may be there waits until the views hold everything durable, and is read.
+    /// key before anyone is answered): most keys, new ones, are answered at once. A key
+    /// that may be there is read from the log's index, which the log writer also fills
+    /// before anyone is answered (or, for views with rows from before the log, from the
+    /// views once they hold everything durable).
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        let filter = self.views.key_filter();
-        if !keys.iter().any(|k| filter.may_contain(shop, k)) {
+        if !keys.iter().any(|k| self.views.may_hold(shop, k)) {
             return Ok(vec![None; keys.len()]);
         }
-        self.progress.wait_views()?;
+        if self.index.is_none() {
+            self.progress.wait_views()?;
+        }
         self.views.outcomes(shop, keys)
     }
 }
@@ -863,7 +991,10 @@ impl ItemReads for LogJournal {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
-        self.progress.wait_views()?;
+        // The log's index holds every durable event (the views may lag).
+        if self.index.is_none() {
+            self.progress.wait_views()?;
+        }
         self.views.events(shop, item, after, limit)
     }
 }
@@ -911,5 +1042,12 @@ impl Lifecycle for LogJournal {
         }
         let _ = self.progress.wait_views();
         self.views.close();
+        // A segment sealed since the last maintenance gets its index file now, rather
+        // than being rebuilt from the segment at the next start.
+        if let Some(index) = &self.index {
+            if let Err(e) = index.write_frozen() {
+                tracing::warn!(error = %e, "journal: a sealed segment's index could not be written");
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@
 use nrtxn_actors::StoreError;
 
 pub mod journal;
+mod log_reads;
 pub mod request_log;
 pub mod views;
 

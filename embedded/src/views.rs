@@ -30,7 +30,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,7 @@ use nrtxn_actors::{
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::log_reads::LogReads;
 use nrtxn_log::keyfilter::KeyFilter;
 use nrtxn_log::segment::Chain;
 use nrtxn_log::space::Space;
@@ -150,8 +151,6 @@ CREATE TABLE IF NOT EXISTS journal (
     -- row_checksum() of the decision's fields: a damaged row is refused, not served.
     rowsum         INTEGER
 );
-CREATE UNIQUE INDEX IF NOT EXISTS journal_request_key ON journal (shop, request_key)
-    WHERE request_key IS NOT NULL;
 CREATE TABLE IF NOT EXISTS holds (
     shop       TEXT    NOT NULL,
     hold_id    TEXT    NOT NULL,
@@ -341,6 +340,15 @@ pub struct SqliteStore {
     space: Arc<Space>,
     /// Room granted for what checkpoints will add to the database file.
     growth: Arc<FileGrowth>,
+    /// The log's index, when reads by key and by item are answered from the log (set by
+    /// the embedded journal once the index is open; never for views with rows before
+    /// the log, see [`rows_before_log`]).
+    log: Arc<OnceLock<LogReads>>,
+    /// Whether the journal table keeps its indexes by key and by item.
+    indexed: bool,
+    /// Each item's last state since the last snapshot (the writer's, shared): with the
+    /// snapshots, every item's state, without an index on the journal by item.
+    latest: Arc<Mutex<States>>,
 }
 
 /// The pages the WAL holds past the database file's end, which a checkpoint will write
@@ -539,6 +547,8 @@ impl SqliteStore {
         let path = dir.join("nrtxn.db");
         let conn = open(&path, role)?;
         prepare_schema(&conn).map_err(storage)?;
+        let indexed = role == Role::Views && rows_before_log(&conn).map_err(storage)?;
+        journal_indexes(&conn, indexed).map_err(storage)?;
         // The views are checked before anything reads them (the key filter is filled
         // from their key index). Beside MongoDB this file holds only the fire-and-forget
         // requests not yet decided, whose rows carry no checksum: not checked.
@@ -566,14 +576,21 @@ impl SqliteStore {
             .map_err(storage)?;
         let checkpointer = start_checkpointer(open(&path, role)?, &space, &growth)?;
         let keys = Arc::new(KeyFilter::new());
-        load_keys(&conn, &keys).map_err(storage)?;
+        // Views that read keys from the log's index need no filter of their own
+        // ([`SqliteStore::may_hold`]).
+        if role != Role::Views || indexed {
+            load_keys(&conn, &keys).map_err(storage)?;
+        }
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let room = Room {
             space: space.clone(),
             growth: growth.clone(),
             wal_path: dir.join("nrtxn.db-wal"),
         };
-        let writer = Writer::new(conn, metrics, keys.clone(), role.linger(), room);
+        let log = Arc::new(OnceLock::new());
+        let mut writer = Writer::new(conn, metrics, keys.clone(), role.linger(), room);
+        writer.log = log.clone();
+        let latest = writer.dirty.clone();
         let writer = writer.start(rx)?;
         Ok(Arc::new(SqliteStore {
             path,
@@ -585,7 +602,42 @@ impl SqliteStore {
             checkpointer: Mutex::new(Some(checkpointer)),
             space,
             growth,
+            log,
+            indexed,
+            latest,
         }))
+    }
+
+    /// Whether reads by key and by item may be answered from the log's index: views
+    /// with no rows from before the log ([`rows_before_log`]).
+    pub(crate) fn reads_from_log(&self) -> bool {
+        self.role == Role::Views && !self.indexed
+    }
+
+    /// From now on, reads by key and by item are answered from the log's index.
+    pub(crate) fn read_from_log(&self, reads: LogReads) {
+        assert!(
+            self.reads_from_log(),
+            "views with rows before the log answer their reads themselves"
+        );
+        if self.log.set(reads).is_err() {
+            panic!("the views were given the log's index twice");
+        }
+    }
+
+    /// False: no entry under this key was ever made durable. The log's index knows it
+    /// when reads go to the log (its segments' filters and its tail's keys, which the
+    /// log's writer fills before anyone is answered); otherwise the key filter, filled
+    /// from the views' rows at start and by the log's writer since.
+    pub(crate) fn may_hold(&self, shop: &str, key: &str) -> bool {
+        match self.log.get() {
+            Some(log) => log.index.may_contain(shop, key),
+            None => self.keys.may_contain(shop, key),
+        }
+    }
+
+    fn latest(&self) -> MutexGuard<'_, States> {
+        lock_states(&self.latest)
     }
 
     /// Makes fire-and-forget requests durable, then calls `done`.
@@ -729,12 +781,51 @@ fn prepare_schema(conn: &Connection) -> Result<(), rusqlite::Error> {
     add_column_if_missing(conn, "items", "checksum")?;
     add_column_if_missing(conn, "journal", "rowsum")?;
     // A pending hold's buyer counts against an item's per-buyer limit until it ends.
-    add_typed_column_if_missing(conn, "holds", "buyer", "TEXT")?;
-    // After the schema, so it also covers journals made before the index existed.
-    conn.execute_batch(
-        "CREATE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)
-            WHERE seq IS NOT NULL;",
-    )
+    add_typed_column_if_missing(conn, "holds", "buyer", "TEXT")
+}
+
+/// The journal's indexes by key and by item, made only for views that hold rows the
+/// log does not (`indexed`, see [`rows_before_log`]); otherwise those reads go to the
+/// log's index and the views' indexes are dropped, so a decision costs the views an
+/// append, not three B-tree inserts (`docs/decisions/derived-views.md`).
+fn journal_indexes(conn: &Connection, indexed: bool) -> Result<(), rusqlite::Error> {
+    conn.execute_batch(if indexed {
+        "CREATE UNIQUE INDEX IF NOT EXISTS journal_request_key ON journal (shop, request_key)
+            WHERE request_key IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS journal_item_seq ON journal (shop, item, seq)
+            WHERE seq IS NOT NULL;"
+    } else {
+        "DROP INDEX IF EXISTS journal_request_key;
+         DROP INDEX IF EXISTS journal_item_seq;"
+    })
+}
+
+/// Whether these views may hold journal rows the log does not: rows written by the
+/// SQLite journal before the log existed (a data dir taken over as it is), or by a
+/// version that kept no word of where its rows came from (views found with rows when
+/// this was first asked). Such views keep their indexes by key and by item and answer
+/// those reads themselves, since the log's index may lack the rows. The answer is kept
+/// in `meta` (`rows_before_log`); once yes, for good.
+fn rows_before_log(conn: &Connection) -> Result<bool, rusqlite::Error> {
+    let said: Option<i64> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'rows_before_log'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let rows: bool = conn.query_row("SELECT EXISTS (SELECT 1 FROM journal)", [], |r| r.get(0))?;
+    let before = match said {
+        Some(v) => v != 0 || (rows && read_log_mark(conn)?.is_none()),
+        None => rows,
+    };
+    if said != Some(i64::from(before)) {
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('rows_before_log', ?1)",
+            params![i64::from(before)],
+        )?;
+    }
+    Ok(before)
 }
 
 /// Starts the thread that checkpoints the WAL every [`CHECKPOINT_EVERY`] on `conn`, off
@@ -1057,6 +1148,15 @@ fn gather_by_time(rx: &Receiver<Command>, max: usize, linger: Duration) -> Optio
 /// Item states by shop and item.
 type States = HashMap<(Arc<str>, Arc<str>), ItemState>;
 
+/// The lock on item states shared by the views' writer and readers; held for memory
+/// work only. A writer that panicked while holding it left a map of states it had
+/// finished writing: still good to read.
+fn lock_states(states: &Mutex<States>) -> MutexGuard<'_, States> {
+    states
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The last state of every item with entries after the last snapshot.
 fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
     let upto = snapshot_journal_id(conn)?;
@@ -1320,16 +1420,14 @@ impl<'t> LedgerStatements<'t> {
 /// returnable).
 fn sale_decided_at(
     conn: &Connection,
+    log: Option<&LogReads>,
     shop: &str,
     sale: &str,
 ) -> Result<Option<i64>, rusqlite::Error> {
-    let found = conn
-        .prepare_cached(
-            "SELECT completed_at FROM journal WHERE shop = ?1 AND request_key = ?2
-             AND op = 'decrement' AND status = 'ok'",
-        )?
-        .query_row(params![shop, sale], |r| r.get(0))
-        .optional()?;
+    let found = match log {
+        Some(log) => log.sale_decided_at(shop, sale).map_err(as_sqlite)?,
+        None => sale_decided_in_journal(conn, shop, sale)?,
+    };
     if found.is_some() {
         return Ok(found);
     }
@@ -1338,11 +1436,30 @@ fn sale_decided_at(
         .optional()
 }
 
+/// When the ok sale under `sale` was decided, as the journal table holds it.
+fn sale_decided_in_journal(
+    conn: &Connection,
+    shop: &str,
+    sale: &str,
+) -> Result<Option<i64>, rusqlite::Error> {
+    conn.prepare_cached(
+        "SELECT completed_at FROM journal WHERE shop = ?1 AND request_key = ?2
+             AND op = 'decrement' AND status = 'ok'",
+    )?
+    .query_row(params![shop, sale], |r| r.get(0))
+    .optional()
+}
+
 /// Adds an ok return's units to its sale's count in `returned` (a count kept for
 /// another sale under the same key, before the key window let the key be used again,
 /// starts over). Returns are few: the lookups cost the hot path nothing.
-fn count_return(conn: &Connection, e: &Entry, sale: &str) -> Result<(), rusqlite::Error> {
-    let sold_at = match sale_decided_at(conn, &e.shop, sale)? {
+fn count_return(
+    conn: &Connection,
+    log: Option<&LogReads>,
+    e: &Entry,
+    sale: &str,
+) -> Result<(), rusqlite::Error> {
+    let sold_at = match sale_decided_at(conn, log, &e.shop, sale)? {
         Some(at) => at,
         None => {
             // The processor returns only against a sale the views held; kept all the
@@ -1362,9 +1479,16 @@ fn count_return(conn: &Connection, e: &Entry, sale: &str) -> Result<(), rusqlite
     Ok(())
 }
 
-/// What the views hold of the request keys returns name ([`ItemReads::sales`]).
+/// A store error as SQLite's, inside a read of the views.
+fn as_sqlite(e: StoreError) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(e.to_string().into())
+}
+
+/// What the views hold of the request keys returns name ([`ItemReads::sales`]); a sale
+/// still in the log is read there when the views read by key from the log (`log`).
 fn read_sales(
     conn: &Connection,
+    log: Option<&LogReads>,
     shop: &str,
     keys: &[&str],
 ) -> Result<Vec<Option<SaleRecord>>, rusqlite::Error> {
@@ -1380,9 +1504,12 @@ fn read_sales(
         .prepare_cached("SELECT units, sold_at FROM returned WHERE shop = ?1 AND sale_key = ?2")?;
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
-        let found = in_journal
-            .query_row(params![shop, key], |row| sale_in_journal(row, shop, key))
-            .optional()?;
+        let found = match log {
+            Some(log) => log.sale(shop, key).map_err(as_sqlite)?,
+            None => in_journal
+                .query_row(params![shop, key], |row| sale_in_journal(row, shop, key))
+                .optional()?,
+        };
         let found = match found {
             Some(r) => Some(r),
             None => pruned
@@ -1475,12 +1602,15 @@ fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error>
 
 impl Outcomes for SqliteStore {
     fn surely_new(&self, shop: &str, keys: &[&str]) -> bool {
-        !keys.iter().any(|k| self.keys.may_contain(shop, k))
+        !keys.iter().any(|k| self.may_hold(shop, k))
     }
 
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        if !keys.iter().any(|k| self.keys.may_contain(shop, k)) {
+        if !keys.iter().any(|k| self.may_hold(shop, k)) {
             return Ok(vec![None; keys.len()]);
+        }
+        if let Some(log) = self.log.get() {
+            return log.outcomes(shop, keys, |k| self.may_hold(shop, k));
         }
         self.read(|conn| {
             let mut stmt = conn.prepare_cached(
@@ -1549,38 +1679,54 @@ impl Outcomes for SqliteStore {
     }
 }
 
-/// The state of one item as its last journal entry has it, or as its snapshot has it if
-/// the entries it covers were pruned and none came since (`None`: no such item).
-fn item_state(
+/// The state of one item as its snapshot has it (`None`: no snapshot of it).
+fn snapshot_state(
     conn: &Connection,
     shop: &str,
     item: &str,
 ) -> Result<Option<ItemState>, rusqlite::Error> {
-    // The item's last entry, through the index on (shop, item, seq). Entries written
-    // before holds existed have no reserved_after: nothing was reserved.
-    let mut last = conn.prepare_cached(
-        "SELECT stock_after, COALESCE(reserved_after, 0), seq FROM journal
-         WHERE shop = ?1 AND item = ?2 AND seq IS NOT NULL
-         ORDER BY seq DESC LIMIT 1",
-    )?;
     let mut snapshot = conn.prepare_cached(
         "SELECT stock, reserved, seq, checksum FROM items WHERE shop = ?1 AND item = ?2",
     )?;
-    let state = |row: &rusqlite::Row<'_>| {
-        Ok(ItemState {
-            stock: row.get(0)?,
-            reserved: row.get(1)?,
-            seq: row.get(2)?,
+    snapshot
+        .query_row(params![shop, item], |row| {
+            let state = ItemState {
+                stock: row.get(0)?,
+                reserved: row.get(1)?,
+                seq: row.get(2)?,
+            };
+            Ok((state, row.get(3)?))
         })
-    };
-    let key = params![shop, item];
-    let a = last.query_row(key, state).optional()?;
-    let b = snapshot
-        .query_row(key, |row| Ok((state(row)?, row.get(3)?)))
         .optional()?
         .map(|(st, sum)| checked_snapshot(shop, item, st, sum))
-        .transpose()?;
-    Ok(a.into_iter().chain(b).max_by_key(|s| s.seq))
+        .transpose()
+}
+
+impl SqliteStore {
+    /// The state of one item: its last entry's since the last snapshot, else its
+    /// snapshot's (`None`: no such item).
+    fn item_state(
+        &self,
+        conn: &Connection,
+        shop: &str,
+        item: &str,
+    ) -> Result<Option<ItemState>, rusqlite::Error> {
+        let key = (Arc::<str>::from(shop), Arc::<str>::from(item));
+        if let Some(s) = self.latest().get(&key) {
+            return Ok(Some(*s));
+        }
+        snapshot_state(conn, shop, item)
+    }
+
+    /// The names of the shop's items changed since the last snapshot, after `after`, in
+    /// order.
+    fn latest_names(&self, shop: &str, after: &str) -> std::collections::BTreeSet<Arc<str>> {
+        self.latest()
+            .keys()
+            .filter(|(s, item)| **s == *shop && **item > *after)
+            .map(|(_, item)| item.clone())
+            .collect()
+    }
 }
 
 impl ItemReads for SqliteStore {
@@ -1591,7 +1737,7 @@ impl ItemReads for SqliteStore {
         self.read(|conn| {
             items
                 .iter()
-                .map(|(shop, item)| item_state(conn, shop, item))
+                .map(|(shop, item)| self.item_state(conn, shop, item))
                 .collect()
         })
     }
@@ -1602,22 +1748,24 @@ impl ItemReads for SqliteStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<ItemPage, StoreError> {
+        let changed = self.latest_names(shop, after.unwrap_or(""));
         self.read(|conn| {
-            // The next name after `prev`, from the entries (through the index on (shop,
-            // item, seq): one seek) or from the snapshots of items whose entries were
-            // pruned: a loose index scan, so a page costs its own items, not the shop's.
-            let mut in_journal = conn.prepare_cached(
-                "SELECT item FROM journal WHERE shop = ?1 AND item > ?2 ORDER BY item LIMIT 1",
-            )?;
+            // The next name after `prev`, from the items changed since the last snapshot
+            // or from the snapshots (a loose index scan, so a page costs its own items,
+            // not the shop's).
             let mut in_snapshots = conn.prepare_cached(
                 "SELECT item FROM items WHERE shop = ?1 AND item > ?2 ORDER BY item LIMIT 1",
             )?;
             let mut page = ItemPage::default();
             let mut prev = after.unwrap_or("").to_string();
             loop {
-                let a: Option<String> = in_journal
-                    .query_row(params![shop, prev], |r| r.get(0))
-                    .optional()?;
+                let a = changed
+                    .range::<str, _>((
+                        std::ops::Bound::Excluded(prev.as_str()),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .next()
+                    .map(|n| n.to_string());
                 let b: Option<String> = in_snapshots
                     .query_row(params![shop, prev], |r| r.get(0))
                     .optional()?;
@@ -1630,8 +1778,7 @@ impl ItemReads for SqliteStore {
                     prev = INTERNAL_ITEMS_END.to_string();
                     continue;
                 }
-                // An item only ever asked for while unknown has entries but no state.
-                if let Some(state) = item_state(conn, shop, &next)? {
+                if let Some(state) = self.item_state(conn, shop, &next)? {
                     if page.items.len() == limit {
                         page.more = true;
                         break;
@@ -1658,7 +1805,7 @@ impl ItemReads for SqliteStore {
     }
 
     fn sales(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<SaleRecord>>, StoreError> {
-        self.read(|conn| read_sales(conn, shop, keys))
+        self.read(|conn| read_sales(conn, self.log.get(), shop, keys))
     }
 
     fn ledgers(
@@ -1685,6 +1832,9 @@ impl ItemReads for SqliteStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
+        if let Some(log) = self.log.get() {
+            return log.events(shop, item, after, limit);
+        }
         self.read(|conn| {
             // Through the index on (shop, item, seq).
             let mut stmt = conn.prepare_cached(&format!(
@@ -1911,8 +2061,11 @@ struct Writer {
     conn: Connection,
     metrics: Arc<Metrics>,
     keys: Arc<KeyFilter>,
-    /// Latest state of every item written since the last snapshot.
-    dirty: States,
+    /// Latest state of every item written since the last snapshot; shared with the
+    /// readers ([`SqliteStore::latest`]), which find every other item's in the snapshot.
+    dirty: Arc<Mutex<States>>,
+    /// The log's index, once reads by key go there ([`SqliteStore::read_from_log`]).
+    log: Arc<OnceLock<LogReads>>,
     /// Entries the last [`Command::Prune`] deleted.
     pruned: usize,
     /// Entries the prunes of the running transaction may still delete: fewer than asked
@@ -1993,7 +2146,8 @@ impl Writer {
             conn,
             metrics,
             keys,
-            dirty: HashMap::new(),
+            dirty: Arc::default(),
+            log: Arc::default(),
             pruned: 0,
             prune_left: usize::MAX,
             txns_since_snapshot: 0,
@@ -2009,7 +2163,7 @@ impl Writer {
     /// entry up to it, so it must hold each of those items' last state), and the items
     /// with a per-buyer limit.
     fn start(mut self, rx: Receiver<Command>) -> Result<JoinHandle<()>, StoreError> {
-        self.dirty = tail_states(&self.conn).map_err(storage)?;
+        *lock_states(&self.dirty) = tail_states(&self.conn).map_err(storage)?;
         self.limited = read_ledgers(&self.conn, None)
             .map_err(storage)?
             .into_iter()
@@ -2075,7 +2229,8 @@ impl Writer {
         match &result {
             Ok(()) if snapshot => {
                 self.txns_since_snapshot = 0;
-                self.dirty.clear();
+                // After the commit: a reader finds each item here or in its snapshot.
+                lock_states(&self.dirty).clear();
             }
             Ok(()) => self.txns_since_snapshot += 1,
             Err(e) => tracing::error!(error = %e, "journal transaction failed"),
@@ -2157,7 +2312,7 @@ impl Writer {
         let commands: u64 = cmds.iter().map(|c| self.command_pages(c)).sum();
         let items = if snapshot {
             let entries: usize = cmds.iter().map(Command::weight).sum();
-            2 * (self.dirty.len() + entries) as u64
+            2 * (lock_states(&self.dirty).len() + entries) as u64
         } else {
             0
         };
@@ -2282,7 +2437,8 @@ impl Writer {
                         let memory = WriterMemory {
                             limited: &mut self.limited,
                             keys: &self.keys,
-                            dirty: &mut self.dirty,
+                            dirty: &mut lock_states(&self.dirty),
+                            log: self.log.get(),
                             offsets: &mut offsets,
                         };
                         st.entries_written(entries, memory)?;
@@ -2302,7 +2458,7 @@ impl Writer {
             write_positions(&tx, offsets, mark)?;
         }
         if snapshot {
-            write_snapshot(&tx, &self.dirty)?;
+            write_snapshot(&tx, &lock_states(&self.dirty))?;
         }
         // The commit writes a frame for each page dirtied (a page written before in
         // this transaction is written over its frame, but for the last), so at most one
@@ -2327,6 +2483,8 @@ struct WriterMemory<'w> {
     keys: &'w KeyFilter,
     /// Each item's last state since the last snapshot ([`Writer::dirty`]).
     dirty: &'w mut States,
+    /// The log's index, when sales are read there ([`SqliteStore::read_from_log`]).
+    log: Option<&'w LogReads>,
     /// The request log's furthest offset applied, by partition, in this transaction.
     offsets: &'w mut HashMap<i32, i64>,
 }
@@ -2420,11 +2578,11 @@ impl<'t> TxnStatements<'t> {
             self.hold_step(e)?;
             self.ledgers.step(memory.limited, e)?;
             if let (Status::Ok, Op::Increment, Some(sale)) = (e.status, e.op, &e.return_of) {
-                count_return(self.conn, e, sale)?;
+                count_return(self.conn, memory.log, e, sale)?;
             }
-            if let Some(key) = &e.request_key {
+            if let (Some(key), None) = (&e.request_key, memory.log) {
                 // Before the commit, so the key is in the filter before its outcome can
-                // be looked for.
+                // be looked for (views that read keys from the log need no filter).
                 memory.keys.insert(&e.shop, key);
             }
             if let Some(pos) = e.log_pos {

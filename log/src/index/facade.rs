@@ -2,12 +2,12 @@
 //! the segment being written, behind one lock, so that a reader sees the sealed list
 //! and the tail as of one moment (a seal moves entries from one to the other).
 //!
-//! What the journal would call (not wired yet):
-//! - **Its writer**, per group: after the group's sync, [`Index::write_group`] once,
-//!   adding each entries record ([`Tail::add_record`], with the record's offset in its
-//!   segment) and then [`Tail::mark_durable`] with where the synced records end. When
-//!   the log moved to a new segment within the group, the records of the old segment
-//!   go first, then [`Index::seal`] for it, then the new segment's records.
+//! What the embedded journal calls:
+//! - **Its writer**, per group: after the group's sync, [`Index::add_synced`] once
+//!   with each entries record (its segment, offset and end), before anyone is answered.
+//!   When the log moved to a new segment within the group, the old segment's records
+//!   go first, then its tail is frozen ([`Index::freeze`]), then the new segment's.
+//! - **Its index thread**: [`Index::write_frozen`] after a freeze, off the writer.
 //! - **Its retirement**: [`Index::retire`] for each segment deleted.
 //! - **Its readers**: [`Index::lookup`] (polls, repeats, holds' ends) and
 //!   [`Index::events`] (an item's events); both take the lock only to copy what they
@@ -151,9 +151,13 @@ impl Index {
 
     /// Hands the index a group's records after their sync, in log order: each run of
     /// records of one segment is added and marked durable under one lock, and a segment
-    /// the log left within the group (or before it) is sealed first. What the journal's
-    /// writer would call once per group.
-    pub fn add_synced(&self, records: &[Written<'_>]) -> Result<(), IndexError> {
+    /// the log left within the group (or before it) is frozen first ([`Index::freeze`]).
+    /// What the journal's writer calls once per group. Returns whether a segment was
+    /// frozen: its index file is written by [`Index::write_frozen`], which the caller
+    /// runs off its own thread (sorting and writing a segment's index takes tens of
+    /// milliseconds, which no group should wait for).
+    pub fn add_synced(&self, records: &[Written<'_>]) -> Result<bool, IndexError> {
+        let mut froze = false;
         let mut rest = records;
         while let Some(first) = rest.first() {
             let n = rest
@@ -169,7 +173,8 @@ impl Index {
                     "a record of segment {} after segment {sealing} was indexed",
                     first.first_lsn
                 );
-                self.seal(sealing, &self.dir.join(segment_name(sealing)))?;
+                self.freeze(sealing, &self.dir.join(segment_name(sealing)))?;
+                froze = true;
             }
             self.write_group(|tail| {
                 for r in run {
@@ -179,7 +184,7 @@ impl Index {
             });
             rest = after;
         }
-        Ok(())
+        Ok(froze)
     }
 
     /// Runs `f` on the tail under the lock, once per group: the writer adds the group's
@@ -196,6 +201,17 @@ impl Index {
             tail_file: s.tail_file.clone(),
         };
         (snap, s)
+    }
+
+    /// False: no entry of the log has this shop and request key. True: one may have
+    /// (the tails' keys and the sealed segments' filters, all in memory; a key not yet
+    /// durable counts). What a request's at-most-once check asks first.
+    pub fn may_contain(&self, shop: &str, key: &str) -> bool {
+        let h = key_hash(shop, key);
+        let s = self.read();
+        s.tail.has_key(h)
+            || s.frozen.iter().any(|f| f.tail.has_key(h))
+            || s.sealed.iter().any(|x| x.index.may_contain(h))
     }
 
     /// The newest entry with this shop and request key whose record is durable: the
@@ -311,6 +327,14 @@ impl Index {
     /// writing the index file leaves the frozen tail readable, so no answer changes;
     /// the next seal writes it again.
     pub fn seal(&self, first_lsn: u64, segment_path: &Path) -> Result<(), IndexError> {
+        self.freeze(first_lsn, segment_path)?;
+        self.write_frozen()
+    }
+
+    /// The first half of [`Index::seal`]: the tail of the sealed segment is frozen (still
+    /// read) and a new one starts for the next segment; the index file is left to
+    /// [`Index::write_frozen`].
+    pub fn freeze(&self, first_lsn: u64, segment_path: &Path) -> Result<(), IndexError> {
         let sealing = seal_of(segment_path, first_lsn)?.ok_or_else(|| IndexError::Log {
             file: segment_path.to_path_buf(),
             offset: 0,
@@ -344,12 +368,17 @@ impl Index {
             };
             s.frozen.push(Arc::new(frozen));
         }
-        self.write_frozen()
+        Ok(())
+    }
+
+    /// Whether a frozen tail waits for its index file.
+    pub fn has_frozen(&self) -> bool {
+        !self.read().frozen.is_empty()
     }
 
     /// Writes the index files of the frozen tails, oldest first, and moves each to the
-    /// sealed list once open.
-    fn write_frozen(&self) -> Result<(), IndexError> {
+    /// sealed list once open. One caller at a time (the journal's index thread).
+    pub fn write_frozen(&self) -> Result<(), IndexError> {
         loop {
             let Some(f) = self.read().frozen.first().cloned() else {
                 return Ok(());

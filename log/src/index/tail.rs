@@ -96,6 +96,11 @@ impl Tail {
         self.durable_end
     }
 
+    /// Whether an entry added (durable or not) may have key hash `h`.
+    pub fn has_key(&self, h: u64) -> bool {
+        self.keys.contains_key(&h)
+    }
+
     /// The offset of the last record added, if any.
     pub fn last_offset(&self) -> Option<u64> {
         self.last_offset

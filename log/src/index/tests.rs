@@ -107,7 +107,9 @@ impl Fixture {
                 entries,
             })
             .collect();
-        self.index.add_synced(&done).unwrap();
+        if self.index.add_synced(&done).unwrap() {
+            self.index.write_frozen().unwrap();
+        }
     }
 
     fn reopen(&mut self) {

@@ -1,0 +1,102 @@
+//! The reads by request key and by item answered from the log itself, through its index
+//! (`nrtxn_log::index`, `docs/decisions/derived-views.md`), instead of the views' journal
+//! table: a key's outcome (polls, repeats), an item's events, and the sale a return
+//! names. The table keeps its rows (for the outbox relay, recovery and retention) but no
+//! index by key or by item, so a decision costs the views an append, not three B-tree
+//! inserts.
+//!
+//! The log's writer adds each group's entries to the index after their sync and before
+//! anyone is answered, so a read here never waits for the views: a key answered before
+//! the read began is found. A key is forgotten once its entry is older than the key
+//! window, as the views' prune forgets it.
+
+use std::sync::Arc;
+
+use nrtxn_actors::returns::SaleRecord;
+use nrtxn_actors::{now_ms, Entry, Event, Op, Outcome, Status, StoreError};
+use nrtxn_log::index::{Index, IndexError};
+
+/// The log's index and the windows its reads keep.
+pub(crate) struct LogReads {
+    pub(crate) index: Arc<Index>,
+    /// A key's entry older than this (ms) is forgotten, as the views' prune forgets it.
+    pub(crate) key_window_ms: i64,
+    /// An ok sale older than this (ms) can no longer be returned.
+    pub(crate) return_window_ms: i64,
+}
+
+fn index_error(e: IndexError) -> StoreError {
+    StoreError::Storage(e.to_string())
+}
+
+impl LogReads {
+    /// The newest durable entry under `key`, if it was decided within `window_ms`.
+    fn keyed(&self, shop: &str, key: &str, window_ms: i64) -> Result<Option<Entry>, StoreError> {
+        let since = now_ms() - window_ms;
+        Ok(self
+            .index
+            .lookup(shop, key)
+            .map_err(index_error)?
+            .filter(|e| e.completed_at >= since))
+    }
+
+    /// The outcomes of `keys`, `None` for a key never decided (or forgotten);
+    /// `may_contain` skips the keys the key filter never saw.
+    pub(crate) fn outcomes(
+        &self,
+        shop: &str,
+        keys: &[&str],
+        may_contain: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Option<Outcome>>, StoreError> {
+        keys.iter()
+            .map(|key| {
+                if !may_contain(key) {
+                    return Ok(None);
+                }
+                Ok(self
+                    .keyed(shop, key, self.key_window_ms)?
+                    .and_then(|e| e.outcome()))
+            })
+            .collect()
+    }
+
+    /// The item's events after seq `after`, at most `limit`, gapless.
+    pub(crate) fn events(
+        &self,
+        shop: &str,
+        item: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        Ok(self
+            .index
+            .events(shop, item, after + 1, limit)
+            .map_err(index_error)?
+            .iter()
+            .filter_map(Entry::event)
+            .collect())
+    }
+
+    /// What the log holds of the request `key` names as a sale, while it may still be
+    /// returned (its returned units are the views' to add).
+    pub(crate) fn sale(&self, shop: &str, key: &str) -> Result<Option<SaleRecord>, StoreError> {
+        Ok(self
+            .keyed(shop, key, self.return_window_ms)?
+            .map(|e| SaleRecord {
+                item: e.item.clone(),
+                op: e.op,
+                status: e.status,
+                sold: e.qty,
+                decided_at: e.completed_at,
+                returned: 0,
+            }))
+    }
+
+    /// When the ok sale under `key` was decided, if the log still holds it.
+    pub(crate) fn sale_decided_at(&self, shop: &str, key: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .sale(shop, key)?
+            .filter(|s| s.op == Op::Decrement && s.status == Status::Ok)
+            .map(|s| s.decided_at))
+    }
+}
