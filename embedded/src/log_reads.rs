@@ -30,13 +30,44 @@ fn index_error(e: IndexError) -> StoreError {
 }
 
 impl LogReads {
+    /// `read` through the index; a block of a sealed index found damaged is rebuilt from
+    /// its segment and the read tried once more (the log is the record, the index only
+    /// leads to it). A damaged log record is refused, never served.
+    fn read<T>(&self, read: impl Fn(&Index) -> Result<T, IndexError>) -> Result<T, StoreError> {
+        match read(&self.index) {
+            Err(IndexError::Block {
+                file,
+                block,
+                detail,
+            }) => {
+                let first = file
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .and_then(|s| s.parse::<u64>().ok());
+                tracing::error!(
+                    file = %file.display(),
+                    block,
+                    detail,
+                    "journal: a block of a segment's index is damaged; rebuilding the index from its segment"
+                );
+                let Some(first) = first else {
+                    return Err(StoreError::Storage(format!(
+                        "segment index {} is damaged and not named for its segment",
+                        file.display()
+                    )));
+                };
+                self.index.rebuild(first).map_err(index_error)?;
+                read(&self.index).map_err(index_error)
+            }
+            other => other.map_err(index_error),
+        }
+    }
+
     /// The newest durable entry under `key`, if it was decided within `window_ms`.
     fn keyed(&self, shop: &str, key: &str, window_ms: i64) -> Result<Option<Entry>, StoreError> {
         let since = now_ms() - window_ms;
         Ok(self
-            .index
-            .lookup(shop, key)
-            .map_err(index_error)?
+            .read(|index| index.lookup(shop, key))?
             .filter(|e| e.completed_at >= since))
     }
 
@@ -69,9 +100,7 @@ impl LogReads {
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
         Ok(self
-            .index
-            .events(shop, item, after + 1, limit)
-            .map_err(index_error)?
+            .read(|index| index.events(shop, item, after + 1, limit))?
             .iter()
             .filter_map(Entry::event)
             .collect())

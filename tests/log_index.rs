@@ -1,0 +1,206 @@
+//! Reads by key and by item through the log's index (`nrtxn_log::index`), against the
+//! real binary with 1 MiB segments, so that most keys are in sealed segments: a poll and
+//! a resubmission find every key across segments and restarts, an item's events are
+//! gapless across segments, a damaged block of a segment's index is rebuilt from its
+//! segment, and a damaged record of the log is refused when read, never served.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use serde_json::{json, Value};
+
+const FLAGS: [&str; 2] = ["--journal-segment-mb", "1"];
+/// Batches of 1,000 sales: about 3 MB of log (some 40 bytes a sale), so two sealed
+/// segments or more.
+const BATCHES: usize = 80;
+
+/// The files of the log with extension `ext` (`log`, `idx`), oldest first.
+fn log_files(data: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data.join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    files
+}
+
+fn sale(n: usize) -> Value {
+    json!({"seller": "s", "item": "a", "qty": 1, "request_id": format!("k{n}")})
+}
+
+/// Loads `a` and sells one unit per key `k0`, `k1`, ... in batches of 1,000; returns the
+/// answers, by key number.
+async fn sell_in_batches(c: &reqwest::Client, server: &Server) -> Vec<Value> {
+    load(c, server, "shop", &[("a", 1_000_000)]).await;
+    let mut answers = Vec::new();
+    for b in 0..BATCHES {
+        let txns: Vec<Value> = (b * 1000..(b + 1) * 1000).map(sale).collect();
+        let (status, res) = post(
+            c,
+            &server.url("/v1/shops/shop/txns/batch"),
+            json!({ "txns": txns }),
+        )
+        .await;
+        assert_eq!(status, 200, "{res}");
+        answers.extend(res["results"].as_array().unwrap().iter().cloned());
+    }
+    assert!(answers.iter().all(|a| a["status"] == "ok"));
+    answers
+}
+
+/// Waits until the sealed segments have their index files (written off the log's
+/// writer, every 2 s at most).
+async fn wait_for_indexes(data: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while log_files(data, "idx").len() + 1 < log_files(data, "log").len()
+        || log_files(data, "idx").is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sealed segments without an index: {:?} {:?}",
+            log_files(data, "log"),
+            log_files(data, "idx")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Keys from every part of the log poll as they were answered, and a resubmission of
+/// each is answered the same, applied once.
+async fn keys_answer_as_before(c: &reqwest::Client, server: &Server, answers: &[Value]) {
+    let sample: Vec<usize> = (0..answers.len())
+        .step_by(997)
+        .chain([answers.len() - 1])
+        .collect();
+    for &n in &sample {
+        let (status, polled) = get(c, &server.url(&format!("/v1/shops/shop/txns/k{n}"))).await;
+        assert_eq!((status, &polled), (200, &answers[n]), "k{n}");
+        let (status, again) = post(c, &server.url("/v1/shops/shop/txns"), sale(n)).await;
+        assert_eq!((status, &again), (200, &answers[n]), "k{n} resubmitted");
+    }
+    let (_, item) = get(c, &server.url("/v1/shops/shop/items/a")).await;
+    let sold = answers.len() as i64;
+    assert_eq!(
+        (item["stock"].as_i64(), item["seq"].as_i64()),
+        (Some(1_000_000 - sold), Some(sold + 1)),
+        "{item}"
+    );
+}
+
+/// The item's events from `after` on, page by page: (seqs, the first status other
+/// than 200 with its body).
+async fn walk_events(
+    c: &reqwest::Client,
+    server: &Server,
+    mut after: u64,
+) -> (Vec<u64>, Option<(u16, Value)>) {
+    let mut seqs = Vec::new();
+    loop {
+        let url = server.url(&format!(
+            "/v1/shops/shop/items/a/events?after={after}&limit=1000"
+        ));
+        let (status, body) = get(c, &url).await;
+        if status != 200 {
+            return (seqs, Some((status, body)));
+        }
+        let page = body["events"].as_array().unwrap();
+        if page.is_empty() {
+            return (seqs, None);
+        }
+        for e in page {
+            after = e["seq"].as_u64().unwrap();
+            seqs.push(after);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_events_are_found_across_sealed_segments_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(dir.path(), &FLAGS);
+    let c = client();
+    let answers = sell_in_batches(&c, &server).await;
+    wait_for_indexes(&data).await;
+    assert!(
+        log_files(&data, "log").len() >= 3,
+        "{:?}",
+        log_files(&data, "log")
+    );
+    keys_answer_as_before(&c, &server, &answers).await;
+    // Every event, gapless across the segments: the load, then each sale.
+    let (seqs, failed) = walk_events(&c, &server, 0).await;
+    assert_eq!(failed, None);
+    assert_eq!(seqs, (1..=answers.len() as u64 + 1).collect::<Vec<u64>>());
+    // After a clean stop and after a kill, from the index files and the newest segment.
+    assert!(server.terminate().success());
+    let mut server = Server::start(dir.path(), &FLAGS);
+    keys_answer_as_before(&c, &server, &answers).await;
+    server.kill();
+    let server = Server::start(dir.path(), &FLAGS);
+    keys_answer_as_before(&c, &server, &answers).await;
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    assert!(!log.contains("rebuilding"), "an index was rebuilt: {log}");
+}
+
+/// A block of a sealed segment's index damaged on disk (its checksum no longer matches)
+/// is found when a lookup reads it: the index is rebuilt from its segment and the key
+/// answered, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_block_of_a_segments_index_is_rebuilt_from_the_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(dir.path(), &FLAGS);
+    let c = client();
+    let answers = sell_in_batches(&c, &server).await;
+    wait_for_indexes(&data).await;
+    assert!(server.terminate().success());
+    // The first key block holds the segment's smallest key hashes: among the first
+    // batch's keys (all in the first segment), the smallest hash is read from it.
+    let first_idx = log_files(&data, "idx")[0].clone();
+    let mut bytes = std::fs::read(&first_idx).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&first_idx, bytes).unwrap();
+    let n = (0..1000)
+        .min_by_key(|n| nrtxn_log::index::key_hash("shop", &format!("k{n}")))
+        .unwrap();
+    let server = Server::start(dir.path(), &FLAGS);
+    let (status, polled) = get(&c, &server.url(&format!("/v1/shops/shop/txns/k{n}"))).await;
+    assert_eq!((status, &polled), (200, &answers[n]), "k{n}");
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    assert!(
+        log.contains("rebuilding the index from its segment"),
+        "{log}"
+    );
+    keys_answer_as_before(&c, &server, &answers).await;
+}
+
+/// A record of a sealed segment damaged on disk (a bit flipped in its body) is refused
+/// when a read reaches it (503), and nothing of it is served: events stop before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_of_the_log_is_refused_when_read_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(dir.path(), &FLAGS);
+    let c = client();
+    let answers = sell_in_batches(&c, &server).await;
+    wait_for_indexes(&data).await;
+    assert!(server.terminate().success());
+    let first = log_files(&data, "log")[0].clone();
+    let mut bytes = std::fs::read(&first).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&first, bytes).unwrap();
+    let server = Server::start(dir.path(), &FLAGS);
+    let (seqs, failed) = walk_events(&c, &server, 0).await;
+    let (status, body) = failed.expect("the damaged record was served");
+    assert_eq!(status, 503, "{body}");
+    // What was served before the damage is whole and in order.
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<u64>>());
+    assert!((seqs.len() as u64) < answers.len() as u64);
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    assert!(log.contains("checksum does not match"), "{log}");
+}
