@@ -688,24 +688,7 @@ fn commit(
         cmds.len(),
         "a group commit wrote records for only some of its commands"
     );
-    // Every key now durable is in the log's index (or, for views that answer keys
-    // themselves, the key filter) before anyone is answered: a key it does not know was
-    // never decided, and reads need not wait for the views.
-    match &after.index {
-        Some(index) => index_group(index, &cmds, &places),
-        None => {
-            let filter = views.key_filter();
-            for cmd in &cmds {
-                if let Command::Append(entries, _) = cmd {
-                    for e in entries {
-                        if let Some(key) = &e.request_key {
-                            filter.insert(&e.shop, key);
-                        }
-                    }
-                }
-            }
-        }
-    }
+    make_keys_known(after, &cmds, &places);
     let durable = log.chain().next_lsn - 1;
     let before = progress.durable.swap(durable, Ordering::AcqRel);
     // The log's durable record number only moves on: reads wait for the views to reach it.
@@ -714,6 +697,25 @@ fn commit(
         "the log's durable record went back from {before} to {durable}"
     );
     answer_and_hand_on(cmds, marks, views, progress)
+}
+
+/// Every key now durable goes into the log's index (or, for views that answer keys
+/// themselves, the key filter) before anyone is answered: a key it does not know was
+/// never decided, and reads need not wait for the views.
+fn make_keys_known(after: &AfterSync, cmds: &[Command], places: &[Option<Place>]) {
+    if let Some(index) = &after.index {
+        return index_group(index, cmds, places);
+    }
+    let filter = after.views.key_filter();
+    for cmd in cmds {
+        if let Command::Append(entries, _) = cmd {
+            for e in entries {
+                if let Some(key) = &e.request_key {
+                    filter.insert(&e.shop, key);
+                }
+            }
+        }
+    }
 }
 
 /// Hands a synced group's entries records to the log's index, before anyone is
@@ -746,6 +748,18 @@ struct Place {
     first_lsn: u64,
     offset: u64,
     end: u64,
+}
+
+impl Place {
+    /// The place of the record `log` appended last, whose body is `body_len` bytes.
+    fn of_last(log: &LogWriter, body_len: usize) -> Place {
+        let (first_lsn, end) = log.segment_end();
+        Place {
+            first_lsn,
+            offset: end - (segment::HEADER_LEN + body_len) as u64,
+            end,
+        }
+    }
 }
 
 /// What [`write_records`] did: each command's mark after its record (`None`: a close,
@@ -818,12 +832,7 @@ fn write_records(
         }
         used = need;
         marks.push(Some(log.chain()));
-        let (first_lsn, end) = log.segment_end();
-        places.push(Some(Place {
-            first_lsn,
-            offset: end - (segment::HEADER_LEN + body.len()) as u64,
-            end,
-        }));
+        places.push(Some(Place::of_last(log, body.len())));
     }
     Records {
         marks,

@@ -1600,6 +1600,53 @@ fn load_keys(conn: &Connection, keys: &KeyFilter) -> Result<(), rusqlite::Error>
     Ok(())
 }
 
+/// A journal row's outcome (the columns [`Outcomes::outcomes`] selects), checked against
+/// its checksum.
+fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
+    let op_text: String = row.get(3)?;
+    let status: String = row.get(5)?;
+    let (shop, item, key): (String, String, String) = (row.get(0)?, row.get(1)?, row.get(2)?);
+    let (stock_before, stock_after): (Option<i64>, Option<i64>) = (row.get(7)?, row.get(8)?);
+    let (seq, prev_seq): (Option<i64>, Option<i64>) = (row.get(9)?, row.get(10)?);
+    let qty: i64 = row.get(4)?;
+    check_row(
+        &RowFields {
+            shop: &shop,
+            item: &item,
+            request_key: Some(&key),
+            op: &op_text,
+            qty,
+            status: &status,
+            stock_before,
+            stock_after,
+            reserved_after: row.get(15)?,
+            seq,
+            prev_seq,
+        },
+        row.get(17)?,
+    )?;
+    let op = Op::parse(&op_text).ok_or_else(|| unknown("op", &op_text))?;
+    Ok(Outcome {
+        shop: shop.into(),
+        item: item.into(),
+        request_key: key.into(),
+        op,
+        qty,
+        status: Status::parse(&status).ok_or_else(|| unknown("status", &status))?,
+        reason: row.get(6)?,
+        stock_before,
+        stock_after,
+        seq: seq.map(|s| s as u64),
+        prev_seq: prev_seq.map(|s| s as u64),
+        submitted_at: row.get(11)?,
+        completed_at: row.get(12)?,
+        hold_id: row.get::<_, Option<String>>(13)?.map(Into::into),
+        expires_at: row.get(14)?,
+        ttl_ms: row.get(16)?,
+        reserved_after: load_only(op, row.get(15)?),
+    })
+}
+
 impl Outcomes for SqliteStore {
     fn surely_new(&self, shop: &str, keys: &[&str]) -> bool {
         !keys.iter().any(|k| self.may_hold(shop, k))
@@ -1624,55 +1671,7 @@ impl Outcomes for SqliteStore {
                     if !self.keys.may_contain(shop, key) {
                         return Ok(None);
                     }
-                    stmt.query_row(params![shop, key], |row| {
-                        let op_text: String = row.get(3)?;
-                        let status: String = row.get(5)?;
-                        let (shop, item, key): (String, String, String) =
-                            (row.get(0)?, row.get(1)?, row.get(2)?);
-                        let (stock_before, stock_after): (Option<i64>, Option<i64>) =
-                            (row.get(7)?, row.get(8)?);
-                        let (seq, prev_seq): (Option<i64>, Option<i64>) =
-                            (row.get(9)?, row.get(10)?);
-                        let qty: i64 = row.get(4)?;
-                        check_row(
-                            &RowFields {
-                                shop: &shop,
-                                item: &item,
-                                request_key: Some(&key),
-                                op: &op_text,
-                                qty,
-                                status: &status,
-                                stock_before,
-                                stock_after,
-                                reserved_after: row.get(15)?,
-                                seq,
-                                prev_seq,
-                            },
-                            row.get(17)?,
-                        )?;
-                        let op = Op::parse(&op_text).ok_or_else(|| unknown("op", &op_text))?;
-                        Ok(Outcome {
-                            shop: shop.into(),
-                            item: item.into(),
-                            request_key: key.into(),
-                            op,
-                            qty,
-                            status: Status::parse(&status)
-                                .ok_or_else(|| unknown("status", &status))?,
-                            reason: row.get(6)?,
-                            stock_before,
-                            stock_after,
-                            seq: seq.map(|s| s as u64),
-                            prev_seq: prev_seq.map(|s| s as u64),
-                            submitted_at: row.get(11)?,
-                            completed_at: row.get(12)?,
-                            hold_id: row.get::<_, Option<String>>(13)?.map(Into::into),
-                            expires_at: row.get(14)?,
-                            ttl_ms: row.get(16)?,
-                            reserved_after: load_only(op, row.get(15)?),
-                        })
-                    })
-                    .optional()
+                    stmt.query_row(params![shop, key], outcome_row).optional()
                 })
                 .collect()
         })
@@ -1729,6 +1728,32 @@ impl SqliteStore {
     }
 }
 
+/// The shop's next item name after `prev`: from the items changed since the last
+/// snapshot (`changed`, the shop's, in order) or from the snapshots (a loose index scan,
+/// so a page costs its own items, not the shop's).
+fn next_item(
+    conn: &Connection,
+    changed: &std::collections::BTreeSet<Arc<str>>,
+    shop: &str,
+    prev: &str,
+) -> Result<Option<String>, rusqlite::Error> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let a = changed
+        .range::<str, _>((Excluded(prev), Unbounded))
+        .next()
+        .map(|n| n.to_string());
+    let b: Option<String> = conn
+        .prepare_cached(
+            "SELECT item FROM items WHERE shop = ?1 AND item > ?2 ORDER BY item LIMIT 1",
+        )?
+        .query_row(params![shop, prev], |r| r.get(0))
+        .optional()?;
+    Ok(match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
+}
+
 impl ItemReads for SqliteStore {
     fn item_states(
         &self,
@@ -1750,30 +1775,9 @@ impl ItemReads for SqliteStore {
     ) -> Result<ItemPage, StoreError> {
         let changed = self.latest_names(shop, after.unwrap_or(""));
         self.read(|conn| {
-            // The next name after `prev`, from the items changed since the last snapshot
-            // or from the snapshots (a loose index scan, so a page costs its own items,
-            // not the shop's).
-            let mut in_snapshots = conn.prepare_cached(
-                "SELECT item FROM items WHERE shop = ?1 AND item > ?2 ORDER BY item LIMIT 1",
-            )?;
             let mut page = ItemPage::default();
             let mut prev = after.unwrap_or("").to_string();
-            loop {
-                let a = changed
-                    .range::<str, _>((
-                        std::ops::Bound::Excluded(prev.as_str()),
-                        std::ops::Bound::Unbounded,
-                    ))
-                    .next()
-                    .map(|n| n.to_string());
-                let b: Option<String> = in_snapshots
-                    .query_row(params![shop, prev], |r| r.get(0))
-                    .optional()?;
-                let next = match (a, b) {
-                    (Some(a), Some(b)) => a.min(b),
-                    (Some(n), None) | (None, Some(n)) => n,
-                    (None, None) => break,
-                };
+            while let Some(next) = next_item(conn, &changed, shop, &prev)? {
                 if next.starts_with(INTERNAL_ITEM_PREFIX) {
                     prev = INTERNAL_ITEMS_END.to_string();
                     continue;
