@@ -7,6 +7,7 @@
 
 use nrtxn_actors::StoreError;
 
+mod coalesce;
 pub mod journal;
 mod log_reads;
 pub mod request_log;

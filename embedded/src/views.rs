@@ -44,6 +44,7 @@ use nrtxn_actors::{
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::coalesce::{Earlier, Pending};
 use crate::log_reads::LogReads;
 use nrtxn_log::keyfilter::KeyFilter;
 use nrtxn_log::segment::Chain;
@@ -2459,6 +2460,7 @@ impl Writer {
                     Command::Close(_) => {}
                 }
             }
+            st.write_pending()?;
             write_positions(&tx, offsets, mark)?;
         }
         if snapshot {
@@ -2507,6 +2509,9 @@ struct TxnStatements<'t> {
     retire: rusqlite::CachedStatement<'t>,
     accept: rusqlite::CachedStatement<'t>,
     ledgers: LedgerStatements<'t>,
+    /// Holds and requests made in this transaction, written when it ends
+    /// ([`TxnStatements::write_pending`]).
+    pending: Pending,
 }
 
 impl<'t> TxnStatements<'t> {
@@ -2517,7 +2522,7 @@ impl<'t> TxnStatements<'t> {
             insert: tx.prepare_cached(&journal_insert(1))?,
             hold_made: tx.prepare_cached(
                 "INSERT OR FAIL INTO holds (shop, hold_id, item, qty, expires_at, status, seq, buyer)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'held', ?6, ?7)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?,
             hold_ended: tx.prepare_cached(
                 "UPDATE holds SET status = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
@@ -2531,7 +2536,29 @@ impl<'t> TxnStatements<'t> {
                 "INSERT OR FAIL INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
             )?,
             ledgers: LedgerStatements::prepare(tx)?,
+            pending: Pending::default(),
         })
+    }
+
+    /// Writes the holds and requests made in this transaction, as they stand at its end.
+    fn write_pending(&mut self) -> Result<(), rusqlite::Error> {
+        let (holds, requests) = self.pending.take();
+        for h in holds {
+            self.hold_made.execute(params![
+                &*h.shop,
+                &*h.hold_id,
+                &*h.item,
+                h.qty,
+                h.expires_at,
+                h.status.as_str(),
+                h.seq,
+                h.buyer.as_deref()
+            ])?;
+        }
+        for (shop, key, body) in requests {
+            self.accept.execute(params![&*shop, &*key, body])?;
+        }
+        Ok(())
     }
 
     /// Inserts the journal rows of `entries`, in their order.
@@ -2593,9 +2620,8 @@ impl<'t> TxnStatements<'t> {
                 let o = memory.offsets.entry(pos.partition).or_insert(pos.offset);
                 *o = (*o).max(pos.offset);
             }
-            if e.logged {
-                self.retire
-                    .execute(params![&*e.shop, e.request_key.as_deref()])?;
+            if let (true, Some(key)) = (e.logged, &e.request_key) {
+                self.retire_requests(&e.shop, std::slice::from_ref(key))?;
             }
             // Only the last state of each run of one item's entries matters: a hot
             // item's batch costs one map update, not one per entry.
@@ -2614,42 +2640,49 @@ impl<'t> TxnStatements<'t> {
         for r in reqs {
             let body = serde_json::to_string(r)
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-            self.accept.execute(params![&*r.shop, &*r.key, body])?;
+            self.pending.accepted(r, body)?;
         }
         Ok(())
     }
 
-    /// Forgets fire-and-forget requests of `shop` decided in another journal.
-    fn retire_requests(&mut self, shop: &str, keys: &[Arc<str>]) -> Result<(), rusqlite::Error> {
+    /// Forgets fire-and-forget requests of `shop` decided (here or in another journal).
+    fn retire_requests(
+        &mut self,
+        shop: &Arc<str>,
+        keys: &[Arc<str>],
+    ) -> Result<(), rusqlite::Error> {
         for key in keys {
-            self.retire.execute(params![shop, &**key])?;
+            if !self.pending.retired(shop, key) {
+                self.retire.execute(params![&**shop, &**key])?;
+            }
         }
         Ok(())
     }
 
-    /// Writes the hold that `e` makes, ends or extends, if it is an ok one.
+    /// Writes the hold that `e` makes, ends or extends, if it is an ok one: a hold made
+    /// in this transaction is written once, as it stands at its end ([`Pending`]).
     fn hold_step(&mut self, e: &Entry) -> Result<(), rusqlite::Error> {
-        match (e.status, HoldStatus::after(e.op), &e.hold_id) {
+        let earlier = match (e.status, HoldStatus::after(e.op), &e.hold_id) {
             (Status::Ok, Some(HoldStatus::Held), Some(id)) => {
-                self.hold_made.execute(params![
-                    &*e.shop,
-                    &**id,
-                    &*e.item,
-                    e.qty,
-                    e.expires_at,
-                    e.seq,
-                    e.buyer.as_deref()
-                ])?;
+                return self.pending.hold_made(e, id);
             }
-            (Status::Ok, Some(status), Some(id)) => {
-                self.hold_ended
-                    .execute(params![&*e.shop, &**id, status.as_str(), e.seq])?;
-            }
+            (Status::Ok, Some(status), Some(id)) => self.pending.hold_changed(e, id, Some(status)),
             (Status::Ok, None, Some(id)) if e.op == Op::Extend => {
-                self.hold_extended
-                    .execute(params![&*e.shop, &**id, e.expires_at, e.seq])?;
+                self.pending.hold_changed(e, id, None)
             }
-            _ => {}
+            _ => None,
+        };
+        let id = e.hold_id.as_deref();
+        match earlier {
+            Some(Earlier::Ended(status)) => {
+                self.hold_ended
+                    .execute(params![&*e.shop, id, status.as_str(), e.seq])?;
+            }
+            Some(Earlier::Extended) => {
+                self.hold_extended
+                    .execute(params![&*e.shop, id, e.expires_at, e.seq])?;
+            }
+            None => {}
         }
         Ok(())
     }
