@@ -35,16 +35,14 @@ pub(crate) enum Earlier {
 
 type Key = (Arc<str>, Arc<str>);
 
-/// An accepted request's row: shop, key, body.
-pub(crate) type RequestRow = (Arc<str>, Arc<str>, String);
-
 /// The rows made in the running transaction, in the order they were made.
 #[derive(Default)]
 pub(crate) struct Pending {
     holds: Vec<HoldRow>,
     hold_at: HashMap<Key, usize>,
-    /// Accepted requests (shop, key, body); `None` once decided in this transaction.
-    requests: Vec<Option<RequestRow>>,
+    /// Accepted requests; `None` once decided in this transaction. Their bodies are
+    /// encoded only for the rows written.
+    requests: Vec<Option<Request>>,
     request_at: HashMap<Key, usize>,
 }
 
@@ -104,15 +102,14 @@ impl Pending {
         None
     }
 
-    /// A fire-and-forget request accepted, with its body as stored.
-    pub(crate) fn accepted(&mut self, r: &Request, body: String) -> Result<(), rusqlite::Error> {
+    /// A fire-and-forget request accepted.
+    pub(crate) fn accepted(&mut self, r: &Request) -> Result<(), rusqlite::Error> {
         let key = (r.shop.clone(), r.key.clone());
         if self.request_at.contains_key(&key) {
             return Err(twice("request", &r.shop, &r.key));
         }
         self.request_at.insert(key, self.requests.len());
-        self.requests
-            .push(Some((r.shop.clone(), r.key.clone(), body)));
+        self.requests.push(Some(r.clone()));
         Ok(())
     }
 
@@ -130,7 +127,7 @@ impl Pending {
 
     /// The rows to write when the transaction ends: holds, then requests, each in the
     /// order made.
-    pub(crate) fn take(&mut self) -> (Vec<HoldRow>, Vec<RequestRow>) {
+    pub(crate) fn take(&mut self) -> (Vec<HoldRow>, Vec<Request>) {
         self.hold_at.clear();
         self.request_at.clear();
         let requests = std::mem::take(&mut self.requests)
@@ -194,8 +191,8 @@ mod tests {
         p.hold_made(&hold_entry(Op::Hold, 5, 9_000), &id).unwrap();
         assert!(p.hold_made(&hold_entry(Op::Hold, 6, 9_000), &id).is_err());
         let r = Request::new("shop".into(), "sku".into(), "k".into(), Op::Decrement, 1, 0);
-        p.accepted(&r, "{}".into()).unwrap();
-        assert!(p.accepted(&r, "{}".into()).is_err());
+        p.accepted(&r).unwrap();
+        assert!(p.accepted(&r).is_err());
     }
 
     #[test]
@@ -204,13 +201,13 @@ mod tests {
         let req =
             |k: &str| Request::new("shop".into(), "sku".into(), k.into(), Op::Decrement, 1, 0);
         for k in ["a", "b", "c"] {
-            p.accepted(&req(k), format!("body {k}")).unwrap();
+            p.accepted(&req(k)).unwrap();
         }
         assert!(p.retired(&"shop".into(), &"b".into()));
         // Accepted in an earlier transaction: its stored row must be deleted.
         assert!(!p.retired(&"shop".into(), &"z".into()));
         let (_, requests) = p.take();
-        let keys: Vec<&str> = requests.iter().map(|(_, k, _)| &**k).collect();
+        let keys: Vec<&str> = requests.iter().map(|r| &*r.key).collect();
         assert_eq!(keys, ["a", "c"], "the rest, in the order accepted");
     }
 }

@@ -2555,8 +2555,10 @@ impl<'t> TxnStatements<'t> {
                 h.buyer.as_deref()
             ])?;
         }
-        for (shop, key, body) in requests {
-            self.accept.execute(params![&*shop, &*key, body])?;
+        for r in requests {
+            let body = serde_json::to_string(&r)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            self.accept.execute(params![&*r.shop, &*r.key, body])?;
         }
         Ok(())
     }
@@ -2638,9 +2640,7 @@ impl<'t> TxnStatements<'t> {
     /// Keeps fire-and-forget requests in `requests` until their outcomes are written.
     fn accept_requests(&mut self, reqs: &[Request]) -> Result<(), rusqlite::Error> {
         for r in reqs {
-            let body = serde_json::to_string(r)
-                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-            self.pending.accepted(r, body)?;
+            self.pending.accepted(r)?;
         }
         Ok(())
     }
