@@ -2,12 +2,14 @@
 //! real binary with 1 MiB segments, so that most keys are in sealed segments: a poll and
 //! a resubmission find every key across segments and restarts, an item's events are
 //! gapless across segments, a damaged block of a segment's index is rebuilt from its
-//! segment, and a damaged record of the log is refused when read, never served.
+//! segment, a damaged record of the log is refused when read, never served, and an ended
+//! hold is read from the log once its row has left the views.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::holds::{hold, holds_url};
 use common::*;
 use serde_json::{json, Value};
 
@@ -203,4 +205,70 @@ async fn a_damaged_record_of_the_log_is_refused_when_read_not_served() {
     assert!((seqs.len() as u64) < answers.len() as u64);
     let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
     assert!(log.contains("checksum does not match"), "{log}");
+}
+
+/// A hold that ends leaves the views' `holds` table (which keeps the pending ones): its
+/// state is then read from the log, its making and its ending, across a restart too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_hold_is_read_from_the_log_once_its_row_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("sku", 10)]).await;
+    let (status, h1) = hold(&c, &server, "s", "h1", "sku", 3, 60_000).await;
+    assert_eq!(status, 200, "{h1}");
+    let (status, _) = hold(&c, &server, "s", "h2", "sku", 1, 60_000).await;
+    assert_eq!(status, 200);
+    let (status, confirmed) = post(&c, &holds_url(&server, "s", "/h1/confirm"), json!({})).await;
+    assert_eq!(
+        (status, &confirmed["status"]),
+        (200, &json!("confirmed")),
+        "{confirmed}"
+    );
+    let read = |server: &Server, id: &str| {
+        let url = holds_url(server, "s", &format!("/{id}"));
+        let c = c.clone();
+        async move { get(&c, &url).await }
+    };
+    let want = |h: &Value| {
+        (
+            h["status"].clone(),
+            h["qty"].clone(),
+            h["item"].clone(),
+            h["seq"].clone(),
+        )
+    };
+    let (status, got) = read(&server, "h1").await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        want(&got),
+        (json!("confirmed"), json!(3), json!("sku"), json!(4))
+    );
+    assert!(server.terminate().success());
+    let views = rusqlite::Connection::open(dir.path().join("data/nrtxn.db")).unwrap();
+    let rows: Vec<String> = views
+        .prepare("SELECT hold_id FROM holds ORDER BY hold_id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows, ["h2"], "only the pending hold keeps a row");
+    drop(views);
+    let server = Server::start(dir.path(), &[]);
+    let (status, got) = read(&server, "h1").await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        want(&got),
+        (json!("confirmed"), json!(3), json!("sku"), json!(4))
+    );
+    let (status, got) = read(&server, "h2").await;
+    assert_eq!((status, &got["status"]), (200, &json!("held")), "{got}");
+    // Ending it again is answered with its state, from the log.
+    let (status, again) = post(&c, &holds_url(&server, "s", "/h1/cancel"), json!({})).await;
+    assert_eq!(
+        (status, &again["status"]),
+        (409, &json!("confirmed")),
+        "{again}"
+    );
 }

@@ -13,7 +13,9 @@
 use std::sync::Arc;
 
 use nrtxn_actors::returns::SaleRecord;
-use nrtxn_actors::{now_ms, Entry, Event, Op, Outcome, Status, StoreError};
+use nrtxn_actors::{
+    hold_end_key, now_ms, Entry, Event, HoldStatus, HoldView, Op, Outcome, Status, StoreError,
+};
 use nrtxn_log::index::{Index, IndexError};
 
 /// The log's index and the windows its reads keep.
@@ -119,6 +121,39 @@ impl LogReads {
                 decided_at: e.completed_at,
                 returned: 0,
             }))
+    }
+
+    /// Hold `hold_id` as it ended: its making (the entry under its id) and its ending (the
+    /// entry under [`hold_end_key`]), both ok. `None` if either is not in the log (a
+    /// pending hold is the views' own row). Its expiry is the ending's if it carries
+    /// one, else the making's.
+    pub(crate) fn ended_hold(
+        &self,
+        shop: &str,
+        hold_id: &str,
+    ) -> Result<Option<HoldView>, StoreError> {
+        let made = self.keyed(shop, hold_id, self.key_window_ms)?.filter(|m| {
+            m.status == Status::Ok
+                && HoldStatus::after(m.op) == Some(HoldStatus::Held)
+                && m.hold_id.as_deref() == Some(hold_id)
+        });
+        let Some(made) = made else {
+            return Ok(None);
+        };
+        let ended = self
+            .keyed(shop, &hold_end_key(hold_id), self.key_window_ms)?
+            .filter(|e| e.status == Status::Ok)
+            .and_then(|e| HoldStatus::after(e.op).map(|status| (e, status)));
+        Ok(ended.map(|(end, status)| HoldView {
+            hold_id: hold_id.into(),
+            status,
+            shop: made.shop.clone(),
+            item: made.item.clone(),
+            qty: made.qty,
+            expires_at: end.expires_at.or(made.expires_at).unwrap_or_default(),
+            seq: end.seq.or(made.seq).unwrap_or_default(),
+            buyer: made.buyer.clone(),
+        }))
     }
 
     /// When the ok sale under `key` was decided, if the log still holds it.

@@ -1796,7 +1796,10 @@ impl ItemReads for SqliteStore {
         })
     }
 
+    /// Pending holds from `holds`; ended ones from the log when the views read there
+    /// (they leave `holds` when they end), else from `holds` too.
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
+        let log = self.log.get();
         self.read(|conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT shop, hold_id, item, qty, expires_at, status, seq, buyer FROM holds
@@ -1804,7 +1807,14 @@ impl ItemReads for SqliteStore {
             )?;
             hold_ids
                 .iter()
-                .map(|id| stmt.query_row(params![shop, id], hold_view).optional())
+                .map(
+                    |id| match stmt.query_row(params![shop, id], hold_view).optional()? {
+                        None if log.is_some() => log
+                            .map_or(Ok(None), |log| log.ended_hold(shop, id))
+                            .map_err(as_sqlite),
+                        found => Ok(found),
+                    },
+                )
                 .collect()
         })
     }
@@ -2421,7 +2431,7 @@ impl Writer {
     ) -> Result<u64, rusqlite::Error> {
         let tx = self.conn.transaction()?;
         {
-            let mut st = TxnStatements::prepare(&tx)?;
+            let mut st = TxnStatements::prepare(&tx, self.log.get().is_some())?;
             let mut offsets: HashMap<i32, i64> = HashMap::new();
             let mut mark: Option<Chain> = None;
             for cmd in cmds {
@@ -2512,10 +2522,15 @@ struct TxnStatements<'t> {
     /// Holds and requests made in this transaction, written when it ends
     /// ([`TxnStatements::write_pending`]).
     pending: Pending,
+    hold_gone: rusqlite::CachedStatement<'t>,
 }
 
 impl<'t> TxnStatements<'t> {
-    fn prepare(tx: &'t rusqlite::Transaction<'_>) -> Result<Self, rusqlite::Error> {
+    /// `drop_ended`: ended holds leave `holds` (they are read from the log).
+    fn prepare(
+        tx: &'t rusqlite::Transaction<'_>,
+        drop_ended: bool,
+    ) -> Result<Self, rusqlite::Error> {
         Ok(TxnStatements {
             conn: tx,
             insert_many: tx.prepare_cached(&journal_insert(ROWS_PER_INSERT))?,
@@ -2536,7 +2551,8 @@ impl<'t> TxnStatements<'t> {
                 "INSERT OR FAIL INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
             )?,
             ledgers: LedgerStatements::prepare(tx)?,
-            pending: Pending::default(),
+            pending: Pending::new(drop_ended),
+            hold_gone: tx.prepare_cached("DELETE FROM holds WHERE shop = ?1 AND hold_id = ?2")?,
         })
     }
 
@@ -2677,6 +2693,9 @@ impl<'t> TxnStatements<'t> {
             Some(Earlier::Ended(status)) => {
                 self.hold_ended
                     .execute(params![&*e.shop, id, status.as_str(), e.seq])?;
+            }
+            Some(Earlier::Gone) => {
+                self.hold_gone.execute(params![&*e.shop, id])?;
             }
             Some(Earlier::Extended) => {
                 self.hold_extended
