@@ -98,13 +98,32 @@ impl RequestLog for EmbeddedLog {
             return Ok(None);
         }
         let (tx, rx) = oneshot::channel();
+        if !self.retire_separately {
+            // The embedded journal: the acceptance's record is handed to the log's writer
+            // now, before any decision of these requests can be (a processor gets them
+            // only after this call), and that writer keeps the order it is handed
+            // records in, so a decision's record follows its acceptance's, in the same
+            // group commit or a later one. The requests go to the processors at once:
+            // the acceptance and the decision share a group commit more often than not,
+            // and the log's writer wakes no processor. The 202 still waits for the
+            // acceptance's sync.
+            self.store.accept(
+                logged.clone(),
+                Box::new(move |result| {
+                    let _ = tx.send(result);
+                }),
+            );
+            self.dispatcher.dispatch(logged);
+            return Ok(Some(rx));
+        }
         let dispatcher = self.dispatcher.clone();
         let forward = logged.clone();
         self.store.accept(
             logged,
             Box::new(move |result| {
                 // Only a durable request may reach a processor: its outcome's journal
-                // write retires the durable record, which must exist by then.
+                // write (MongoDB) retires the durable record (SQLite), which must exist
+                // by then, and the two stores keep no order between them.
                 if result.is_ok() {
                     dispatcher.dispatch(forward);
                 }
