@@ -119,6 +119,24 @@ async fn walk_events(
     }
 }
 
+/// Sells in batches on a fresh server in `dir`, waits for the sealed segments' index
+/// files, and stops it cleanly: the answers, by key number.
+async fn sold_and_stopped(dir: &Path) -> Vec<Value> {
+    let mut server = Server::start(dir, &FLAGS);
+    let answers = sell_in_batches(&client(), &server).await;
+    wait_for_indexes(&dir.join("data")).await;
+    assert!(server.terminate().success());
+    answers
+}
+
+/// Flips one bit of byte `at` of the file at `path`, as a disk would.
+fn flip_bit(path: &Path, at: impl FnOnce(usize) -> usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = at(bytes.len());
+    bytes[at] ^= 1;
+    std::fs::write(path, bytes).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_and_events_are_found_across_sealed_segments_and_restarts() {
     let dir = tempfile::tempdir().unwrap();
@@ -155,17 +173,11 @@ async fn keys_and_events_are_found_across_sealed_segments_and_restarts() {
 async fn a_damaged_block_of_a_segments_index_is_rebuilt_from_the_segment() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut server = Server::start(dir.path(), &FLAGS);
+    let answers = sold_and_stopped(dir.path()).await;
     let c = client();
-    let answers = sell_in_batches(&c, &server).await;
-    wait_for_indexes(&data).await;
-    assert!(server.terminate().success());
     // The first key block holds the segment's smallest key hashes: among the first
     // batch's keys (all in the first segment), the smallest hash is read from it.
-    let first_idx = log_files(&data, "idx")[0].clone();
-    let mut bytes = std::fs::read(&first_idx).unwrap();
-    bytes[100] ^= 1;
-    std::fs::write(&first_idx, bytes).unwrap();
+    flip_bit(&log_files(&data, "idx")[0], |_| 100);
     let n = (0..1000)
         .min_by_key(|n| nrtxn_log::index::key_hash("shop", &format!("k{n}")))
         .unwrap();
@@ -186,16 +198,9 @@ async fn a_damaged_block_of_a_segments_index_is_rebuilt_from_the_segment() {
 async fn a_damaged_record_of_the_log_is_refused_when_read_not_served() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut server = Server::start(dir.path(), &FLAGS);
+    let answers = sold_and_stopped(dir.path()).await;
     let c = client();
-    let answers = sell_in_batches(&c, &server).await;
-    wait_for_indexes(&data).await;
-    assert!(server.terminate().success());
-    let first = log_files(&data, "log")[0].clone();
-    let mut bytes = std::fs::read(&first).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 1;
-    std::fs::write(&first, bytes).unwrap();
+    flip_bit(&log_files(&data, "log")[0], |len| len / 2);
     let server = Server::start(dir.path(), &FLAGS);
     let (seqs, failed) = walk_events(&c, &server, 0).await;
     let (status, body) = failed.expect("the damaged record was served");
