@@ -208,13 +208,16 @@ fn open_index(
         return Ok(None);
     }
     let started = Instant::now();
+    let open_files = nrtxn_log::index::raise_open_files_limit();
     let index = Arc::new(Index::open(dir).map_err(|e| StoreError::Storage(e.to_string()))?);
     tracing::info!(
+        open_files,
         sealed = index.sealed_segments().len(),
         rebuilt = index.rebuilt_at_open(),
         ms = started.elapsed().as_millis() as u64,
         "journal: the log's index opened"
     );
+    check_retired(dir)?;
     views.read_from_log(LogReads {
         index: index.clone(),
         key_window_ms: retention.key_window_ms,
@@ -498,9 +501,28 @@ fn maintain(
     let now = now_ms();
     if let Some(mark) = views.durable_mark()?.filter(|_| !keep_segments) {
         let before = match index {
-            Some(index) => kept_for_keys(dir, index, mark.next_lsn, now - retention.key_window_ms)?,
+            Some(index) => {
+                // Keys past the window, and entries the views' prune has taken (it keeps
+                // the sales still returnable, which the log would otherwise be their
+                // only record of).
+                let pruned_before = views.oldest_entry_at()?.unwrap_or(i64::MAX);
+                let window_start = (now - retention.key_window_ms).min(pruned_before);
+                kept_for_keys(dir, index, mark.next_lsn, window_start)?
+            }
             None => mark.next_lsn,
         };
+        if index.is_some() {
+            let segs = segment::segments(dir).map_err(|e| store_error(LogError::Io(e)))?;
+            // The first segment kept: the last one starting at or before `before`.
+            let first_kept = segs
+                .iter()
+                .map(|(f, _)| *f)
+                .take_while(|f| *f <= before)
+                .last();
+            if let Some(first_kept) = first_kept.filter(|f| Some(*f) != segs.first().map(|s| s.0)) {
+                mark_retired(dir, first_kept)?;
+            }
+        }
         let gone = segment::retire_before(dir, before).map_err(store_error)?;
         if gone > 0 {
             tracing::info!(segments = gone, before, "journal segments retired");
@@ -514,10 +536,69 @@ fn maintain(
     Ok(())
 }
 
+/// The file that says where the log's retired segments end: its first kept record (a
+/// decimal number). Kept when reads go to the log, whose segments then hold the keys:
+/// a segment missing after it is damage, not retirement.
+const RETIRED_FILE: &str = "RETIRED";
+
+/// Where the retired segments end, as `RETIRED` says (`None`: no such file).
+fn retired_before(dir: &Path) -> Result<Option<u64>, StoreError> {
+    match std::fs::read_to_string(dir.join(RETIRED_FILE)) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+            StoreError::Storage(format!(
+                "{} holds {text:?}, not a record number",
+                dir.join(RETIRED_FILE).display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(store_error(LogError::Io(e))),
+    }
+}
+
+/// Says durably that the log's segments before record `first_kept` are retired: written
+/// before they are deleted.
+fn mark_retired(dir: &Path, first_kept: u64) -> Result<(), StoreError> {
+    let io = |e| store_error(LogError::Io(e));
+    let tmp = dir.join(format!("{RETIRED_FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        std::io::Write::write_all(&mut f, format!("{first_kept}\n").as_bytes()).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, dir.join(RETIRED_FILE)).map_err(io)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)
+}
+
+/// At a start that reads keys from the log: its first segment must start where the
+/// retired ones ended, or a segment holding keys of the window is missing (deleted by
+/// hand, lost): the start is refused rather than answering those keys as never seen. A
+/// data dir without the file (restored from a backup, or written before it existed)
+/// takes its log's first record as the mark.
+fn check_retired(dir: &Path) -> Result<(), StoreError> {
+    let segs = segment::segments(dir).map_err(|e| store_error(LogError::Io(e)))?;
+    let first = segs.first().map_or(1, |(f, _)| *f);
+    match retired_before(dir)? {
+        None => mark_retired(dir, first),
+        Some(kept) if first > kept => Err(StoreError::Storage(format!(
+            "journal has a gap: its first segment starts at record {first}, but the \
+             segments were retired only up to record {kept} ({}): records {kept} to {} \
+             are missing, and the keys they decided would be taken for new ones. Restore \
+             the missing segment, or the data dir from a backup",
+            dir.join(RETIRED_FILE).display(),
+            first - 1
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Where the segments that must stay begin, when reads by key and by item go to the
 /// log: the views must hold them for good (`held_before`, the first record they may not),
-/// and every key in them must be past the key window: a segment last written before
-/// `window_start` (ms) may go. The segments that go are dropped from `index` first.
+/// every entry in them must be older than `window_start` (ms; a segment's file was last
+/// written at or after each of its entries), and the index must have moved past them
+/// (its tail stays on a segment the log left until an entry of the next one comes). The
+/// segments that go are dropped from `index` first.
 fn kept_for_keys(
     dir: &Path,
     index: &Index,
@@ -535,7 +616,7 @@ fn kept_for_keys(
         let written_ms = written
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(i64::MAX, |d| d.as_millis() as i64);
-        if *next_first > before || written_ms >= window_start {
+        if *next_first > before || written_ms >= window_start || *first >= index.tail_first_lsn() {
             before = before.min(*first);
             break;
         }

@@ -65,9 +65,15 @@ impl LogReads {
         }
     }
 
-    /// The newest durable entry under `key`, if it was decided within `window_ms`.
-    fn keyed(&self, shop: &str, key: &str, window_ms: i64) -> Result<Option<Entry>, StoreError> {
-        let since = now_ms() - window_ms;
+    /// The newest durable entry under `key`, if it was decided within `window_ms`
+    /// (`None`: whenever, while the log holds it).
+    fn keyed(
+        &self,
+        shop: &str,
+        key: &str,
+        window_ms: Option<i64>,
+    ) -> Result<Option<Entry>, StoreError> {
+        let since = window_ms.map_or(i64::MIN, |w| now_ms() - w);
         Ok(self
             .read(|index| index.lookup(shop, key))?
             .filter(|e| e.completed_at >= since))
@@ -87,7 +93,7 @@ impl LogReads {
                     return Ok(None);
                 }
                 Ok(self
-                    .keyed(shop, key, self.key_window_ms)?
+                    .keyed(shop, key, Some(self.key_window_ms))?
                     .and_then(|e| e.outcome()))
             })
             .collect()
@@ -112,7 +118,7 @@ impl LogReads {
     /// returned (its returned units are the views' to add).
     pub(crate) fn sale(&self, shop: &str, key: &str) -> Result<Option<SaleRecord>, StoreError> {
         Ok(self
-            .keyed(shop, key, self.return_window_ms)?
+            .keyed(shop, key, Some(self.return_window_ms))?
             .map(|e| SaleRecord {
                 item: e.item.clone(),
                 op: e.op,
@@ -124,15 +130,16 @@ impl LogReads {
     }
 
     /// Hold `hold_id` as it ended: its making (the entry under its id) and its ending (the
-    /// entry under [`hold_end_key`]), both ok. `None` if either is not in the log (a
-    /// pending hold is the views' own row). Its expiry is the ending's if it carries
-    /// one, else the making's.
+    /// entry under [`hold_end_key`]), both ok, whenever made, while the log holds them
+    /// (a hold lives at most as long as the default key window). `None` if either is
+    /// not in the log (a pending hold is the views' own row). Its expiry is the
+    /// making's: an extension's is in the item's events.
     pub(crate) fn ended_hold(
         &self,
         shop: &str,
         hold_id: &str,
     ) -> Result<Option<HoldView>, StoreError> {
-        let made = self.keyed(shop, hold_id, self.key_window_ms)?.filter(|m| {
+        let made = self.keyed(shop, hold_id, None)?.filter(|m| {
             m.status == Status::Ok
                 && HoldStatus::after(m.op) == Some(HoldStatus::Held)
                 && m.hold_id.as_deref() == Some(hold_id)
@@ -141,7 +148,7 @@ impl LogReads {
             return Ok(None);
         };
         let ended = self
-            .keyed(shop, &hold_end_key(hold_id), self.key_window_ms)?
+            .keyed(shop, &hold_end_key(hold_id), None)?
             .filter(|e| e.status == Status::Ok)
             .and_then(|e| HoldStatus::after(e.op).map(|status| (e, status)));
         Ok(ended.map(|(end, status)| HoldView {
@@ -150,7 +157,7 @@ impl LogReads {
             shop: made.shop.clone(),
             item: made.item.clone(),
             qty: made.qty,
-            expires_at: end.expires_at.or(made.expires_at).unwrap_or_default(),
+            expires_at: made.expires_at.unwrap_or_default(),
             seq: end.seq.or(made.seq).unwrap_or_default(),
             buyer: made.buyer.clone(),
         }))

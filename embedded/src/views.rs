@@ -15,7 +15,8 @@
 //! One writer thread owns the write connection. It takes every command waiting (journal
 //! batches from all shards, fire-and-forget acceptances) into one transaction, so one
 //! fsync serves them all (group commit), then calls each command back. Item snapshots
-//! are written every [`SNAPSHOT_EVERY_TXNS`] transactions and at close; at start the
+//! are written every [`SNAPSHOT_EVERY_TXNS`] transactions (or [`SNAPSHOT_EVERY`], when
+//! fewer came) and at close; at start the
 //! journal entries after the last snapshot are replayed on top of it.
 //!
 //! Indexes cost the writer most of its time per entry, so the journal has two: the
@@ -58,6 +59,10 @@ const COMMAND_QUEUE_MAX: usize = 4096;
 const TXN_ENTRIES_MAX: usize = 65_536;
 /// Transactions between item snapshots; bounds the journal tail replayed at start.
 const SNAPSHOT_EVERY_TXNS: u32 = 256;
+/// The longest a change waits for a snapshot when transactions are few: the prune takes
+/// only entries a snapshot covers, and the log's segments wait for the prune (they are
+/// the only record of a returnable sale until the prune keeps it in `sales`).
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(5);
 /// Read connections kept for lookups.
 const READERS_MAX: usize = 8;
 
@@ -695,6 +700,20 @@ impl SqliteStore {
                 .map(|(busy, log, done)| busy == 0 && log == done)
         })?;
         Ok(mark.filter(|_| complete))
+    }
+
+    /// When the oldest entry still in the views' journal was decided (ms; `None`: none
+    /// is). The prune takes entries oldest first, so every entry decided before this one
+    /// was pruned (and its sale, if still returnable, kept in `sales`).
+    pub fn oldest_entry_at(&self) -> Result<Option<i64>, StoreError> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT completed_at FROM journal ORDER BY id LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+        })
     }
 
     /// Where in the journal's log the views stand: the chain after the last record they
@@ -1505,9 +1524,11 @@ fn read_sales(
         .prepare_cached("SELECT units, sold_at FROM returned WHERE shop = ?1 AND sale_key = ?2")?;
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
-        let found = match log {
-            Some(log) => log.sale(shop, key).map_err(as_sqlite)?,
-            None => in_journal
+        let from_log = log.map(|log| log.sale(shop, key));
+        let found = match from_log {
+            Some(Ok(found)) => found,
+            // No log's index, or a damaged record of the log: the views' rows.
+            _ => in_journal
                 .query_row(params![shop, key], |row| sale_in_journal(row, shop, key))
                 .optional()?,
         };
@@ -1658,7 +1679,14 @@ impl Outcomes for SqliteStore {
             return Ok(vec![None; keys.len()]);
         }
         if let Some(log) = self.log.get() {
-            return log.outcomes(shop, keys, |k| self.may_hold(shop, k));
+            match log.outcomes(shop, keys, |k| self.may_hold(shop, k)) {
+                Ok(found) => return Ok(found),
+                // A damaged record of the log: the views' rows still hold what the key
+                // window has not pruned (read without an index: slow, and only here).
+                Err(e) => {
+                    tracing::error!(error = %e, "journal: outcomes read from the views instead of the log")
+                }
+            }
         }
         self.read(|conn| {
             let mut stmt = conn.prepare_cached(
@@ -1669,7 +1697,7 @@ impl Outcomes for SqliteStore {
             )?;
             keys.iter()
                 .map(|key| {
-                    if !self.keys.may_contain(shop, key) {
+                    if !self.may_hold(shop, key) {
                         return Ok(None);
                     }
                     stmt.query_row(params![shop, key], outcome_row).optional()
@@ -1848,7 +1876,12 @@ impl ItemReads for SqliteStore {
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
         if let Some(log) = self.log.get() {
-            return log.events(shop, item, after, limit);
+            match log.events(shop, item, after, limit) {
+                Ok(events) => return Ok(events),
+                Err(e) => {
+                    tracing::error!(error = %e, "journal: events read from the views instead of the log")
+                }
+            }
         }
         self.read(|conn| {
             // Through the index on (shop, item, seq).
@@ -2088,6 +2121,7 @@ struct Writer {
     /// every 2 s, and deletes what is left then).
     prune_left: usize,
     txns_since_snapshot: u32,
+    last_snapshot: Instant,
     /// The items with a per-buyer limit (`buyer_limits`): the entries of these keep
     /// their buyers' units in `buyer_units`.
     limited: HashSet<(Arc<str>, Arc<str>)>,
@@ -2166,6 +2200,7 @@ impl Writer {
             pruned: 0,
             prune_left: usize::MAX,
             txns_since_snapshot: 0,
+            last_snapshot: Instant::now(),
             limited: HashSet::new(),
             linger,
             room,
@@ -2224,7 +2259,7 @@ impl Writer {
     fn commit(&mut self, cmds: Vec<Command>) -> Option<mpsc::Sender<()>> {
         let mut closing = None;
         let weight: usize = cmds.iter().map(Command::weight).sum();
-        let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
+        let snapshot = self.snapshot_due();
         let started = Instant::now();
         // A transaction that finds the disk full (or is not granted room above its
         // floor) is rolled back and run again once there is room (see `crate::space`),
@@ -2244,6 +2279,7 @@ impl Writer {
         match &result {
             Ok(()) if snapshot => {
                 self.txns_since_snapshot = 0;
+                self.last_snapshot = Instant::now();
                 // After the commit: a reader finds each item here or in its snapshot.
                 lock_states(&self.dirty).clear();
             }
@@ -2275,6 +2311,14 @@ impl Writer {
             nrtxn_actors::fatal::stop_not_durable("the journal can no longer be written");
         }
         closing
+    }
+
+    /// Whether the next transaction writes the item snapshot: every
+    /// [`SNAPSHOT_EVERY_TXNS`] transactions, or [`SNAPSHOT_EVERY`] after the last one
+    /// when something changed since.
+    fn snapshot_due(&self) -> bool {
+        self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS
+            || (self.txns_since_snapshot > 0 && self.last_snapshot.elapsed() >= SNAPSHOT_EVERY)
     }
 
     /// A checkpoint from the writer's own thread. After a snapshot (PASSIVE), it
@@ -2344,7 +2388,7 @@ impl Writer {
         if room == u64::MAX {
             return cmds.len();
         }
-        let snapshot = self.txns_since_snapshot + 1 >= SNAPSHOT_EVERY_TXNS;
+        let snapshot = self.snapshot_due();
         let mut budget = (room / 2).saturating_sub(wal_bytes(self.txn_pages(&[], snapshot)));
         let mut fit = 0;
         for cmd in cmds {

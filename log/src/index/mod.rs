@@ -36,6 +36,25 @@ pub use sealed::SealedIndex;
 pub use segfile::{rebuild, SegmentFile};
 pub use tail::Tail;
 
+/// Raises this process's soft limit of open files to its hard limit, and returns the
+/// limit it has. A sealed segment and its index stay open once read, and segments are
+/// kept for the key window: thousands of them at full rate for 7 days, past the usual
+/// soft limit of 1,024.
+pub fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current != now.maximum {
+        let raised = Rlimit {
+            current: now.maximum,
+            maximum: now.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return now.maximum;
+        }
+    }
+    now.current
+}
+
 /// The record kind whose body is a batch of entries (`codec`): the only records
 /// indexed. The embedded journal writes its entries records with this kind (its own
 /// `KIND_ENTRIES` must stay equal to it).
