@@ -28,7 +28,7 @@ use nrtxn_actors::{
     now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
 };
 
-use crate::log_reads::LogReads;
+use crate::log_reads::{index_error, LogReads};
 use crate::views::SqliteStore;
 use crate::AcceptDone;
 use nrtxn_log::codec;
@@ -196,6 +196,10 @@ fn store_error(e: LogError) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 
+fn io_error(e: std::io::Error) -> StoreError {
+    store_error(LogError::Io(e))
+}
+
 /// Opens the index of the log in `dir` and hands it to the views for their reads by key
 /// and by item, unless they hold rows from before the log (then they answer those reads
 /// themselves, and `None`).
@@ -209,7 +213,7 @@ fn open_index(
     }
     let started = Instant::now();
     let open_files = nrtxn_log::index::raise_open_files_limit();
-    let index = Arc::new(Index::open(dir).map_err(|e| StoreError::Storage(e.to_string()))?);
+    let index = Arc::new(Index::open(dir).map_err(index_error)?);
     tracing::info!(
         open_files,
         sealed = index.sealed_segments().len(),
@@ -267,7 +271,7 @@ impl LogJournal {
                 || space.room_for(seal::MARK_BYTES),
                 nrtxn_log::space::io_no_room,
             )
-            .map_err(|e| store_error(LogError::Io(e)))?;
+            .map_err(io_error)?;
         let mut writer =
             LogWriter::open(&dir, &end, 0, retention.segment_bytes, lock).map_err(store_error)?;
         drop(mark_room);
@@ -511,18 +515,6 @@ fn maintain(
             }
             None => mark.next_lsn,
         };
-        if index.is_some() {
-            let segs = segment::segments(dir).map_err(|e| store_error(LogError::Io(e)))?;
-            // The first segment kept: the last one starting at or before `before`.
-            let first_kept = segs
-                .iter()
-                .map(|(f, _)| *f)
-                .take_while(|f| *f <= before)
-                .last();
-            if let Some(first_kept) = first_kept.filter(|f| Some(*f) != segs.first().map(|s| s.0)) {
-                mark_retired(dir, first_kept)?;
-            }
-        }
         let gone = segment::retire_before(dir, before).map_err(store_error)?;
         if gone > 0 {
             tracing::info!(segments = gone, before, "journal segments retired");
@@ -551,24 +543,19 @@ fn retired_before(dir: &Path) -> Result<Option<u64>, StoreError> {
             ))
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(store_error(LogError::Io(e))),
+        Err(e) => Err(io_error(e)),
     }
 }
 
 /// Says durably that the log's segments before record `first_kept` are retired: written
 /// before they are deleted.
 fn mark_retired(dir: &Path, first_kept: u64) -> Result<(), StoreError> {
-    let io = |e| store_error(LogError::Io(e));
-    let tmp = dir.join(format!("{RETIRED_FILE}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        std::io::Write::write_all(&mut f, format!("{first_kept}\n").as_bytes()).map_err(io)?;
-        f.sync_all().map_err(io)?;
-    }
-    std::fs::rename(&tmp, dir.join(RETIRED_FILE)).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)
+    segment::replace_file(
+        &dir.join(RETIRED_FILE),
+        &dir.join(format!("{RETIRED_FILE}.tmp")),
+        format!("{first_kept}\n").as_bytes(),
+    )
+    .map_err(io_error)
 }
 
 /// At a start that reads keys from the log: its first segment must start where the
@@ -577,7 +564,7 @@ fn mark_retired(dir: &Path, first_kept: u64) -> Result<(), StoreError> {
 /// data dir without the file (restored from a backup, or written before it existed)
 /// takes its log's first record as the mark.
 fn check_retired(dir: &Path) -> Result<(), StoreError> {
-    let segs = segment::segments(dir).map_err(|e| store_error(LogError::Io(e)))?;
+    let segs = segment::segments(dir).map_err(io_error)?;
     let first = segs.first().map_or(1, |(f, _)| *f);
     match retired_before(dir)? {
         None => mark_retired(dir, first),
@@ -598,21 +585,22 @@ fn check_retired(dir: &Path) -> Result<(), StoreError> {
 /// every entry in them must be older than `window_start` (ms; a segment's file was last
 /// written at or after each of its entries), and the index must have moved past them
 /// (its tail stays on a segment the log left until an entry of the next one comes). The
-/// segments that go are dropped from `index` first.
+/// segments that go are dropped from `index`, and said gone in `RETIRED`, first.
 fn kept_for_keys(
     dir: &Path,
     index: &Index,
     held_before: u64,
     window_start: i64,
 ) -> Result<u64, StoreError> {
-    let segs = segment::segments(dir).map_err(|e| store_error(LogError::Io(e)))?;
+    let segs = segment::segments(dir).map_err(io_error)?;
     let mut before = held_before;
+    let mut first_kept = segs.first().map(|(f, _)| *f);
     for w in segs.windows(2) {
         let ((first, path), (next_first, _)) = (&w[0], &w[1]);
         // The file's time is its last write's, at or after every record's in it.
         let written = std::fs::metadata(path)
             .and_then(|m| m.modified())
-            .map_err(|e| store_error(LogError::Io(e)))?;
+            .map_err(io_error)?;
         let written_ms = written
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(i64::MAX, |d| d.as_millis() as i64);
@@ -620,9 +608,11 @@ fn kept_for_keys(
             before = before.min(*first);
             break;
         }
-        index
-            .retire(*first)
-            .map_err(|e| StoreError::Storage(e.to_string()))?;
+        index.retire(*first).map_err(index_error)?;
+        first_kept = Some(*next_first);
+    }
+    if first_kept != segs.first().map(|(f, _)| *f) {
+        mark_retired(dir, first_kept.unwrap_or(before))?;
     }
     Ok(before)
 }
@@ -787,7 +777,9 @@ fn make_keys_known(after: &AfterSync, cmds: &[Command], places: &[Option<Place>]
     if let Some(index) = &after.index {
         return index_group(index, cmds, places);
     }
-    let filter = after.views.key_filter();
+    let Some(filter) = after.views.key_filter() else {
+        return;
+    };
     for cmd in cmds {
         if let Command::Append(entries, _) = cmd {
             for e in entries {
@@ -1020,10 +1012,8 @@ impl Outcomes for LogJournal {
     /// before anyone is answered (or, for views with rows from before the log, from the
     /// views once they hold everything durable).
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        if !keys.iter().any(|k| self.views.may_hold(shop, k)) {
-            return Ok(vec![None; keys.len()]);
-        }
-        if self.index.is_none() {
+        // The views ask each key's filter once (the log's index, or their own).
+        if self.index.is_none() && keys.iter().any(|k| self.views.may_hold(shop, k)) {
             self.progress.wait_views()?;
         }
         self.views.outcomes(shop, keys)

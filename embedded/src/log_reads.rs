@@ -27,7 +27,8 @@ pub(crate) struct LogReads {
     pub(crate) return_window_ms: i64,
 }
 
-fn index_error(e: IndexError) -> StoreError {
+/// An error of the log's index as the journal's.
+pub(crate) fn index_error(e: IndexError) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 

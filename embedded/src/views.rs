@@ -337,8 +337,9 @@ pub struct SqliteStore {
     tx: SyncSender<Command>,
     readers: Mutex<Vec<Connection>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    /// Keys the journal holds, so lookups of new keys skip the store.
-    keys: Arc<KeyFilter>,
+    /// Keys the journal holds, so lookups of new keys skip the store (`None` for views
+    /// that read keys from the log's index, [`SqliteStore::may_hold`]).
+    keys: Option<Arc<KeyFilter>>,
     /// Dropping the sender stops the checkpointer.
     checkpointer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
     /// The room on the data dir's disk: the writer waits for it when a transaction
@@ -479,8 +480,9 @@ impl SqliteStore {
     /// The filter of the request keys these views hold. The embedded journal's log
     /// writer adds the keys it makes durable before their views are written, so that a
     /// key the filter does not know was never decided, whatever the views' lag.
-    pub(crate) fn key_filter(&self) -> &Arc<KeyFilter> {
-        &self.keys
+    /// `None` when reads go to the log's index instead.
+    pub(crate) fn key_filter(&self) -> Option<&Arc<KeyFilter>> {
+        self.keys.as_ref()
     }
 
     /// The room on the data dir's disk (see [`crate::space`]).
@@ -581,12 +583,15 @@ impl SqliteStore {
             )
             .map_err(storage)?;
         let checkpointer = start_checkpointer(open(&path, role)?, &space, &growth)?;
-        let keys = Arc::new(KeyFilter::new());
         // Views that read keys from the log's index need no filter of their own
-        // ([`SqliteStore::may_hold`]).
-        if role != Role::Views || indexed {
+        // ([`SqliteStore::may_hold`]): its 16 MiB are neither made nor filled.
+        let keys = if role != Role::Views || indexed {
+            let keys = Arc::new(KeyFilter::new());
             load_keys(&conn, &keys).map_err(storage)?;
-        }
+            Some(keys)
+        } else {
+            None
+        };
         let (tx, rx) = mpsc::sync_channel(COMMAND_QUEUE_MAX);
         let room = Room {
             space: space.clone(),
@@ -638,7 +643,7 @@ impl SqliteStore {
     pub(crate) fn may_hold(&self, shop: &str, key: &str) -> bool {
         match self.log.get() {
             Some(log) => log.index.may_contain(shop, key),
-            None => self.keys.may_contain(shop, key),
+            None => self.keys.as_ref().is_none_or(|k| k.may_contain(shop, key)),
         }
     }
 
@@ -1675,9 +1680,6 @@ impl Outcomes for SqliteStore {
     }
 
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        if !keys.iter().any(|k| self.may_hold(shop, k)) {
-            return Ok(vec![None; keys.len()]);
-        }
         if let Some(log) = self.log.get() {
             match log.outcomes(shop, keys, |k| self.may_hold(shop, k)) {
                 Ok(found) => return Ok(found),
@@ -1687,6 +1689,9 @@ impl Outcomes for SqliteStore {
                     tracing::error!(error = %e, "journal: outcomes read from the views instead of the log")
                 }
             }
+        }
+        if !keys.iter().any(|k| self.may_hold(shop, k)) {
+            return Ok(vec![None; keys.len()]);
         }
         self.read(|conn| {
             let mut stmt = conn.prepare_cached(
@@ -1835,14 +1840,15 @@ impl ItemReads for SqliteStore {
             )?;
             hold_ids
                 .iter()
-                .map(
-                    |id| match stmt.query_row(params![shop, id], hold_view).optional()? {
-                        None if log.is_some() => log
-                            .map_or(Ok(None), |log| log.ended_hold(shop, id))
-                            .map_err(as_sqlite),
-                        found => Ok(found),
-                    },
-                )
+                .map(|id| {
+                    match (
+                        stmt.query_row(params![shop, id], hold_view).optional()?,
+                        log,
+                    ) {
+                        (None, Some(log)) => log.ended_hold(shop, id).map_err(as_sqlite),
+                        (found, _) => Ok(found),
+                    }
+                })
                 .collect()
         })
     }
@@ -2108,7 +2114,7 @@ fn tail_entry(row: &rusqlite::Row<'_>) -> Result<Entry, rusqlite::Error> {
 struct Writer {
     conn: Connection,
     metrics: Arc<Metrics>,
-    keys: Arc<KeyFilter>,
+    keys: Option<Arc<KeyFilter>>,
     /// Latest state of every item written since the last snapshot; shared with the
     /// readers ([`SqliteStore::latest`]), which find every other item's in the snapshot.
     dirty: Arc<Mutex<States>>,
@@ -2187,7 +2193,7 @@ impl Writer {
     fn new(
         conn: Connection,
         metrics: Arc<Metrics>,
-        keys: Arc<KeyFilter>,
+        keys: Option<Arc<KeyFilter>>,
         linger: std::time::Duration,
         room: Room,
     ) -> Writer {
@@ -2495,7 +2501,7 @@ impl Writer {
                         st.insert_entries(entries)?;
                         let memory = WriterMemory {
                             limited: &mut self.limited,
-                            keys: &self.keys,
+                            keys: self.keys.as_deref(),
                             dirty: &mut lock_states(&self.dirty),
                             log: self.log.get(),
                             offsets: &mut offsets,
@@ -2539,8 +2545,8 @@ impl Writer {
 struct WriterMemory<'w> {
     /// The writer's limited items ([`Writer::limited`]).
     limited: &'w mut HashSet<(Arc<str>, Arc<str>)>,
-    /// The request keys the views hold ([`SqliteStore::key_filter`]).
-    keys: &'w KeyFilter,
+    /// The request keys the views hold ([`SqliteStore::key_filter`]), if they keep them.
+    keys: Option<&'w KeyFilter>,
     /// Each item's last state since the last snapshot ([`Writer::dirty`]).
     dirty: &'w mut States,
     /// The log's index, when sales are read there ([`SqliteStore::read_from_log`]).
@@ -2673,10 +2679,10 @@ impl<'t> TxnStatements<'t> {
             if let (Status::Ok, Op::Increment, Some(sale)) = (e.status, e.op, &e.return_of) {
                 count_return(self.conn, memory.log, e, sale)?;
             }
-            if let (Some(key), None) = (&e.request_key, memory.log) {
+            if let (Some(key), Some(filter)) = (&e.request_key, memory.keys) {
                 // Before the commit, so the key is in the filter before its outcome can
-                // be looked for (views that read keys from the log need no filter).
-                memory.keys.insert(&e.shop, key);
+                // be looked for.
+                filter.insert(&e.shop, key);
             }
             if let Some(pos) = e.log_pos {
                 let o = memory.offsets.entry(pos.partition).or_insert(pos.offset);

@@ -739,6 +739,22 @@ pub fn retire_before(dir: &Path, lsn: u64) -> Result<usize, LogError> {
     Ok(gone)
 }
 
+/// Writes `bytes` as the file `path` so that a crash leaves the old file or the whole
+/// new one: under the temporary name `tmp` (beside it), synced, renamed, and the
+/// directory synced. A `tmp` left by a crash is the caller's to clear.
+pub fn replace_file(path: &Path, tmp: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(tmp, path)?;
+    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
 /// Takes the log's lock (`dir/LOCK`), which one process holds while it reads or writes
 /// the log and what derives from it: a second one is refused.
 pub fn lock(dir: &Path) -> Result<File, LogError> {

@@ -319,21 +319,14 @@ impl Index {
     }
 
     /// Seals the tail's segment, `first_lsn` at `segment_path` (the log wrote its seal
-    /// footer and synced it): the tail is frozen and a new one starts for the next
-    /// segment, then the index file is written from the frozen tail and opened.
+    /// footer and synced it): the tail is frozen, still read, and a new one starts for
+    /// the next segment; [`Index::write_frozen`] writes its index file later, off the
+    /// writer's thread, and opens it.
     ///
     /// An error reading the segment's footer leaves the tail as it was (the writer must
     /// not add the next segment's records to it: stopping is the honest move). An error
-    /// writing the index file leaves the frozen tail readable, so no answer changes;
-    /// the next seal writes it again.
-    pub fn seal(&self, first_lsn: u64, segment_path: &Path) -> Result<(), IndexError> {
-        self.freeze(first_lsn, segment_path)?;
-        self.write_frozen()
-    }
-
-    /// The first half of [`Index::seal`]: the tail of the sealed segment is frozen (still
-    /// read) and a new one starts for the next segment; the index file is left to
-    /// [`Index::write_frozen`].
+    /// writing the index file leaves the frozen tail readable, so no answer changes; the
+    /// next write tries again.
     pub fn freeze(&self, first_lsn: u64, segment_path: &Path) -> Result<(), IndexError> {
         let sealing = seal_of(segment_path, first_lsn)?.ok_or_else(|| IndexError::Log {
             file: segment_path.to_path_buf(),

@@ -26,8 +26,6 @@
 //! All little-endian. Counts and offsets fit 32 bits because a segment does: at most
 //! 1 GiB plus one record of 64 MiB.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::Path;
 
 use xxhash_rust::xxh3::xxh3_64;
@@ -258,19 +256,6 @@ fn put_directory(out: &mut Vec<u8>, items: &[ItemRun<'_>]) {
 /// the directory synced, so that a crash leaves the old file, the whole new one, or a
 /// temporary file that [`super::Index::open`] deletes, never a torn index.
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<(), IndexError> {
-    let tmp = path.with_extension("idx.tmp");
-    let mut f = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&tmp)
-        .map_err(IndexError::io(&tmp))?;
-    f.write_all(bytes).map_err(IndexError::io(&tmp))?;
-    f.sync_all().map_err(IndexError::io(&tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(IndexError::io(path))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(IndexError::io(dir))
+    crate::segment::replace_file(path, &path.with_extension("idx.tmp"), bytes)
+        .map_err(IndexError::io(path))
 }
