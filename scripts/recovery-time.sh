@@ -3,6 +3,9 @@
 # (10,000 items) for SECONDS, is killed (SIGKILL), and is started again: once as it is
 # (the views hold nearly everything; the log's tail is checked and replayed), and once
 # with the views deleted (every record of the log read, checked and replayed).
+# The log keeps its segments for the key window (7 days by default), so the whole log is
+# there to replay. NRTXN_SEGMENT_MB sets the segment size (default: the server's, 64): a
+# start reads the newest segment whole to index it, so a larger one starts slower.
 #   scripts/recovery-time.sh [seconds=200]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +15,8 @@ dir=$(mktemp -d)
 trap 'pkill -f "$dir/data" 2>/dev/null || true; rm -rf "$dir"' EXIT
 start() { # prints the seconds until the server listens
   local t0=$(date +%s.%N)
-  # One segment (up to 1 GiB) for the whole run, so none is retired and the whole log
-  # can be replayed.
   RUST_LOG=warn ./target/release/nrtxn serve --listen 127.0.0.1:0 --data-dir "$dir/data" \
-    --journal-segment-mb 1024 > "$dir/out" 2> "$dir/err" &
+    ${NRTXN_SEGMENT_MB:+--journal-segment-mb "$NRTXN_SEGMENT_MB"} > "$dir/out" 2> "$dir/err" &
   pid=$!
   echo "$pid" > "$dir/pid"
   until grep -q listening "$dir/out"; do

@@ -45,6 +45,15 @@ async fn respond_true_answers_the_outcome_and_a_resubmission_returns_it_unchange
     ] {
         assert!(first.get(field).is_some(), "outcome lacks {field}: {first}");
     }
+    // The outcome names who asked and when nrtxn took the request.
+    assert_eq!(
+        (first["seller"].as_str(), first["buyer"].as_str()),
+        (Some("alice"), Some("b")),
+        "{first}"
+    );
+    let requested_at = first["requested_at"].as_i64().expect("requested_at");
+    assert_eq!(Some(requested_at), first["submitted_at"].as_i64());
+    assert!(requested_at <= first["completed_at"].as_i64().unwrap());
 
     // Same request again: the original outcome, nothing applied.
     let (status, again) = post(&c, &url, txn("alice", "sku-1", 3, 100)).await;
@@ -90,7 +99,21 @@ async fn respond_true_answers_the_outcome_and_a_resubmission_returns_it_unchange
     assert_eq!(get(&c, &server.url("/v1/shops/s1/items/nope")).await.0, 404);
     // Polling a decided key gives the same outcome.
     let (status, polled) = get(&c, &server.url("/v1/shops/s1/txns/alice:sku-1:100")).await;
-    assert_eq!((status, polled), (200, first));
+    assert_eq!((status, &polled), (200, &first));
+    // Its event names them too; a load's names no seller or buyer.
+    let (_, events) = get(&c, &server.url("/v1/shops/s1/items/sku-1/events")).await;
+    let events = events["events"].as_array().unwrap();
+    let sale = events
+        .iter()
+        .find(|e| e["request_key"] == "alice:sku-1:100")
+        .unwrap();
+    assert_eq!(
+        (&sale["seller"], &sale["buyer"], &sale["requested_at"]),
+        (&json!("alice"), &json!("b"), &json!(requested_at)),
+        "{sale}"
+    );
+    assert_eq!(events[0]["kind"], "load");
+    assert!(events[0].get("seller").is_none() && events[0]["requested_at"].is_i64());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,10 @@ async fn requests_through_kafka_are_answered_and_polled() {
         (first["stock_after"].as_i64(), first["seq"].as_u64()),
         (Some(3), Some(2))
     );
+    // Who and when, through Kafka and MongoDB: a buyer the request left out is left out.
+    assert_eq!(first["seller"], "a");
+    assert!(first.get("buyer").is_none(), "{first}");
+    assert_eq!(first["requested_at"], first["submitted_at"]);
     let (status, again) = post(
         &c,
         &url,
@@ -63,6 +67,17 @@ async fn requests_through_kafka_are_answered_and_polled() {
     assert_eq!(
         (status, decided["status"].as_str()),
         (200, Some("insufficient_stock"))
+    );
+    assert_eq!(decided["seller"], "a");
+    assert!(decided["requested_at"].as_i64() <= decided["completed_at"].as_i64());
+    let events = route_events(&server, "s1", "sku-1").await;
+    let sale = events
+        .iter()
+        .find(|e| e.request_key.as_deref() == Some("a:sku-1:1"))
+        .unwrap();
+    assert_eq!(
+        (sale.seller.as_deref(), sale.requested_at),
+        (Some("a"), first["requested_at"].as_i64().unwrap())
     );
 
     let (_, item) = get(&c, &server.url("/v1/shops/s1/items/sku-1")).await;

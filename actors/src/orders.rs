@@ -1137,6 +1137,9 @@ mod tests {
             expires_at: None,
             ttl_ms: None,
             reserved_after: None,
+            seller: None,
+            buyer: None,
+            requested_at: 0,
         };
         assert_eq!(lines_of(&record), lines);
     }

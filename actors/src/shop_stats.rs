@@ -309,6 +309,9 @@ mod tests {
             expires_at: None,
             ttl_ms: None,
             reserved_after: None,
+            seller: None,
+            buyer: None,
+            requested_at: submitted_at,
         }
     }
 

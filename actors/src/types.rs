@@ -600,6 +600,9 @@ impl Entry {
             expires_at: self.expires_at,
             ttl_ms: self.ttl_ms,
             reserved_after: load_only(self.op, self.reserved_after),
+            seller: self.seller.clone(),
+            buyer: self.buyer.clone(),
+            requested_at: self.submitted_at,
         })
     }
 
@@ -625,6 +628,9 @@ impl Entry {
                 self.hold_id.as_deref(),
                 self.request_key.as_deref(),
             ),
+            seller: self.seller.clone(),
+            buyer: self.buyer.clone(),
+            requested_at: self.submitted_at,
         })
     }
 }
@@ -673,6 +679,15 @@ pub struct Event {
     /// The order this change belongs to: the hold or ending of one of its lines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order_id: Option<Arc<str>>,
+    /// The seller and the buyer the change's request named, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seller: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buyer: Option<Arc<str>>,
+    /// When nrtxn accepted the change's request (ms since the epoch); `at` is when it
+    /// was decided.
+    #[serde(default)]
+    pub requested_at: Millis,
 }
 
 /// What a caller is told about a request. Field names are the HTTP API's.
@@ -703,6 +718,16 @@ pub struct Outcome {
     /// load answered through the log can show the item whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_after: Option<i64>,
+    /// Who asked: the seller and the buyer the request named (left out when it named
+    /// none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seller: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buyer: Option<Arc<str>>,
+    /// When nrtxn accepted the request (ms since the epoch): the instant `submitted_at`
+    /// names too, under the name the design's response gives it, beside `completed_at`.
+    #[serde(default)]
+    pub requested_at: Millis,
 }
 
 /// An outcome's `reserved_after`: kept for loads only.

@@ -450,7 +450,8 @@ fn schemas() -> Value {
             "qty": s("integer"), "stock_before": { "type": "integer", "nullable": true },
             "stock_after": { "type": "integer", "nullable": true },
             "seq": { "type": "integer", "nullable": true }, "prev_seq": { "type": "integer", "nullable": true },
-            "submitted_at": s("integer"), "completed_at": s("integer") } },
+            "submitted_at": s("integer"), "completed_at": s("integer"),
+            "requested_at": s("integer"), "seller": s("string"), "buyer": s("string") } },
         "Results": { "type": "object", "properties": {
             "results": { "type": "array", "items": schema_ref("Outcome") } } },
         "Accepted": { "type": "object", "properties": {
@@ -460,7 +461,8 @@ fn schemas() -> Value {
                 "shop": s("string"), "item": s("string"), "seq": s("integer"), "prev_seq": s("integer"),
                 "kind": s("string"), "status": s("string"), "request_key": { "type": "string", "nullable": true },
                 "qty": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
-                "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string") } } } } },
+                "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string"),
+                "requested_at": s("integer"), "seller": s("string"), "buyer": s("string") } } } } },
         "HoldRequest": { "type": "object", "additionalProperties": false, "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
             "item": name(), "qty": qty(), "ttl_ms": ttl(), "request_id": key_schema(),
             "seller": name(), "buyer": name() } },

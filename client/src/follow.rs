@@ -641,6 +641,9 @@ mod tests {
             hold_id: None,
             reason: None,
             order_id: None,
+            seller: None,
+            buyer: None,
+            requested_at: 1_700_000_000_000 + seq as i64,
         }
     }
 

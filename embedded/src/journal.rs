@@ -259,6 +259,7 @@ impl LogJournal {
         // Before the views are brought up: their writer reads the sales that returns
         // name through it.
         let index = open_index(&dir, &views, retention)?;
+        views.checked()?;
         let progress = Arc::new(Progress {
             space: Some(views.space().clone()),
             ..Progress::default()

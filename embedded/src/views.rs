@@ -356,6 +356,10 @@ pub struct SqliteStore {
     /// Each item's last state since the last snapshot (the writer's, shared): with the
     /// snapshots, every item's state, without an index on the journal by item.
     latest: Arc<Mutex<States>>,
+    /// The views' check ([`check_views`]) running on a thread of its own while the
+    /// journal opens the log's index: views that read keys from the log fill no key
+    /// filter, so nothing reads them before [`SqliteStore::checked`] waits for it.
+    check: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
 }
 
 /// The pages the WAL holds past the database file's end, which a checkpoint will write
@@ -440,6 +444,33 @@ fn no_room(e: std::io::Error) -> rusqlite::Error {
     rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(e.to_string()))
 }
 
+/// `e`, or when it is SQLite's word for a damaged file (or rusqlite's for a value of
+/// the wrong type read back: a row damaged where SQLite does not look), what to do
+/// about the views' file in `dir`.
+fn damage_explained(dir: &Path, e: StoreError) -> StoreError {
+    const DAMAGE: [&str; 5] = [
+        "malformed",
+        "not a database",
+        "Invalid type",
+        "Invalid column type",
+        "out of range",
+    ];
+    match e {
+        StoreError::Storage(msg) if DAMAGE.iter().any(|d| msg.contains(d)) => {
+            let path = dir.join("nrtxn.db");
+            StoreError::Storage(format!(
+                "{} is damaged ({msg}). With the embedded journal it holds only views \
+                 of the log: move it and its -wal and -shm files away and start again, \
+                 and they are rebuilt from the log (or, if the log's old segments were \
+                 retired, restore a backup). Beside MongoDB it holds the fire-and-forget \
+                 requests not yet decided: restore it from a backup",
+                path.display()
+            ))
+        }
+        other => other,
+    }
+}
+
 fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
@@ -520,29 +551,7 @@ impl SqliteStore {
         role: Role,
         space: Arc<Space>,
     ) -> Result<Arc<SqliteStore>, StoreError> {
-        // SQLite's words for a damaged file, and rusqlite's for a value of the wrong
-        // type read back (a row damaged where SQLite does not look).
-        const DAMAGE: [&str; 5] = [
-            "malformed",
-            "not a database",
-            "Invalid type",
-            "Invalid column type",
-            "out of range",
-        ];
-        SqliteStore::open_inner(dir, metrics, role, space).map_err(|e| match e {
-            StoreError::Storage(msg) if DAMAGE.iter().any(|d| msg.contains(d)) => {
-                let path = dir.join("nrtxn.db");
-                StoreError::Storage(format!(
-                    "{} is damaged ({msg}). With the embedded journal it holds only views \
-                     of the log: move it and its -wal and -shm files away and start again, \
-                     and they are rebuilt from the log (or, if the log's old segments were \
-                     retired, restore a backup). Beside MongoDB it holds the fire-and-forget \
-                     requests not yet decided: restore it from a backup",
-                    path.display()
-                ))
-            }
-            other => other,
-        })
+        SqliteStore::open_inner(dir, metrics, role, space).map_err(|e| damage_explained(dir, e))
     }
 
     fn open_inner(
@@ -559,10 +568,24 @@ impl SqliteStore {
         journal_indexes(&conn, indexed).map_err(storage)?;
         // The views are checked before anything reads them (the key filter is filled
         // from their key index). Beside MongoDB this file holds only the fire-and-forget
-        // requests not yet decided, whose rows carry no checksum: not checked.
-        if role == Role::Views {
-            check_views(dir)?;
-        }
+        // requests not yet decided, whose rows carry no checksum: not checked. Views that
+        // fill no filter are checked beside the opening of the log's index (a read of the
+        // whole file each, seconds on a big journal), and read once the check is done.
+        let check = match role {
+            Role::Views if indexed => {
+                check_views(dir)?;
+                None
+            }
+            Role::Views => {
+                let dir = dir.to_path_buf();
+                let check = std::thread::Builder::new()
+                    .name("journal-views-check".into())
+                    .spawn(move || check_views(&dir))
+                    .map_err(storage)?;
+                Some(check)
+            }
+            Role::RequestStore => None,
+        };
         // SQLite's automatic checkpoint runs inside a commit, on the writer's thread, and
         // stalls every batch behind it for as long as it copies the WAL (seen: p99 of
         // the HTTP benchmark from 8 ms to 94 ms). A thread of its own checkpoints
@@ -616,7 +639,22 @@ impl SqliteStore {
             log,
             indexed,
             latest,
+            check: Mutex::new(check),
         }))
+    }
+
+    /// Waits for the views' check begun at the opening, if one is still running: what
+    /// the journal calls before it reads the views.
+    pub(crate) fn checked(&self) -> Result<(), StoreError> {
+        let check = self.check.lock().map_err(|_| StoreError::Closed)?.take();
+        match check.map(JoinHandle::join) {
+            None => Ok(()),
+            Some(Ok(result)) => result
+                .map_err(|e| damage_explained(self.path.parent().unwrap_or(Path::new(".")), e)),
+            Some(Err(_)) => Err(StoreError::Storage(
+                "the check of the journal's views panicked".into(),
+            )),
+        }
     }
 
     /// Whether reads by key and by item may be answered from the log's index: views
@@ -1052,7 +1090,8 @@ fn unknown(what: &str, value: &str) -> rusqlite::Error {
 
 /// The columns [`event_row`] reads, in its order (a query may add its own after them).
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
-    stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason";
+    stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason, seller, \
+    buyer, submitted_at";
 
 fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     let op: String = row.get(4)?;
@@ -1097,6 +1136,9 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         reason: row
             .get::<_, Option<String>>(14)?
             .filter(|_| op == Op::Adjust.as_str()),
+        seller: row.get::<_, Option<String>>(15)?.map(Into::into),
+        buyer: row.get::<_, Option<String>>(16)?.map(Into::into),
+        requested_at: row.get(17)?,
     })
 }
 
@@ -1671,6 +1713,9 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
         expires_at: row.get(14)?,
         ttl_ms: row.get(16)?,
         reserved_after: load_only(op, row.get(15)?),
+        seller: row.get::<_, Option<String>>(18)?.map(Into::into),
+        buyer: row.get::<_, Option<String>>(19)?.map(Into::into),
+        requested_at: row.get(11)?,
     })
 }
 
@@ -1697,7 +1742,7 @@ impl Outcomes for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT shop, item, request_key, op, qty, status, reason, stock_before,
                         stock_after, seq, prev_seq, submitted_at, completed_at, hold_id,
-                        expires_at, reserved_after, ttl_ms, rowsum
+                        expires_at, reserved_after, ttl_ms, rowsum, seller, buyer
                  FROM journal WHERE shop = ?1 AND request_key = ?2",
             )?;
             keys.iter()
@@ -1915,7 +1960,7 @@ impl Outbox for SqliteStore {
                 next: cursor,
             };
             while let Some(row) = rows.next()? {
-                page.next = row.get::<_, i64>(15)? as u64;
+                page.next = row.get::<_, i64>(18)? as u64;
                 // An unknown item's entry has no seq: not an event.
                 if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
                     page.events.push(event_row(row)?);
