@@ -85,6 +85,22 @@ async fn requests_through_kafka_are_answered_and_polled() {
         (item["stock"].as_i64(), item["seq"].as_u64()),
         (Some(3), Some(3))
     );
+    // A partial fill through Kafka and MongoDB: 5 asked, at least 1, the 3 left taken.
+    let body =
+        json!({"seller": "a", "item": "sku-1", "qty": 5, "min_qty": 1, "request_id": "part"});
+    let (_, part) = post(&c, &url, body).await;
+    assert_eq!(
+        (&part["status"], &part["qty"], &part["qty_taken"]),
+        (&json!("ok"), &json!(5), &json!(3)),
+        "{part}"
+    );
+    let (_, polled) = get(&c, &server.url("/v1/shops/s1/txns/part")).await;
+    assert_eq!(polled, part);
+    let sold = route_events(&server, "s1", "sku-1").await;
+    assert_eq!(
+        sold.last().map(|e| (e.qty, e.qty_taken)),
+        Some((5, Some(3)))
+    );
 
     // Every stage of the path through Kafka was timed (the journal's is
     // nrtxn_journal_write_seconds).

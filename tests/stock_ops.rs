@@ -589,3 +589,158 @@ async fn stock_operations_through_kafka_with_two_nodes() {
     assert_eq!(item(&c, n0, "hot").await["stock"], 6);
     drop_database(&two.mongo).await;
 }
+
+/// Partial fills: a sale or hold with `min_qty` takes as much of its `qty` as is
+/// available down to `min_qty`, else is refused as a whole; answers, polls and events
+/// carry `qty_taken`; a buyer's limit caps what is taken; a return gives back at most
+/// what the sale took; all of it unchanged after a SIGKILL. Bad `min_qty`s are 400s
+/// naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_fill_takes_what_is_available_down_to_min_qty() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    let txns = server.url("/v1/shops/shop/txns");
+    let (status, _) = put_items(
+        &c,
+        &server,
+        json!({"items": [{"item": "few", "stock": 3}, {"item": "limited", "stock": 100, "per_buyer_max": 4}]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let ask = |key: &str, item: &str, qty: i64, min: i64| json!({"seller": "s", "buyer": "b", "item": item, "qty": qty, "min_qty": min, "request_id": key});
+
+    // 5 asked, at least 2: the 3 there are taken.
+    let (_, part) = post(&c, &txns, ask("p1", "few", 5, 2)).await;
+    assert_eq!(
+        (
+            &part["status"],
+            &part["qty"],
+            &part["qty_taken"],
+            &part["stock_after"]
+        ),
+        (&json!("ok"), &json!(5), &json!(3), &json!(0)),
+        "{part}"
+    );
+    // Nothing left: below min_qty, refused whole, with the minimum in the reason.
+    let (_, none) = post(&c, &txns, ask("p2", "few", 2, 1)).await;
+    assert_eq!(
+        (&none["status"], &none["qty_taken"]),
+        (&json!("insufficient_stock"), &json!(0)),
+        "{none}"
+    );
+    assert!(
+        none["reason"].as_str().unwrap().contains("at least 1"),
+        "{none}"
+    );
+    // The same request again is the same answer; a plain sale says qty_taken too.
+    assert_eq!(post(&c, &txns, ask("p1", "few", 5, 2)).await.1, part);
+    let (_, plain) = post(
+        &c,
+        &txns,
+        json!({"seller": "s", "item": "limited", "qty": 1, "request_id": "n1", "buyer": "c"}),
+    )
+    .await;
+    assert_eq!((&plain["qty"], &plain["qty_taken"]), (&json!(1), &json!(1)));
+
+    // A buyer with 3 of 4 allowed asks for 3, at least 1: takes 1; at least 2: refused.
+    sale(&c, &server, "l1", Some("b"), 3, "decrement").await;
+    let (_, capped) = post(&c, &txns, ask("l2", "limited", 3, 1)).await;
+    assert_eq!(
+        (&capped["status"], &capped["qty_taken"]),
+        (&json!("ok"), &json!(1)),
+        "{capped}"
+    );
+    let (_, over) = post(&c, &txns, ask("l3", "limited", 3, 1)).await;
+    assert_eq!(
+        (&over["status"], &over["qty_taken"]),
+        (&json!("buyer_limit"), &json!(0)),
+        "{over}"
+    );
+
+    // A hold takes part too, and holds (and confirms) what it took.
+    let holds = server.url("/v1/shops/shop/holds");
+    put_items(&c, &server, json!({"items": [{"item": "few", "stock": 2}]})).await;
+    let (_, held) = post(
+        &c,
+        &holds,
+        json!({"item": "few", "qty": 4, "min_qty": 2, "ttl_ms": 60000, "request_id": "h1"}),
+    )
+    .await;
+    assert_eq!(
+        (&held["status"], &held["qty"], &held["qty_taken"]),
+        (&json!("held"), &json!(4), &json!(2)),
+        "{held}"
+    );
+    let (_, hold) = get(&c, &server.url("/v1/shops/shop/holds/h1")).await;
+    assert_eq!(hold["qty"], 2, "{hold}");
+    let (status, done) = post(
+        &c,
+        &server.url("/v1/shops/shop/holds/h1/confirm"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        (status, &done["status"], &done["qty"]),
+        (200, &json!("confirmed"), &json!(2)),
+        "{done}"
+    );
+    assert_eq!(item(&c, &server, "few").await["reserved"], 0);
+
+    // A return gives back at most what the sale took: 3 of p1's 5 asked.
+    let ret = |key: &str, qty: i64| json!({"seller": "s", "item": "few", "qty": qty, "op": "increment", "request_id": key, "return_of": "p1"});
+    assert_eq!(
+        post(&c, &txns, ret("r1", 4)).await.1["status"],
+        "return_refused"
+    );
+    assert_eq!(post(&c, &txns, ret("r2", 3)).await.1["status"], "ok");
+
+    // Bad input names the field; nothing is applied.
+    for (body, says) in [
+        (ask("b1", "few", 2, 0), "min_qty: must be at least 1"),
+        (ask("b2", "few", 2, 3), "min_qty: must be at most 2"),
+        (
+            json!({"seller": "s", "item": "few", "qty": 2, "min_qty": "1", "request_id": "b3"}),
+            "min_qty: must be an integer",
+        ),
+        (
+            json!({"seller": "s", "item": "few", "qty": 2, "min_qty": 1, "op": "increment", "request_id": "b4"}),
+            "min_qty: only a decrement or a hold",
+        ),
+    ] {
+        let (status, err) = post(&c, &txns, body).await;
+        assert_eq!(status, 400, "{err}");
+        assert!(
+            err["message"].as_str().unwrap_or_default().contains(says)
+                || err.to_string().contains(says),
+            "{err}"
+        );
+    }
+
+    // After a SIGKILL, polls and events say the same.
+    let events_before = get(&c, &server.url("/v1/shops/shop/items/few/events"))
+        .await
+        .1;
+    server.kill();
+    let server = Server::start(dir.path(), &[]);
+    let (_, polled) = get(&c, &server.url("/v1/shops/shop/txns/p1")).await;
+    assert_eq!(polled, part);
+    let (_, polled) = get(&c, &server.url("/v1/shops/shop/txns/l2")).await;
+    assert_eq!(polled, capped);
+    let events = get(&c, &server.url("/v1/shops/shop/items/few/events"))
+        .await
+        .1;
+    assert_eq!(events, events_before);
+    let sold = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["request_key"] == "p1")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (&sold["qty"], &sold["qty_taken"]),
+        (&json!(5), &json!(3)),
+        "{sold}"
+    );
+}

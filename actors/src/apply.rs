@@ -19,6 +19,18 @@ pub fn apply(
     now: Millis,
     request_ttl_ms: i64,
 ) -> Entry {
+    apply_within(state, req, now, request_ttl_ms, req.qty)
+}
+
+/// [`apply`], where a partial fill ([`Request::min_qty`]) takes at most `cap` (what a
+/// buyer's limit leaves them, at least the request's `min_qty`).
+pub fn apply_within(
+    state: Option<&mut ItemState>,
+    req: &Request,
+    now: Millis,
+    request_ttl_ms: i64,
+    cap: i64,
+) -> Entry {
     debug_assert!(
         !matches!(req.op, Op::Load | Op::Order | Op::Firm | Op::Extend) && !req.op.ends_hold(),
         "loads and hold endings have their own steps"
@@ -49,9 +61,9 @@ pub fn apply(
         ));
     } else {
         match req.op {
-            Op::Decrement => decrement(req, before, &mut after, &mut entry),
+            Op::Decrement => decrement(req, cap, before, &mut after, &mut entry),
             Op::Increment => increment(req, before, &mut after, &mut entry),
-            Op::Hold => hold(req, now, before, &mut after, &mut entry),
+            Op::Hold => hold(req, cap, now, before, &mut after, &mut entry),
             Op::Adjust => adjust(req, before, &mut after, &mut entry),
             Op::Load
             | Op::Confirm
@@ -77,14 +89,41 @@ pub fn apply(
     entry
 }
 
+/// What a sale or hold takes of `available`: all of its `qty` if there is that much;
+/// with `min_qty`, as much as there is (and `cap` allows) down to `min_qty`. `None`:
+/// refused, and `entry` says why. A partial take is the entry's `qty`, and what was
+/// asked its `qty_asked`.
+#[inline]
+fn taking(req: &Request, cap: i64, available: i64, entry: &mut Entry) -> Option<i64> {
+    let take = match req.min_qty {
+        None => (req.qty <= available).then_some(req.qty),
+        Some(min) => Some(req.qty.min(available).min(cap)).filter(|n| *n >= min),
+    };
+    match take {
+        Some(n) if n < req.qty => {
+            entry.qty = n;
+            entry.qty_asked = Some(req.qty);
+        }
+        Some(_) => {}
+        None => {
+            entry.status = Status::InsufficientStock;
+            entry.reason = Some(match req.min_qty {
+                None => format!("requested {}, available {available}", req.qty),
+                Some(min) => format!(
+                    "requested {} (at least {min}), available {available}",
+                    req.qty
+                ),
+            });
+        }
+    }
+    take
+}
+
 /// A sale: the quantity leaves the stock, if the stock has it.
 #[inline]
-fn decrement(req: &Request, before: ItemState, after: &mut ItemState, entry: &mut Entry) {
-    if req.qty <= before.stock {
-        after.stock = before.stock - req.qty;
-    } else {
-        entry.status = Status::InsufficientStock;
-        entry.reason = Some(format!("requested {}, available {}", req.qty, before.stock));
+fn decrement(req: &Request, cap: i64, before: ItemState, after: &mut ItemState, entry: &mut Entry) {
+    if let Some(n) = taking(req, cap, before.stock, entry) {
+        after.stock = before.stock - n;
     }
 }
 
@@ -106,15 +145,19 @@ fn increment(req: &Request, before: ItemState, after: &mut ItemState, entry: &mu
 /// Like a sale, but the quantity is set aside rather than gone: it stays the item's
 /// until the hold is confirmed, or comes back when it is not.
 #[inline]
-fn hold(req: &Request, now: Millis, before: ItemState, after: &mut ItemState, entry: &mut Entry) {
-    if req.qty <= before.stock {
-        after.stock = before.stock - req.qty;
-        after.reserved = before.reserved + req.qty;
+fn hold(
+    req: &Request,
+    cap: i64,
+    now: Millis,
+    before: ItemState,
+    after: &mut ItemState,
+    entry: &mut Entry,
+) {
+    if let Some(n) = taking(req, cap, before.stock, entry) {
+        after.stock = before.stock - n;
+        after.reserved = before.reserved + n;
         entry.hold_id = Some(req.key.clone());
         entry.expires_at = Some(now.saturating_add(req.ttl_ms));
-    } else {
-        entry.status = Status::InsufficientStock;
-        entry.reason = Some(format!("requested {}, available {}", req.qty, before.stock));
     }
 }
 

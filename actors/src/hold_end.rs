@@ -102,7 +102,11 @@ impl Engine {
                 return Ok(None);
             }
             if let Some(expires_at) = o.expires_at {
-                return Ok(Some((o.item.clone(), o.qty, expires_at)));
+                return Ok(Some((
+                    o.item.clone(),
+                    o.qty_taken.unwrap_or(o.qty),
+                    expires_at,
+                )));
             }
         }
         Ok(self

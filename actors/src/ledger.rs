@@ -64,6 +64,13 @@ impl BuyerLedger {
         None
     }
 
+    /// How many more units `buyer` may take under the limit (0 for no buyer).
+    pub fn room(&self, buyer: Option<&Arc<str>>) -> i64 {
+        buyer.map_or(0, |b| {
+            (self.max - self.units.get(b).copied().unwrap_or(0)).max(0)
+        })
+    }
+
     /// Adds `delta` to `buyer`'s units (never below 0); their units after it.
     pub fn apply(&mut self, buyer: &Arc<str>, delta: i64) -> i64 {
         let units = (self.units.get(buyer).copied().unwrap_or(0) + delta).max(0);

@@ -38,6 +38,9 @@ pub struct LoadChunk {
 }
 
 /// What waits in a shard's mailbox.
+// Nearly every work is a request, and the mailbox's queues hold them by value: boxing
+// the request would add an allocation per request to spare the rare loads' bytes.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Work {
     Txn(Request),

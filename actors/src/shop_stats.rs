@@ -299,6 +299,7 @@ mod tests {
             item: "sku".into(),
             op: Op::Decrement,
             qty: 1,
+            qty_taken: Some(1),
             stock_before: None,
             stock_after: None,
             seq: None,

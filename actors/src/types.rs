@@ -334,6 +334,10 @@ pub struct Request {
     /// that sale ([`crate::returns`]); a seller's increment must carry it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_of: Option<Arc<str>>,
+    /// Sales and holds only: take as much of `qty` as is available, down to this many
+    /// (a partial fill), instead of all of `qty` or nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_qty: Option<i64>,
     /// Order lines only: a line that would wait for other orders' tentative lines is
     /// answered [`Status::Tentative`] at once instead (the first, parallel attempt of an
     /// order's reserving, which never waits: see `crate::orders`).
@@ -380,6 +384,7 @@ impl Request {
             per_buyer_max: None,
             by_check: false,
             return_of: None,
+            min_qty: None,
             no_wait: false,
             logged: false,
             log_pos: None,
@@ -494,6 +499,11 @@ pub struct Entry {
     /// returned against that sale, which the journal keeps ([`crate::returns`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_of: Option<Arc<str>>,
+    /// A partial fill ([`Request::min_qty`]): the `qty` the request asked for, when the
+    /// entry's `qty`, what it took, is less. Every reader of the stock's movement reads
+    /// `qty`; the caller is shown both ([`Outcome::qty_taken`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qty_asked: Option<i64>,
     /// Mirrors [`Request::logged`]: the adapter retires the request log's record.
     #[serde(skip)]
     pub logged: bool,
@@ -539,6 +549,7 @@ impl Entry {
             ttl_ms: None,
             per_buyer_max: None,
             return_of: None,
+            qty_asked: None,
             logged: false,
             log_pos: None,
             origin: None,
@@ -580,6 +591,21 @@ impl Entry {
         })
     }
 
+    /// What the request asked for: `qty`, or more for a partial fill.
+    pub fn asked(&self) -> i64 {
+        self.qty_asked.unwrap_or(self.qty)
+    }
+
+    /// What a sale or hold took of the stock (`None` for other ops): its `qty` when `ok`
+    /// (less than asked for a partial fill), else 0.
+    pub fn taken(&self) -> Option<i64> {
+        matches!(self.op, Op::Decrement | Op::Hold).then_some(if self.status == Status::Ok {
+            self.qty
+        } else {
+            0
+        })
+    }
+
     /// The caller-facing outcome, for entries that answer a request key.
     pub fn outcome(&self) -> Option<Outcome> {
         Some(Outcome {
@@ -589,7 +615,8 @@ impl Entry {
             reason: self.reason.clone(),
             item: self.item.clone(),
             op: self.op,
-            qty: self.qty,
+            qty: self.asked(),
+            qty_taken: self.taken(),
             stock_before: self.stock_before,
             stock_after: self.stock_after,
             seq: self.seq,
@@ -617,7 +644,8 @@ impl Entry {
             kind: self.op,
             status: self.status,
             request_key: self.request_key.clone(),
-            qty: self.qty,
+            qty: self.asked(),
+            qty_taken: self.taken(),
             stock_after: self.stock_after?,
             reserved_after: self.reserved_after?,
             at: self.completed_at,
@@ -666,7 +694,12 @@ pub struct Event {
     /// Its decision: a rejected request is still an event (it took a sequence number).
     pub status: Status,
     pub request_key: Option<Arc<str>>,
+    /// What the request asked for.
     pub qty: i64,
+    /// Sales and holds only: what they took (`qty`, less for a partial fill, 0 when
+    /// refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qty_taken: Option<i64>,
     pub stock_after: i64,
     pub reserved_after: i64,
     /// When it was decided (ms since the epoch).
@@ -699,7 +732,12 @@ pub struct Outcome {
     pub reason: Option<String>,
     pub item: Arc<str>,
     pub op: Op,
+    /// What the request asked for.
     pub qty: i64,
+    /// Sales and holds only: what they took of the stock (`qty`, less for a partial fill
+    /// with `min_qty`, 0 when refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qty_taken: Option<i64>,
     pub stock_before: Option<i64>,
     pub stock_after: Option<i64>,
     pub seq: Option<u64>,

@@ -28,6 +28,9 @@ struct HoldBody<'a> {
     status: &'a str,
     item: &'a str,
     qty: i64,
+    /// What the hold took: `qty`, less for a partial fill (`min_qty`), 0 when refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    qty_taken: Option<i64>,
     expires_at: Option<i64>,
     seq: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -58,6 +61,7 @@ pub async fn post_hold(
     let item = name(&body, "item", "")?.ok_or_else(|| ApiError::invalid("item: required"))?;
     let qty = integer(&body, "qty", "", 1, QTY_MAX)?;
     let ttl_ms = integer(&body, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)?;
+    let min_qty = crate::validate::min_qty(&body, "", Op::Hold, qty)?;
     let key = request_id(&body, "")?.ok_or_else(|| {
         ApiError::invalid("request_id: required (it makes the hold idempotent and is its id)")
     })?;
@@ -68,6 +72,7 @@ pub async fn post_hold(
         seller,
         buyer,
         ttl_ms,
+        min_qty,
         ..Request::new(shop.clone(), item, key.clone(), Op::Hold, qty, now_ms())
     };
     let o = decide(&state, &shop, req.clone()).await?;
@@ -83,6 +88,7 @@ pub async fn post_hold(
         status,
         item: &o.item,
         qty: o.qty,
+        qty_taken: o.qty_taken,
         expires_at: o.expires_at,
         seq: o.seq,
         reason: o.reason.as_deref(),
@@ -147,6 +153,7 @@ async fn end_hold(
         status: status.as_str(),
         item: &item,
         qty,
+        qty_taken: None,
         expires_at: Some(expires_at),
         seq: o.seq,
         reason: None,
@@ -183,6 +190,7 @@ pub async fn get_hold(
             },
             item: &h.item,
             qty: h.qty,
+            qty_taken: None,
             expires_at: Some(h.expires_at),
             seq: Some(h.seq),
             reason: None,

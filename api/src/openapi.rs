@@ -430,7 +430,7 @@ fn schemas() -> Value {
                     "delta": { "type": "integer", "minimum": -1_000_000_000i64, "maximum": 1_000_000_000i64,
                                "not": { "enum": [0] } } } } } } },
         "Txn": { "type": "object", "additionalProperties": false, "required": ["seller", "item", "qty"], "properties": {
-            "seller": name(), "item": name(), "qty": qty(), "buyer": name(),
+            "seller": name(), "item": name(), "qty": qty(), "buyer": name(), "min_qty": qty(),
             "op": { "type": "string", "enum": ["decrement", "increment"] },
             "return_of": { "type": "string", "minLength": 1, "maxLength": 386,
                 "description": "Increments only (a decrement with it is a 400): the request key \
@@ -447,7 +447,7 @@ fn schemas() -> Value {
         "Outcome": { "type": "object", "properties": {
             "shop": s("string"), "request_key": s("string"), "status": status(),
             "reason": { "type": "string", "nullable": true }, "item": s("string"), "op": s("string"),
-            "qty": s("integer"), "stock_before": { "type": "integer", "nullable": true },
+            "qty": s("integer"), "qty_taken": s("integer"), "stock_before": { "type": "integer", "nullable": true },
             "stock_after": { "type": "integer", "nullable": true },
             "seq": { "type": "integer", "nullable": true }, "prev_seq": { "type": "integer", "nullable": true },
             "submitted_at": s("integer"), "completed_at": s("integer"),
@@ -460,17 +460,17 @@ fn schemas() -> Value {
             "type": "object", "properties": {
                 "shop": s("string"), "item": s("string"), "seq": s("integer"), "prev_seq": s("integer"),
                 "kind": s("string"), "status": s("string"), "request_key": { "type": "string", "nullable": true },
-                "qty": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
+                "qty": s("integer"), "qty_taken": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
                 "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string"),
                 "requested_at": s("integer"), "seller": s("string"), "buyer": s("string") } } } } },
         "HoldRequest": { "type": "object", "additionalProperties": false, "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
             "item": name(), "qty": qty(), "ttl_ms": ttl(), "request_id": key_schema(),
-            "seller": name(), "buyer": name() } },
+            "seller": name(), "buyer": name(), "min_qty": qty() } },
         "Hold": { "type": "object", "properties": {
             "hold_id": s("string"),
             "status": { "type": "string", "enum": ["held", "checking", "confirmed", "released", "expired",
                 "insufficient_stock", "unknown_item", "buyer_limit", "limit_exceeded"] },
-            "item": s("string"), "qty": s("integer"), "expires_at": { "type": "integer", "nullable": true },
+            "item": s("string"), "qty": s("integer"), "qty_taken": s("integer"), "expires_at": { "type": "integer", "nullable": true },
             "seq": { "type": "integer", "nullable": true }, "reason": s("string") } },
         "OrderRequest": { "type": "object", "additionalProperties": false, "required": ["order_id", "lines", "ttl_ms"], "properties": {
             "order_id": key_schema(), "ttl_ms": ttl(), "buyer": name(),

@@ -515,6 +515,7 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             )))
         }
     };
+    let min_qty = min_qty(obj, prefix, op, qty)?;
     let key: Arc<str> = match (request_id, req_time) {
         (Some(id), _) => id,
         (None, Some(t)) => format!("{seller}:{item}:{t}").into(),
@@ -530,10 +531,28 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             buyer,
             remarks,
             return_of,
+            min_qty,
             ..Request::new(shop.clone(), item, key, op, qty, now_ms())
         },
         respond,
     ))
+}
+
+/// A sale's or hold's `min_qty` (a partial fill, `1 ≤ min_qty ≤ qty`), if it has one.
+pub fn min_qty(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    op: Op,
+    qty: i64,
+) -> Result<Option<i64>, ApiError> {
+    match obj.get("min_qty") {
+        None | Some(Value::Null) => Ok(None),
+        Some(_) if !matches!(op, Op::Decrement | Op::Hold) => Err(ApiError::invalid(format!(
+            "{prefix}min_qty: only a decrement or a hold may take part of its qty, not an {}",
+            op.as_str()
+        ))),
+        Some(_) => integer(obj, "min_qty", prefix, 1, qty).map(Some),
+    }
 }
 
 #[cfg(test)]

@@ -635,6 +635,7 @@ mod tests {
             status: Status::Ok,
             request_key: Some(format!("k-{item}-{seq}").into()),
             qty: 1,
+            qty_taken: None,
             stock_after: 1_000 - seq as i64,
             reserved_after: 0,
             at: 1_700_000_000_000 + seq as i64,

@@ -155,7 +155,9 @@ CREATE TABLE IF NOT EXISTS journal (
     expires_at     INTEGER,
     ttl_ms         INTEGER,
     -- row_checksum() of the decision's fields: a damaged row is refused, not served.
-    rowsum         INTEGER
+    rowsum         INTEGER,
+    -- A partial fill's qty asked for (qty is what it took); NULL otherwise.
+    qty_asked      INTEGER
 );
 CREATE TABLE IF NOT EXISTS holds (
     shop       TEXT    NOT NULL,
@@ -826,6 +828,7 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
         ("hold_id", "TEXT"),
         ("expires_at", "INTEGER"),
         ("ttl_ms", "INTEGER"),
+        ("qty_asked", "INTEGER"),
     ] {
         if !columns.iter().any(|c| c == column) {
             conn.execute_batch(&format!("ALTER TABLE journal ADD COLUMN {column} {kind}"))?;
@@ -922,7 +925,7 @@ fn start_checkpointer(
 /// 32,766 per statement).
 const ROWS_PER_INSERT: usize = 32;
 /// The columns [`bind_entry`] binds, in its order.
-const JOURNAL_COLUMNS: [&str; 21] = [
+const JOURNAL_COLUMNS: [&str; 22] = [
     "shop",
     "item",
     "seq",
@@ -944,6 +947,7 @@ const JOURNAL_COLUMNS: [&str; 21] = [
     "expires_at",
     "ttl_ms",
     "rowsum",
+    "qty_asked",
 ];
 
 /// `INSERT OR FAIL INTO journal (...) VALUES (...), ...` with `rows` rows of parameters.
@@ -1006,6 +1010,7 @@ fn bind_entry(
             prev_seq: e.prev_seq.map(|s| s as i64),
         }),
     )?;
+    stmt.raw_bind_parameter(at + 22, e.qty_asked)?;
     Ok(())
 }
 
@@ -1088,10 +1093,21 @@ fn unknown(what: &str, value: &str) -> rusqlite::Error {
     )
 }
 
+/// A row's [`Entry::taken`], from its op, status and `qty` columns.
+fn taken(op: &str, status: &str, qty: i64) -> Option<i64> {
+    (op == Op::Decrement.as_str() || op == Op::Hold.as_str()).then_some(
+        if status == Status::Ok.as_str() {
+            qty
+        } else {
+            0
+        },
+    )
+}
+
 /// The columns [`event_row`] reads, in its order (a query may add its own after them).
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
     stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason, seller, \
-    buyer, submitted_at";
+    buyer, submitted_at, qty_asked";
 
 fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     let op: String = row.get(4)?;
@@ -1127,7 +1143,8 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         kind: Op::parse(&op).ok_or_else(|| unknown("op", &op))?,
         status: Status::parse(&status).ok_or_else(|| unknown("status", &status))?,
         request_key: request_key.map(Into::into),
-        qty,
+        qty: row.get::<_, Option<i64>>(18)?.unwrap_or(qty),
+        qty_taken: taken(&op, &status, qty),
         stock_after,
         reserved_after,
         at: row.get(10)?,
@@ -1700,7 +1717,8 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
         item: item.into(),
         request_key: key.into(),
         op,
-        qty,
+        qty: row.get::<_, Option<i64>>(20)?.unwrap_or(qty),
+        qty_taken: taken(op.as_str(), &status, qty),
         status: Status::parse(&status).ok_or_else(|| unknown("status", &status))?,
         reason: row.get(6)?,
         stock_before,
@@ -1742,7 +1760,7 @@ impl Outcomes for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT shop, item, request_key, op, qty, status, reason, stock_before,
                         stock_after, seq, prev_seq, submitted_at, completed_at, hold_id,
-                        expires_at, reserved_after, ttl_ms, rowsum, seller, buyer
+                        expires_at, reserved_after, ttl_ms, rowsum, seller, buyer, qty_asked
                  FROM journal WHERE shop = ?1 AND request_key = ?2",
             )?;
             keys.iter()
@@ -1960,7 +1978,7 @@ impl Outbox for SqliteStore {
                 next: cursor,
             };
             while let Some(row) = rows.next()? {
-                page.next = row.get::<_, i64>(18)? as u64;
+                page.next = row.get::<_, i64>(19)? as u64;
                 // An unknown item's entry has no seq: not an event.
                 if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
                     page.events.push(event_row(row)?);

@@ -36,7 +36,9 @@ const F_PREV_SEQ: u32 = 1 << 17;
 const F_PER_BUYER: u32 = 1 << 18;
 /// A return's sale (`return_of`, its request key) follows.
 const F_RETURN_OF: u32 = 1 << 19;
-const F_ALL: u32 = (1 << 20) - 1;
+/// A partial fill's `qty_asked` follows (its `qty` is what it took).
+const F_QTY_ASKED: u32 = 1 << 20;
+const F_ALL: u32 = (1 << 21) - 1;
 
 /// What identifies a request apart from its key: its kind and op, item, quantity and (a
 /// hold's) TTL. Two uses of one key with different fingerprints are two requests: the
@@ -178,6 +180,7 @@ fn flags(e: &Entry, left: Implied) -> u32 {
         (!left.prev_implied, F_PREV_SEQ),
         (e.per_buyer_max.is_some(), F_PER_BUYER),
         (e.return_of.is_some(), F_RETURN_OF),
+        (e.qty_asked.is_some(), F_QTY_ASKED),
     ] {
         if on {
             flags |= f;
@@ -249,6 +252,9 @@ fn put_tail(out: &mut Vec<u8>, e: &Entry, left: Implied) {
     }
     if let Some(sale) = &e.return_of {
         put_str(out, sale);
+    }
+    if let Some(asked) = e.qty_asked {
+        put_ivar(out, asked);
     }
     out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
 }
@@ -354,6 +360,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
     };
     let per_buyer_max = has(F_PER_BUYER).then(|| r.ivar()).transpose()?;
     let return_of = has(F_RETURN_OF).then(|| r.str()).transpose()?;
+    let qty_asked = has(F_QTY_ASKED).then(|| r.ivar()).transpose()?;
     check_fingerprint(r, op, &item, qty, ttl_ms)?;
     Ok(Entry {
         request_key,
@@ -371,6 +378,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         ttl_ms,
         per_buyer_max,
         return_of,
+        qty_asked,
         logged: has(F_LOGGED),
         log_pos,
         ..Entry::decided(shop, item, op, qty, submitted_at, completed_at)
@@ -539,8 +547,12 @@ mod tests {
         ret_refused.stock_after = Some(11);
         ret_refused.reason = Some("sale k1 sold 1 and 2 were returned already".into());
         ret_refused.return_of = Some("k1".into());
+        // A partial fill: took 2 of the 5 asked.
+        let mut partial = sale("s", "i", "part", 10, 2, 2);
+        partial.qty_asked = Some(5);
         let entries = vec![
             sale("s", "i", "k1", 1, 10, 1),
+            partial,
             ret,
             ret_refused,
             hold,

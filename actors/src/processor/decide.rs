@@ -37,7 +37,7 @@ impl Processor {
         let entry = self.decide_change(req, now, touched);
         if let (Op::Hold, Status::Ok, Some(expires_at)) = (entry.op, entry.status, entry.expires_at)
         {
-            self.arm_hold(made_hold(req, expires_at), false);
+            self.arm_hold(made_hold(req, expires_at, entry.qty), false);
             if line {
                 // Tentative until its order is held ([`Op::Firm`]).
                 self.holds
@@ -110,9 +110,15 @@ impl Processor {
         };
         let (slot, ledger) = self.items.slot_and_ledger(&req.shop, &req.item);
         let known = slot.is_some();
+        // A partial fill under a buyer's limit takes at most what the limit leaves the
+        // buyer, and is refused only when that is below its `min_qty`.
+        let cap = match (&ledger, req.min_qty) {
+            (Some(l), Some(min)) => l.room(req.buyer.as_ref()).max(min).min(req.qty),
+            _ => req.qty,
+        };
         let over_limit = match &ledger {
             Some(l) if matches!(req.op, Op::Decrement | Op::Hold) => {
-                l.check(&req.item, req.buyer.as_ref(), req.qty)
+                l.check(&req.item, req.buyer.as_ref(), cap)
             }
             _ => None,
         };
@@ -125,7 +131,13 @@ impl Processor {
         .find_map(|(status, why)| why.map(|why| (status, why)));
         let entry = match (slot, refused) {
             (Some(slot), Some((status, why))) => reject(&mut slot.live, req, now, status, why),
-            (slot, _) => apply(slot.map(|s| &mut s.live), req, now, self.request_ttl_ms),
+            (slot, _) => apply_within(
+                slot.map(|s| &mut s.live),
+                req,
+                now,
+                self.request_ttl_ms,
+                cap,
+            ),
         };
         if let (Some(l), Some((buyer, delta))) = (ledger, crate::ledger::delta(&entry)) {
             l.apply(buyer, delta);
@@ -221,20 +233,21 @@ impl Processor {
         let entry = crate::apply::apply_order(&mut slot.live, req, now);
         touched.push((req.shop.clone(), req.item.clone()));
         if let Some(expires_at) = entry.expires_at {
-            self.arm_hold(made_hold(req, expires_at), false);
+            self.arm_hold(made_hold(req, expires_at, req.qty), false);
         }
         Decision::Apply(entry)
     }
 }
 
-/// The pending hold request `req` makes, expiring at `expires_at`.
-fn made_hold(req: &Request, expires_at: Millis) -> HoldView {
+/// The pending hold request `req` makes of `qty` (less than asked for a partial fill),
+/// expiring at `expires_at`.
+fn made_hold(req: &Request, expires_at: Millis, qty: i64) -> HoldView {
     HoldView {
         hold_id: req.key.clone(),
         status: HoldStatus::Held,
         shop: req.shop.clone(),
         item: req.item.clone(),
-        qty: req.qty,
+        qty,
         expires_at,
         seq: 0,
         buyer: req.buyer.clone(),

@@ -36,7 +36,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::apply::{apply, apply_hold_end, apply_load, reject};
+use crate::apply::{apply_hold_end, apply_load, apply_within, reject};
 use crate::checkback::CheckBack;
 use crate::ledger::BuyerLedger;
 use crate::mailbox::{LoadChunk, Work};
