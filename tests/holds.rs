@@ -7,7 +7,7 @@ mod common;
 
 use common::holds::*;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_are_confirmed_cancelled_and_expired_with_their_state_machine_enforced() {
@@ -204,4 +204,116 @@ async fn pending_holds_survive_a_sigkill_and_still_expire_on_time() {
             assert_eq!(e["seq"].as_u64(), Some(i as u64 + 1), "{e}");
         }
     }
+}
+
+/// Reservation control: a pending hold, or a held order with its lines, is given a new
+/// expiry (`now + ttl_ms`), journaled as an `extend` event and armed again, so it
+/// outlives its first expiry, across a SIGKILL too; an ended one answers 409 with its
+/// state, an unknown one 404, a bad body 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_and_orders_are_extended_while_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10), ("b", 10)]).await;
+    let (status, h) = hold(&c, &server, "s", "h1", "a", 2, 1_500).await;
+    assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
+    let first_expiry = h["expires_at"].as_i64().unwrap();
+    let orders = |rest: &str| server.url(&format!("/v1/shops/s/orders{rest}"));
+    let (status, o) = post(
+        &c,
+        &orders(""),
+        json!({"order_id": "o1", "ttl_ms": 1_500, "lines": [{"item": "a", "qty": 1}, {"item": "b", "qty": 1}]}),
+    )
+    .await;
+    assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
+
+    // Extended: a new expiry a minute away, shown at once and by a read.
+    let before = now_ms();
+    let (status, ext) = post(
+        &c,
+        &holds_url(&server, "s", "/h1/extend"),
+        json!({"ttl_ms": 60_000}),
+    )
+    .await;
+    assert_eq!((status, &ext["status"]), (200, &json!("held")), "{ext}");
+    let until = ext["expires_at"].as_i64().unwrap();
+    assert!(until >= before + 60_000 && until > first_expiry, "{ext}");
+    let (_, read) = get(&c, &holds_url(&server, "s", "/h1")).await;
+    assert_eq!(read["expires_at"], until, "{read}");
+    let (status, ext) = post(&c, &orders("/o1/extend"), json!({"ttl_ms": 60_000})).await;
+    assert_eq!((status, &ext["status"]), (200, &json!("held")), "{ext}");
+    assert!(
+        ext["expires_at"].as_i64().unwrap() >= before + 60_000,
+        "{ext}"
+    );
+    // The extension is an event of the item.
+    let kinds: Vec<Value> = events(&c, &server, "s", "a", 100)
+        .await
+        .iter()
+        .map(|e| e["kind"].clone())
+        .collect();
+    assert!(kinds.contains(&json!("extend")), "{kinds:?}");
+
+    // Past the first expiry, and across a SIGKILL, both are still held.
+    tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
+    server.kill();
+    let server = Server::start(dir.path(), &[]);
+    let (_, read) = get(&c, &holds_url(&server, "s", "/h1")).await;
+    assert_eq!(
+        (&read["status"], &read["expires_at"]),
+        (&json!("held"), &json!(until)),
+        "{read}"
+    );
+    let orders = |rest: &str| server.url(&format!("/v1/shops/s/orders{rest}"));
+    assert_eq!(get(&c, &orders("/o1")).await.1["status"], "held");
+    assert_eq!(item_state(&c, &server, "s", "a").await, (7, 3));
+
+    // Ended: 409 with the state; unknown: 404; bad bodies: 400 naming the field. The
+    // ended hold keeps the expiry it had when it ended, read back too.
+    let (_, done) = post(&c, &holds_url(&server, "s", "/h1/confirm"), json!({})).await;
+    assert_eq!(
+        (&done["status"], &done["expires_at"]),
+        (&json!("confirmed"), &json!(until)),
+        "{done}"
+    );
+    let (_, read) = get(&c, &holds_url(&server, "s", "/h1")).await;
+    assert_eq!(read["expires_at"], until, "{read}");
+    let (status, err) = post(
+        &c,
+        &holds_url(&server, "s", "/h1/extend"),
+        json!({"ttl_ms": 1_000}),
+    )
+    .await;
+    assert_eq!(status, 409, "{err}");
+    assert!(err.to_string().contains("confirmed"), "{err}");
+    post(&c, &orders("/o1/cancel"), json!({})).await;
+    let (status, err) = post(&c, &orders("/o1/extend"), json!({"ttl_ms": 1_000})).await;
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(
+        post(
+            &c,
+            &holds_url(&server, "s", "/nope/extend"),
+            json!({"ttl_ms": 1})
+        )
+        .await
+        .0,
+        404
+    );
+    assert_eq!(
+        post(&c, &orders("/nope/extend"), json!({"ttl_ms": 1}))
+            .await
+            .0,
+        404
+    );
+    for (body, says) in [
+        (json!({}), "ttl_ms: required"),
+        (json!({"ttl_ms": 0}), "ttl_ms: must be at least 1"),
+        (json!({"ttl_ms": 1, "more": 1}), "more"),
+    ] {
+        let (status, err) = post(&c, &holds_url(&server, "s", "/h1/extend"), body).await;
+        assert_eq!(status, 400, "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+    assert_eq!(item_state(&c, &server, "s", "a").await, (8, 0));
 }

@@ -143,6 +143,19 @@ async fn holds_through_kafka_and_mongo_expire_through_the_log() {
     load(&c, &server, "s", &[("a", 10)]).await;
     let (status, body) = hold(&c, &server, "s", "kept", "a", 2, 60_000).await;
     assert_eq!((status, &body["status"]), (200, &json!("held")), "{body}");
+    // Extended through the log: journaled in MongoDB as the item's next entry.
+    let asked = holds::now_ms();
+    let (status, ext) = post(
+        &c,
+        &holds_url(&server, "s", "/kept/extend"),
+        json!({"ttl_ms": 120_000}),
+    )
+    .await;
+    assert_eq!((status, &ext["status"]), (200, &json!("held")), "{ext}");
+    assert!(
+        ext["expires_at"].as_i64().unwrap() >= asked + 120_000,
+        "{ext}"
+    );
     let (status, body) = post(&c, &holds_url(&server, "s", "/kept/cancel"), json!({})).await;
     assert_eq!(
         (status, &body["status"]),
@@ -176,7 +189,10 @@ async fn holds_through_kafka_and_mongo_expire_through_the_log() {
     wait_item_state(&c, &server, "s", "a", (10, 0)).await;
     let all = events(&c, &server, "s", "a", 1000).await;
     let kinds: Vec<&str> = all.iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["load", "hold", "release", "hold", "load", "expire"]);
+    assert_eq!(
+        kinds,
+        ["load", "hold", "extend", "release", "hold", "load", "expire"]
+    );
     let late = lateness_ms(&all, "short", short["expires_at"].as_i64().unwrap());
     assert!(late >= 0, "expired early");
 

@@ -81,7 +81,9 @@ impl Engine {
         Ok(HoldEnd::Decided {
             item,
             qty,
-            expires_at,
+            // The expiry the hold had when it ended, which an extension may have moved
+            // since it was made (endings journaled before it was kept say none).
+            expires_at: outcome.expires_at.unwrap_or(expires_at),
             outcome,
         })
     }

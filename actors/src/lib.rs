@@ -8,6 +8,7 @@ pub mod apply;
 pub mod checkback;
 pub mod dead_letters;
 pub mod engine;
+pub mod extend;
 pub mod fatal;
 pub mod hold_end;
 pub mod ledger;

@@ -528,7 +528,11 @@ impl Engine {
                     status: h.as_ref().map_or("not_held", |h| h.status.as_str()),
                 })
                 .collect(),
-            expires_at: record.expires_at,
+            // The record's hold as it stands: an extension moved its expiry since.
+            expires_at: record_hold
+                .as_ref()
+                .map(|h| h.expires_at)
+                .or(record.expires_at),
             failed_line: None,
             reason: None,
         };
@@ -927,14 +931,14 @@ enum Standing {
 
 /// When a hold made at `made_at` expires if extended by `ttl_ms` from `now`: within the
 /// 7-day life of a hold.
-fn extended_until(now: Millis, ttl_ms: i64, made_at: Millis) -> Millis {
+pub(crate) fn extended_until(now: Millis, ttl_ms: i64, made_at: Millis) -> Millis {
     now.saturating_add(ttl_ms.max(0))
         .min(made_at.saturating_add(HOLD_TTL_MAX_MS))
 }
 
 /// The request extending pending hold `h` until `until` (its key names the new expiry, so
 /// the same extension asked twice is one decision).
-fn extension(shop: &Arc<str>, h: &HoldView, now: Millis, until: Millis) -> Request {
+pub(crate) fn extension(shop: &Arc<str>, h: &HoldView, now: Millis, until: Millis) -> Request {
     Request {
         hold_id: Some(h.hold_id.clone()),
         ttl_ms: until - now,

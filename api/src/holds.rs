@@ -1,5 +1,6 @@
 //! `POST /v1/shops/{shop}/holds`, `POST .../holds/{hold_id}/confirm`,
-//! `POST .../holds/{hold_id}/cancel`, `GET .../holds/{hold_id}`.
+//! `POST .../holds/{hold_id}/cancel`, `POST .../holds/{hold_id}/extend`,
+//! `GET .../holds/{hold_id}`.
 //!
 //! A hold's id is the `request_id` that made it. The engine ends holds
 //! (`nrtxn_actors::hold_end`): these routes decode the call and answer with what it
@@ -8,8 +9,9 @@
 use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use nrtxn_actors::extend::Extended;
 use nrtxn_actors::{
-    hold_end_key, now_ms, HoldEnd, HoldStatus, Op, Outcome, Reply, Request, Status,
+    hold_end_key, now_ms, HoldEnd, HoldStatus, HoldView, Op, Outcome, Reply, Request, Status,
     HOLD_TTL_MAX_MS, QTY_MAX,
 };
 use serde_json::Value;
@@ -170,6 +172,58 @@ async fn end_hold(
         op,
         serde_json::to_value(&body).unwrap_or(Value::Null),
     ))
+}
+
+/// Most bytes of an extension's body (`{"ttl_ms": ...}`).
+const EXTEND_BODY_MAX: usize = 256;
+
+/// `POST .../holds/{hold_id}/extend` `{"ttl_ms"}`: the pending hold with its new
+/// expiry; 409 with its state when it is no longer pending, 404 for no hold.
+pub async fn extend_hold(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    http: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, hold_id) = path.into_inner();
+    let shop = path_segment(&shop, "shop")?;
+    let hold_id = path_segment(&hold_id, "hold_id")?;
+    let ttl_ms = extension_ttl(&http, payload).await?;
+    match state.engine.extend_hold(&shop, &hold_id, ttl_ms).await? {
+        Extended::Done(h) => Ok(HttpResponse::Ok().json(view(&h))),
+        Extended::NotPending(h, why) => Err(ApiError::Conflict(
+            format!("hold_id: {why}, it cannot be extended"),
+            serde_json::to_value(view(&h)).unwrap_or(Value::Null),
+        )),
+        Extended::Unknown => Err(ApiError::NotFound(format!(
+            "hold_id: no hold {hold_id} in shop {shop} (an order's line is extended with \
+             its order: /v1/shops/{shop}/orders/{{order_id}}/extend)"
+        ))),
+    }
+}
+
+/// A hold as it stands, as the routes answer it.
+fn view(h: &HoldView) -> HoldBody<'_> {
+    HoldBody {
+        hold_id: &h.hold_id,
+        status: h.status.as_str(),
+        item: &h.item,
+        qty: h.qty,
+        qty_taken: None,
+        expires_at: Some(h.expires_at),
+        seq: Some(h.seq),
+        reason: None,
+    }
+}
+
+/// The `ttl_ms` of an extension's body (1 ms to a week).
+pub(crate) async fn extension_ttl(
+    http: &HttpRequest,
+    payload: web::Payload,
+) -> Result<i64, ApiError> {
+    let body = json_object(http, payload, EXTEND_BODY_MAX).await?;
+    crate::openapi::known_fields("Extend", &body)?;
+    integer(&body, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)
 }
 
 pub async fn get_hold(

@@ -99,10 +99,12 @@ routes! {
     get "/v1/shops/{shop}/holds/{hold_id}" => holds::get_hold, "getHold", "A hold's state";
     post "/v1/shops/{shop}/holds/{hold_id}/confirm" => holds::confirm_hold, "confirmHold", "Sell a held quantity";
     post "/v1/shops/{shop}/holds/{hold_id}/cancel" => holds::cancel_hold, "cancelHold", "Release a held quantity";
+    post "/v1/shops/{shop}/holds/{hold_id}/extend" => holds::extend_hold, "extendHold", "Give a pending hold a new expiry, now + ttl_ms";
     post "/v1/shops/{shop}/orders" => orders::post_order, "placeOrder", "Reserve every line of an order, or none";
     get "/v1/shops/{shop}/orders/{order_id}" => orders::get_order, "getOrder", "An order's state and lines";
     post "/v1/shops/{shop}/orders/{order_id}/confirm" => orders::confirm_order, "confirmOrder", "Sell every line of an order";
     post "/v1/shops/{shop}/orders/{order_id}/cancel" => orders::cancel_order, "cancelOrder", "Release every line of an order";
+    post "/v1/shops/{shop}/orders/{order_id}/extend" => orders::extend_order, "extendOrder", "Give a held order and its lines a new expiry, now + ttl_ms";
     put "/v1/shops/{shop}/settings" => settings::put_settings, "putSettings", "Set the shop's check-back (operators)";
     get "/v1/shops/{shop}/settings" => settings::get_settings, "getSettings", "The shop's check-back settings (operators)";
     get "/v1/shops/{shop}/dead-letters" => settings::get_dead_letters, "getDeadLetters", "Check-backs that found no answer (operators)";

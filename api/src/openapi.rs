@@ -209,6 +209,8 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
         ),
         "placeHold" => (Some("HoldRequest"), r("Hold")),
         "getHold" | "confirmHold" | "cancelHold" => (None, r("Hold")),
+        "extendHold" => (Some("Extend"), r("Hold")),
+        "extendOrder" => (Some("Extend"), r("Order")),
         "placeOrder" => (Some("OrderRequest"), r("Order")),
         "getOrder" | "confirmOrder" | "cancelOrder" => (None, r("Order")),
         "putSettings" => (Some("Settings"), r("SettingsAnswer")),
@@ -463,6 +465,8 @@ fn schemas() -> Value {
                 "qty": s("integer"), "qty_taken": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
                 "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string"),
                 "requested_at": s("integer"), "seller": s("string"), "buyer": s("string") } } } } },
+        "Extend": { "type": "object", "additionalProperties": false, "required": ["ttl_ms"], "properties": {
+            "ttl_ms": ttl() } },
         "HoldRequest": { "type": "object", "additionalProperties": false, "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
             "item": name(), "qty": qty(), "ttl_ms": ttl(), "request_id": key_schema(),
             "seller": name(), "buyer": name(), "min_qty": qty() } },

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use nrtxn_actors::extend::Extended;
 use nrtxn_actors::orders::{Ended, NewOrder, OrderLine, Placed, ORDER_LINES_MAX};
 use nrtxn_actors::{EngineError, Op, HOLD_TTL_MAX_MS, QTY_MAX};
 use serde_json::Value;
@@ -157,6 +158,37 @@ async fn end_order(
         op,
         serde_json::to_value(&view).unwrap_or(Value::Null),
     ))
+}
+
+/// `POST .../orders/{order_id}/extend` `{"ttl_ms"}`: the held order, its record and
+/// every line with their new expiry; 409 with its state when it is no longer held, 404
+/// for no order.
+pub async fn extend_order(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    http: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, order_id) = path.into_inner();
+    let shop = path_segment(&shop, "shop")?;
+    let order_id = path_segment(&order_id, "order_id")?;
+    let ttl_ms = crate::holds::extension_ttl(&http, payload).await?;
+    let engine = state.engine.clone();
+    let (s, id) = (shop.clone(), order_id.clone());
+    // Spawned, as an ending is: its several writes finish even if the caller goes.
+    let extended = actix_web::rt::spawn(async move { engine.extend_order(&s, &id, ttl_ms).await })
+        .await
+        .map_err(|_| ApiError::from(EngineError::ShuttingDown))??;
+    match extended {
+        Extended::Done(view) => Ok(HttpResponse::Ok().json(view)),
+        Extended::NotPending(view, why) => Err(ApiError::Conflict(
+            format!("order_id: {why}, it cannot be extended"),
+            serde_json::to_value(&view).unwrap_or(Value::Null),
+        )),
+        Extended::Unknown => Err(ApiError::NotFound(format!(
+            "order_id: no order {order_id} in shop {shop}"
+        ))),
+    }
 }
 
 pub async fn get_order(

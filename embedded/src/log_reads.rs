@@ -133,8 +133,9 @@ impl LogReads {
     /// Hold `hold_id` as it ended: its making (the entry under its id) and its ending (the
     /// entry under [`hold_end_key`]), both ok, whenever made, while the log holds them
     /// (a hold lives at most as long as the default key window). `None` if either is
-    /// not in the log (a pending hold is the views' own row). Its expiry is the
-    /// making's: an extension's is in the item's events.
+    /// not in the log (a pending hold is the views' own row). Its expiry is the one its
+    /// ending says it had (an extension moves it), or for an ending journaled before
+    /// endings said it, the making's.
     pub(crate) fn ended_hold(
         &self,
         shop: &str,
@@ -158,7 +159,8 @@ impl LogReads {
             shop: made.shop.clone(),
             item: made.item.clone(),
             qty: made.qty,
-            expires_at: made.expires_at.unwrap_or_default(),
+            // Its ending says the expiry it had then (an extension moves it).
+            expires_at: end.expires_at.or(made.expires_at).unwrap_or_default(),
             seq: end.seq.or(made.seq).unwrap_or_default(),
             buyer: made.buyer.clone(),
         }))

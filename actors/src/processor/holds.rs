@@ -252,7 +252,10 @@ impl Processor {
         if due && !req.by_check {
             end.op = Op::Expire;
         }
-        let entry = apply_hold_end(&mut slot.live, &end, hold.qty, now);
+        let mut entry = apply_hold_end(&mut slot.live, &end, hold.qty, now);
+        // The expiry the hold had when it ended (an extension may have moved it since
+        // it was made): what the ended hold shows when read back from its entries.
+        entry.expires_at = Some(hold.expires_at);
         if let (Some(l), Some((buyer, delta))) = (ledger, crate::ledger::delta(&entry)) {
             l.apply(buyer, delta);
         }

@@ -1,0 +1,123 @@
+//! Reservation control on a caller's request: a pending hold, or a held order and its
+//! lines, given longer (`now + ttl_ms`, within a hold's 7-day life). The extension is
+//! the request check-backs already make ([`Op::Extend`]): journaled as the item's next
+//! entry, and the new expiry armed on its processor's wheel. The HTTP layer decodes the
+//! call and answers with what this returns.
+
+use std::sync::Arc;
+
+use crate::checkback::CheckAction;
+use crate::engine::{Engine, EngineError};
+use crate::orders::{extended_until, extension, OrderView};
+use crate::types::{now_ms, HoldStatus, HoldView, Status, HOLD_TTL_MAX_MS};
+use crate::work_manager::PollResult;
+
+/// What asking to extend a hold or an order came to.
+#[derive(Debug)]
+pub enum Extended<V> {
+    /// No such hold or order in the shop (or one of an order's lines: it is extended
+    /// with its order).
+    Unknown,
+    /// Extended: as it now stands.
+    Done(V),
+    /// Not pending (ended, or past its 7-day life): as it stands, unchanged.
+    NotPending(V, String),
+}
+
+impl Engine {
+    /// Gives pending hold `hold_id` of `shop` a new expiry, `now + ttl_ms` (within its
+    /// 7-day life).
+    pub async fn extend_hold(
+        &self,
+        shop: &Arc<str>,
+        hold_id: &Arc<str>,
+        ttl_ms: i64,
+    ) -> Result<Extended<HoldView>, EngineError> {
+        if hold_id.starts_with('~') {
+            return Ok(Extended::Unknown);
+        }
+        let Some(h) = self.hold(shop, hold_id).await? else {
+            return Ok(Extended::Unknown);
+        };
+        if h.status != HoldStatus::Held {
+            let why = format!("hold {hold_id} is {}, not held", h.status.as_str());
+            return Ok(Extended::NotPending(h, why));
+        }
+        let made_at = match self.poll(shop, hold_id.clone()).await? {
+            PollResult::Decided(o) => o.completed_at,
+            _ => h.expires_at,
+        };
+        let now = now_ms();
+        let until = extended_until(now, ttl_ms, made_at);
+        if until <= now {
+            let why = format!("hold {hold_id} is past its {HOLD_TTL_MAX_MS} ms life");
+            return Ok(Extended::NotPending(h, why));
+        }
+        let o = self
+            .decide_one(shop, extension(shop, &h, now, until))
+            .await?;
+        match (o.status, o.expires_at) {
+            (Status::Ok, Some(expires_at)) => Ok(Extended::Done(HoldView {
+                expires_at,
+                seq: o.seq.unwrap_or(h.seq),
+                ..h
+            })),
+            // It ended between the read and the extension: as it now stands.
+            _ => match self.hold(shop, hold_id).await? {
+                Some(h) => {
+                    let why = format!("hold {hold_id} is {}, not held", h.status.as_str());
+                    Ok(Extended::NotPending(h, why))
+                }
+                None => Ok(Extended::Unknown),
+            },
+        }
+    }
+
+    /// Gives held order `order_id` of `shop` (its record and every line) a new expiry,
+    /// `now + ttl_ms` (within its 7-day life).
+    pub async fn extend_order(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        ttl_ms: i64,
+    ) -> Result<Extended<OrderView>, EngineError> {
+        let Some(outcome) = self.order_record(shop, order_id).await? else {
+            return Ok(Extended::Unknown);
+        };
+        let record = self
+            .holds_of(shop, vec![order_id.clone()])
+            .await?
+            .pop()
+            .flatten();
+        let now = now_ms();
+        let until = extended_until(now, ttl_ms, outcome.completed_at);
+        let why = match &record {
+            Some(r) if r.status == HoldStatus::Held && until > now => None,
+            Some(r) if r.status == HoldStatus::Held => Some(format!(
+                "order {order_id} is past its {HOLD_TTL_MAX_MS} ms life"
+            )),
+            _ => Some(format!("order {order_id} is not held")),
+        };
+        if let (None, Some(record)) = (&why, record) {
+            self.act_on_order(
+                shop,
+                order_id,
+                record,
+                &outcome,
+                CheckAction::Extend { ttl_ms },
+            )
+            .await?;
+        }
+        let Some(view) = self.order(shop, order_id).await? else {
+            return Ok(Extended::Unknown);
+        };
+        Ok(match why {
+            None if view.status == "held" => Extended::Done(view),
+            None => {
+                let why = format!("order {order_id} is {}, not held", view.status);
+                Extended::NotPending(view, why)
+            }
+            Some(why) => Extended::NotPending(view, why),
+        })
+    }
+}
