@@ -5,8 +5,9 @@
 //! After each step every outcome is the model's, and every loaded item's durable state
 //! is the model's. At the end each item's events are gapless and chain from one state to
 //! the next up to the item's stock. The properties:
-//! - **no oversell**: a decrement or hold beyond the available stock is refused, and the
-//!   stock never goes below zero;
+//! - **no oversell**: a decrement or hold beyond the available stock is refused (a
+//!   partial fill, `min_qty`, takes what there is down to its minimum), and the stock
+//!   never goes below zero;
 //! - **conservation**: stock and reserved are what loads, sales, returns and hold endings
 //!   make of them, and the events add up to them;
 //! - **at most once**: a repeated key answers its first outcome and changes nothing;
@@ -40,11 +41,13 @@ enum Step {
         item: usize,
         stock: i64,
     },
-    /// One call of decrements and increments (`true`: an increment) on any items.
-    Txns(Vec<(usize, bool, i64)>),
+    /// One call of decrements and increments (`true`: an increment) on any items, a
+    /// decrement with its `min_qty` (a partial fill) or none.
+    Txns(Vec<(usize, bool, i64, Option<i64>)>),
     Hold {
         item: usize,
         qty: i64,
+        min_qty: Option<i64>,
         short: bool,
     },
     /// Ends the `nth` hold made so far (modulo their number): confirm, or cancel.
@@ -62,12 +65,28 @@ fn step() -> impl Strategy<Value = Step> {
     let item = 0..ITEMS.len();
     prop_oneof![
         1 => (0..3usize, 0..20i64).prop_map(|(item, stock)| Step::Load { item, stock }),
-        4 => prop::collection::vec((item.clone(), any::<bool>(), 1..6i64), 1..6).prop_map(Step::Txns),
-        2 => (item, 1..6i64, prop::bool::weighted(0.3))
-            .prop_map(|(item, qty, short)| Step::Hold { item, qty, short }),
+        4 => prop::collection::vec((item.clone(), any::<bool>(), 1..6i64, 0..6i64), 1..6)
+            .prop_map(|txns| Step::Txns(txns.into_iter().map(|(item, inc, qty, min)| {
+                (item, inc, qty, min_qty(!inc, qty, min))
+            }).collect())),
+        2 => (item, 1..6i64, 0..6i64, prop::bool::weighted(0.3))
+            .prop_map(|(item, qty, min, short)| Step::Hold { item, qty, min_qty: min_qty(true, qty, min), short }),
         2 => (0..8usize, any::<bool>()).prop_map(|(nth, confirm)| Step::End { nth, confirm }),
         1 => (0..16usize).prop_map(|nth| Step::Repeat { nth }),
     ]
+}
+
+/// A partial fill's `min_qty` from a drawn `min` (0: none), within `1..=qty`.
+fn min_qty(takes: bool, qty: i64, min: i64) -> Option<i64> {
+    (takes && min > 0).then(|| min.min(qty))
+}
+
+/// What a sale or hold of `qty` (with `min_qty`) takes of `available`, `None`: refused.
+fn taking(qty: i64, min_qty: Option<i64>, available: i64) -> Option<i64> {
+    match min_qty {
+        None => (qty <= available).then_some(qty),
+        Some(min) => Some(qty.min(available)).filter(|n| *n >= min),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,24 +111,28 @@ struct Model {
     /// (available, reserved) of each loaded item.
     items: HashMap<usize, (i64, i64)>,
     holds: Vec<ModelHold>,
-    /// Every transaction submitted, with the outcome it got: (request, status, seq).
-    txns: Vec<(Request, Status, Option<u64>)>,
+    /// Every transaction submitted, with the outcome it got: (request, status, seq,
+    /// qty_taken).
+    txns: Vec<(Request, Status, Option<u64>, Option<i64>)>,
 }
 
 impl Model {
-    /// Applies one decrement or increment; the status it must get.
-    fn txn(&mut self, item: usize, increment: bool, qty: i64) -> Status {
+    /// Applies one decrement or increment; the status it must get, and (a decrement)
+    /// what it takes.
+    fn txn(&mut self, item: usize, increment: bool, qty: i64, min: Option<i64>) -> (Status, i64) {
         let Some((stock, _)) = self.items.get_mut(&item) else {
-            return Status::UnknownItem;
+            return (Status::UnknownItem, 0);
         };
         if increment {
             *stock += qty;
-            Status::Ok
-        } else if qty <= *stock {
-            *stock -= qty;
-            Status::Ok
-        } else {
-            Status::InsufficientStock
+            return (Status::Ok, 0);
+        }
+        match taking(qty, min, *stock) {
+            Some(n) => {
+                *stock -= n;
+                (Status::Ok, n)
+            }
+            None => (Status::InsufficientStock, 0),
         }
     }
 
@@ -218,59 +241,79 @@ async fn run(steps: Vec<Step>) {
             Step::Txns(txns) => {
                 let reqs: Vec<Request> = txns
                     .iter()
-                    .map(|&(item, inc, qty)| {
+                    .map(|&(item, inc, qty, min_qty)| {
                         keys += 1;
                         let op = if inc { Op::Increment } else { Op::Decrement };
-                        request(&shop, item, format!("t{keys}"), op, qty)
+                        Request {
+                            min_qty,
+                            ..request(&shop, item, format!("t{keys}"), op, qty)
+                        }
                     })
                     .collect();
                 let outcomes = submit(&engine, &shop, reqs.clone()).await;
                 // Returns first: each item's increments of the call, then its decrements.
-                let mut want = vec![Status::Ok; txns.len()];
+                let mut want = vec![(Status::Ok, 0); txns.len()];
                 for inc_pass in [true, false] {
-                    for (i, &(item, inc, qty)) in txns.iter().enumerate() {
+                    for (i, &(item, inc, qty, min)) in txns.iter().enumerate() {
                         if inc == inc_pass {
-                            want[i] = model.txn(item, inc, qty);
+                            want[i] = model.txn(item, inc, qty, min);
                         }
                     }
                 }
-                for ((req, o), want) in reqs.into_iter().zip(&outcomes).zip(want) {
+                for ((req, o), (status, taken)) in reqs.into_iter().zip(&outcomes).zip(want) {
+                    let want_taken = (req.op == Op::Decrement).then_some(taken);
                     assert_eq!(
-                        o.status, want,
-                        "{} {:?} {}: {o:?}",
-                        req.item, req.op, req.qty
+                        (o.status, o.qty_taken, o.qty),
+                        (status, want_taken, req.qty),
+                        "{} {:?} {} (min {:?}): {o:?}",
+                        req.item,
+                        req.op,
+                        req.qty,
+                        req.min_qty
                     );
                     if let Some(after) = o.stock_after {
                         assert!(after >= 0, "oversold: {o:?}");
                     }
-                    model.txns.push((req, o.status, o.seq));
+                    model.txns.push((req, o.status, o.seq, o.qty_taken));
                 }
             }
-            Step::Hold { item, qty, short } => {
+            Step::Hold {
+                item,
+                qty,
+                min_qty,
+                short,
+            } => {
                 keys += 1;
                 let id = format!("h{keys}");
                 let ttl_ms = if short { SHORT_TTL_MS } else { LONG_TTL_MS };
                 let req = Request {
                     ttl_ms,
+                    min_qty,
                     ..request(&shop, item, id.clone(), Op::Hold, qty)
                 };
                 let o = submit(&engine, &shop, vec![req]).await.remove(0);
                 let want = match model.items.get_mut(&item) {
-                    None => Status::UnknownItem,
-                    Some((stock, reserved)) if qty <= *stock => {
-                        *stock -= qty;
-                        *reserved += qty;
-                        model.holds.push(ModelHold {
-                            id: id.into(),
-                            item,
-                            qty,
-                            state: HoldState::Held { short },
-                        });
-                        Status::Ok
-                    }
-                    Some(_) => Status::InsufficientStock,
+                    None => (Status::UnknownItem, 0),
+                    Some((stock, reserved)) => match taking(qty, min_qty, *stock) {
+                        Some(n) => {
+                            *stock -= n;
+                            *reserved += n;
+                            model.holds.push(ModelHold {
+                                id: id.into(),
+                                item,
+                                qty: n,
+                                state: HoldState::Held { short },
+                            });
+                            (Status::Ok, n)
+                        }
+                        None => (Status::InsufficientStock, 0),
+                    },
                 };
-                assert_eq!(o.status, want, "hold {item} {qty}: {o:?}");
+                assert_eq!(
+                    (o.status, o.qty_taken),
+                    (want.0, Some(want.1)),
+                    "hold {item} {qty} (min {min_qty:?}): {o:?}"
+                );
                 if short {
                     // Past its TTL before the next step.
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -324,17 +367,26 @@ async fn run(steps: Vec<Step>) {
                 if model.txns.is_empty() {
                     continue;
                 }
-                let (req, status, seq) = model.txns[nth % model.txns.len()].clone();
+                let (req, status, seq, taken) = model.txns[nth % model.txns.len()].clone();
                 let key = req.key.clone();
                 let again = Request {
                     submitted_at: now_ms(),
                     ..req
                 };
+                let first = (status, seq, taken);
                 let o = submit(&engine, &shop, vec![again]).await.remove(0);
-                assert_eq!((o.status, o.seq), (status, seq), "repeat of {key}: {o:?}");
+                assert_eq!(
+                    (o.status, o.seq, o.qty_taken),
+                    first,
+                    "repeat of {key}: {o:?}"
+                );
                 match engine.poll(&shop, key.clone()).await.expect("poll") {
                     PollResult::Decided(o) => {
-                        assert_eq!((o.status, o.seq), (status, seq), "poll of {key}: {o:?}")
+                        assert_eq!(
+                            (o.status, o.seq, o.qty_taken),
+                            first,
+                            "poll of {key}: {o:?}"
+                        )
                     }
                     other => panic!("poll of {key}: {other:?}"),
                 }
