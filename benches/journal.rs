@@ -26,6 +26,7 @@ fn bench_append(c: &mut Criterion) {
         stock: i64::MAX / 2,
         reserved: 0,
         seq: 0,
+        ..ItemState::default()
     };
     let mut next_key = 0u64;
     let mut group = c.benchmark_group("journal");

@@ -67,7 +67,8 @@ async fn respond_true_answers_the_outcome_and_a_resubmission_returns_it_unchange
     let (_, item) = get(&c, &server.url("/v1/shops/s1/items/sku-1")).await;
     assert_eq!(
         item,
-        json!({"shop": "s1", "item": "sku-1", "stock": 2, "reserved": 0, "seq": 2})
+        json!({"shop": "s1", "item": "sku-1", "stock": 2, "reserved": 0, "seq": 2,
+               "opens_at": null, "closes_at": null})
     );
 
     // Beyond the stock: an outcome, not an error, and nothing partial.

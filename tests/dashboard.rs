@@ -376,6 +376,25 @@ async fn the_dashboard_loads_a_csv_and_shows_each_decision_live() {
             .contains("decrement (insufficient_stock) 5"),
         "the last change is the refused decrement: {change}"
     );
+    // A sale window set by a load shows in the item's row, through the stream.
+    let window =
+        json!({"items": [{"item": "sku-2", "stock": 5, "opens_at": 4_102_444_800_000i64}]});
+    let (status, _) = call(
+        &c,
+        reqwest::Method::PUT,
+        &server.url("/v1/shops/dash/items"),
+        Some(window.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200);
+    browser
+        .wait_for(
+            "the sale window shown",
+            "const r = document.querySelector('#items tr[data-item=\"sku-2\"] td.window'); \
+             return !!r && r.textContent.startsWith('opens ')",
+            Duration::from_secs(5),
+        )
+        .await;
     browser.screenshot("dashboard").await;
 }
 

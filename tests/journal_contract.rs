@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use nrtxn_actors::apply::{apply, apply_load};
 use nrtxn_actors::{
-    Entry, HoldStatus, ItemState, Journal, Metrics, Op, Request, Status, StoreError,
+    Entry, HoldStatus, ItemState, Journal, Metrics, Op, Request, Status, StoreError, WindowChange,
 };
 use nrtxn_embedded::journal::{LogJournal, Retention};
 use nrtxn_mongo::MongoJournal;
@@ -44,7 +44,7 @@ fn contract(name: &str, open: Open) {
     let journal = open();
     let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
     let mut state = ItemState::default();
-    let load = apply_load(&mut state, &shop, &item, 10, NOW);
+    let load = apply_load(&mut state, &shop, &item, 10, WindowChange::KEEP, NOW);
     let sold = apply(Some(&mut state), &req("k1", Op::Decrement, 3), NOW, 30_000);
     let refused = apply(
         Some(&mut state),
@@ -65,7 +65,8 @@ fn contract(name: &str, open: Open) {
         ItemState {
             stock: 5,
             reserved: 2,
-            seq: 4
+            seq: 4,
+            ..ItemState::default()
         }
     );
 
@@ -181,7 +182,7 @@ fn contract(name: &str, open: Open) {
         item: b.clone(),
         ..req(key, op, qty)
     };
-    let load_b = apply_load(&mut state_b, &shop, &b, 10, NOW);
+    let load_b = apply_load(&mut state_b, &shop, &b, 10, WindowChange::KEEP, NOW);
     let sale_b = apply(
         Some(&mut state_b),
         &on_b("kb", Op::Decrement, 3),
@@ -300,7 +301,7 @@ fn returned_units_are_rebuilt_from_the_log_with_the_views() {
         LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
     let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
     let mut state = ItemState::default();
-    let load = apply_load(&mut state, &shop, &item, 10, NOW);
+    let load = apply_load(&mut state, &shop, &item, 10, WindowChange::KEEP, NOW);
     let sale = apply(Some(&mut state), &req("k1", Op::Decrement, 4), NOW, 30_000);
     let give_back = Request {
         return_of: Some("k1".into()),

@@ -96,6 +96,38 @@ async fn requests_through_kafka_are_answered_and_polled() {
     );
     let (_, polled) = get(&c, &server.url("/v1/shops/s1/txns/part")).await;
     assert_eq!(polled, part);
+    // A sale window through the log: not open yet, the window in the answer.
+    let opens = holds::now_ms() + 3_600_000;
+    let window = json!({"items": [{"item": "later", "stock": 5, "opens_at": opens}]});
+    let (status, loaded) = call(
+        &c,
+        reqwest::Method::PUT,
+        &server.url("/v1/shops/s1/items"),
+        Some(window.to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, &loaded["items"][0]["opens_at"]),
+        (200, &json!(opens)),
+        "{loaded}"
+    );
+    let (_, early) = post(
+        &c,
+        &url,
+        json!({"seller": "a", "item": "later", "qty": 1, "request_id": "early"}),
+    )
+    .await;
+    assert_eq!(
+        (&early["status"], &early["opens_at"]),
+        (&json!("not_open"), &json!(opens)),
+        "{early}"
+    );
+    let (_, later) = get(&c, &server.url("/v1/shops/s1/items/later")).await;
+    assert_eq!(
+        (&later["opens_at"], &later["closes_at"], &later["stock"]),
+        (&json!(opens), &serde_json::Value::Null, &json!(5)),
+        "{later}"
+    );
     let sold = route_events(&server, "s1", "sku-1").await;
     assert_eq!(
         sold.last().map(|e| (e.qty, e.qty_taken)),

@@ -744,3 +744,186 @@ async fn a_partial_fill_takes_what_is_available_down_to_min_qty() {
         "{sold}"
     );
 }
+
+/// Sale windows: a load sets `opens_at` and `closes_at`; a sale, hold or order line
+/// decided before `opens_at` is `not_open`, at or after `closes_at` `closed`, with the
+/// window in the answer and nothing taken; returns and adjustments are not bound; the
+/// item and the listing show the bounds (`null` when unset); a load that leaves them out
+/// keeps them, `null` clears one; all of it as it was after a SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_window_serves_only_between_opens_at_and_closes_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    let txns = server.url("/v1/shops/shop/txns");
+    let now = common::holds::now_ms();
+    let (opens, closes) = (now + 1_500, now + 600_000);
+    let (status, loaded) = put_items(
+        &c,
+        &server,
+        json!({"items": [
+            {"item": "drop", "stock": 10, "opens_at": opens, "closes_at": closes},
+            {"item": "past", "stock": 10, "closes_at": now - 1},
+            {"item": "plain", "stock": 10}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{loaded}");
+    assert_eq!(
+        (
+            &loaded["items"][0]["opens_at"],
+            &loaded["items"][2]["opens_at"]
+        ),
+        (&json!(opens), &Value::Null),
+        "{loaded}"
+    );
+    let sale =
+        |key: &str, item: &str| json!({"seller": "s", "item": item, "qty": 1, "request_id": key});
+
+    // Before the opening: refused, the window in the answer, nothing taken.
+    let (_, early) = post(&c, &txns, sale("e1", "drop")).await;
+    assert_eq!(
+        (
+            &early["status"],
+            &early["opens_at"],
+            &early["closes_at"],
+            &early["stock_after"]
+        ),
+        (
+            &json!("not_open"),
+            &json!(opens),
+            &json!(closes),
+            &json!(10)
+        ),
+        "{early}"
+    );
+    let (_, held) = post(
+        &c,
+        &server.url("/v1/shops/shop/holds"),
+        json!({"item": "drop", "qty": 1, "ttl_ms": 60000, "request_id": "h-early"}),
+    )
+    .await;
+    assert_eq!(held["status"], "not_open", "{held}");
+    let (_, order) = post(
+        &c,
+        &server.url("/v1/shops/shop/orders"),
+        json!({"order_id": "o-early", "ttl_ms": 60000, "lines": [{"item": "plain", "qty": 1}, {"item": "drop", "qty": 1}]}),
+    )
+    .await;
+    assert_eq!(
+        (&order["status"], &order["failed_line"]),
+        (&json!("not_open"), &json!(1)),
+        "{order}"
+    );
+    // After the close: refused as closed; a return and an adjustment still apply.
+    let (_, late) = post(&c, &txns, sale("l1", "past")).await;
+    assert_eq!(
+        (&late["status"], &late["closes_at"]),
+        (&json!("closed"), &json!(now - 1)),
+        "{late}"
+    );
+    let (_, adjusted) = call(
+        &c,
+        reqwest::Method::POST,
+        &server.url("/v1/shops/shop/items/adjust"),
+        Some(json!({"adjustments": [{"item": "past", "delta": 2, "reason": "restock", "request_id": "a1"}]}).to_string()),
+    )
+    .await;
+    assert_eq!(adjusted["results"][0]["status"], "ok", "{adjusted}");
+
+    // At the opening: served.
+    let wait = (opens - common::holds::now_ms()).max(0) as u64;
+    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+    let (_, sold) = post(&c, &txns, sale("s1", "drop")).await;
+    assert_eq!(
+        (&sold["status"], &sold["stock_after"]),
+        (&json!("ok"), &json!(9)),
+        "{sold}"
+    );
+    assert!(sold["completed_at"].as_i64().unwrap() >= opens, "{sold}");
+
+    // The item, the listing and the events show the window.
+    let shown = item(&c, &server, "drop").await;
+    assert_eq!(
+        (&shown["opens_at"], &shown["closes_at"]),
+        (&json!(opens), &json!(closes)),
+        "{shown}"
+    );
+    let (_, page) = get(&c, &server.url("/v1/shops/shop/items")).await;
+    let plain = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["item"] == "plain")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (&plain["opens_at"], &plain["closes_at"]),
+        (&Value::Null, &Value::Null),
+        "{plain}"
+    );
+    let (_, events) = get(&c, &server.url("/v1/shops/shop/items/drop/events")).await;
+    let kinds: Vec<(Value, Value)> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["status"].clone(), e["opens_at"].clone()))
+        .collect();
+    assert!(
+        kinds.contains(&(json!("not_open"), json!(opens))),
+        "{kinds:?}"
+    );
+
+    // A load that leaves the window out keeps it; `null` clears a bound.
+    put_items(
+        &c,
+        &server,
+        json!({"items": [{"item": "drop", "stock": 20}]}),
+    )
+    .await;
+    assert_eq!(item(&c, &server, "drop").await["opens_at"], opens);
+    put_items(
+        &c,
+        &server,
+        json!({"items": [{"item": "past", "stock": 5, "closes_at": null}]}),
+    )
+    .await;
+    assert_eq!(post(&c, &txns, sale("l2", "past")).await.1["status"], "ok");
+
+    // Bad bounds name the field.
+    for (entry, says) in [
+        (
+            json!({"item": "x", "stock": 1, "opens_at": 0}),
+            "items[0].opens_at: must be at least 1",
+        ),
+        (
+            json!({"item": "x", "stock": 1, "closes_at": "soon"}),
+            "items[0].closes_at: must be an integer",
+        ),
+        (
+            json!({"item": "x", "stock": 1, "opens_at": 20, "closes_at": 10}),
+            "items[0].closes_at: must be after opens_at",
+        ),
+    ] {
+        let (status, err) = put_items(&c, &server, json!({"items": [entry]})).await;
+        assert_eq!(status, 400, "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+
+    // After a SIGKILL: the windows stand, as do the answers.
+    server.kill();
+    let server = Server::start(dir.path(), &[]);
+    let shown = item(&c, &server, "drop").await;
+    assert_eq!(
+        (&shown["opens_at"], &shown["closes_at"], &shown["stock"]),
+        (&json!(opens), &json!(closes), &json!(20)),
+        "{shown}"
+    );
+    let (_, polled) = get(&c, &server.url("/v1/shops/shop/txns/e1")).await;
+    assert_eq!(polled, early);
+    let (_, again) = post(&c, &server.url("/v1/shops/shop/txns"), sale("s2", "drop")).await;
+    assert_eq!(
+        (&again["status"], &again["opens_at"]),
+        (&json!("ok"), &json!(opens)),
+        "{again}"
+    );
+}

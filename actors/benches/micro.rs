@@ -39,6 +39,7 @@ fn bench_apply(c: &mut Criterion) {
         stock: i64::MAX / 2,
         reserved: 0,
         seq: 1,
+        ..ItemState::default()
     };
     group.bench_function("decrement_ok", |b| {
         b.iter(|| black_box(apply(Some(&mut state), black_box(&req), NOW_MS, TTL_MS)))
@@ -47,6 +48,7 @@ fn bench_apply(c: &mut Criterion) {
         stock: 0,
         reserved: 0,
         seq: 1,
+        ..ItemState::default()
     };
     group.bench_function("decrement_refused", |b| {
         b.iter(|| black_box(apply(Some(&mut sold_out), black_box(&req), NOW_MS, TTL_MS)))

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use crate::types::{is_order_item, Entry, ItemState, Millis, Op, Request, Status, STOCK_MAX};
+use crate::types::{
+    bound, is_order_item, Entry, ItemState, Millis, Op, Request, Status, WindowChange, STOCK_MAX,
+};
 
 /// Decides `req` against the item's current state (`None`: the item is unknown) and
 /// returns the journal entry that records the decision. On `ok` the state is updated in
@@ -292,14 +294,15 @@ pub fn apply_load(
     shop: &Arc<str>,
     item: &Arc<str>,
     stock: i64,
+    window: WindowChange,
     now: Millis,
 ) -> Entry {
     assert!((0..=STOCK_MAX).contains(&stock), "load outside limits");
     let before = *state;
     let after = ItemState {
         stock,
-        reserved: before.reserved,
         seq: before.seq + 1,
+        ..before.windowed(window)
     };
     *state = after;
     let mut entry = Entry::decided(shop.clone(), item.clone(), Op::Load, stock, now, now);
@@ -322,6 +325,8 @@ fn fill_states(entry: &mut Entry, before: ItemState, after: ItemState) {
     entry.reserved_after = Some(after.reserved);
     entry.seq = Some(after.seq);
     entry.prev_seq = Some(before.seq);
+    entry.opens_at = bound(after.opens_at);
+    entry.closes_at = bound(after.closes_at);
 }
 
 #[cfg(test)]
@@ -339,7 +344,7 @@ mod tests {
         let mut items = HashMap::new();
         let item: Arc<str> = "i".into();
         let state = items.entry(item.clone()).or_default();
-        apply_load(state, &"s".into(), &item, stock, 0);
+        apply_load(state, &"s".into(), &item, stock, WindowChange::KEEP, 0);
         (items, item)
     }
 
@@ -487,7 +492,14 @@ mod tests {
     fn load_sets_absolute_stock_as_next_sequence() {
         let (mut items, item) = loaded(10);
         apply(items.get_mut(&item), &req("k", Op::Decrement, 4, 0), 0, TTL);
-        let e = apply_load(items.get_mut(&item).unwrap(), &"s".into(), &item, 100, 0);
+        let e = apply_load(
+            items.get_mut(&item).unwrap(),
+            &"s".into(),
+            &item,
+            100,
+            WindowChange::KEEP,
+            0,
+        );
         assert_eq!((e.stock_before, e.stock_after), (Some(6), Some(100)));
         assert_eq!((e.prev_seq, e.seq), (Some(2), Some(3)));
         assert!(e.outcome().is_none(), "loads are not polled by key");

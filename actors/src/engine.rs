@@ -17,7 +17,9 @@ use crate::ports::{Journal, Recovered, RequestLog, StoreError};
 use crate::processor::{Enqueue, Flush, GetItem, ItemRead, Load, Processor};
 use crate::reply::{Answers, Call, Reply};
 use crate::topology::Topology;
-use crate::types::{now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request, Status};
+use crate::types::{
+    now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request, Status, WindowChange,
+};
 use crate::work_manager::{
     Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle, ShopStatus, Submit,
     SubmitError, WorkManager,
@@ -186,6 +188,8 @@ pub struct LoadEntry {
     pub if_seq: Option<u64>,
     /// The item's new per-buyer limit: 0 lifts it, `None` leaves it ([`crate::ledger`]).
     pub per_buyer_max: Option<i64>,
+    /// What the load does to the item's sale window.
+    pub window: WindowChange,
 }
 
 /// A load's items as keyed requests, item `i` under `key(i)`.
@@ -201,6 +205,8 @@ fn load_requests(
         .map(|(i, e)| Request {
             if_seq: e.if_seq,
             per_buyer_max: e.per_buyer_max,
+            opens_at: e.window.opens_at,
+            closes_at: e.window.closes_at,
             ..Request::new(shop.clone(), e.item, key(i), Op::Load, e.stock, now)
         })
         .collect()
@@ -214,6 +220,8 @@ pub fn load_view(shop: &Arc<str>, o: &Outcome) -> ItemView {
         stock: o.stock_after.unwrap_or(0),
         reserved: o.reserved_after.unwrap_or(0),
         seq: o.seq.unwrap_or(0),
+        opens_at: o.opens_at,
+        closes_at: o.closes_at,
     }
 }
 
@@ -530,6 +538,7 @@ impl Engine {
                 stock,
                 if_seq: None,
                 per_buyer_max: None,
+                window: WindowChange::KEEP,
             })
             .collect();
         let loaded = self.load_entries(shop, entries).await?;
@@ -570,6 +579,7 @@ impl Engine {
                     stock: e.stock,
                     if_seq: e.if_seq,
                     per_buyer_max: e.per_buyer_max,
+                    window: e.window,
                     index,
                 });
         }
@@ -771,13 +781,7 @@ impl Engine {
         let views = page
             .items
             .into_iter()
-            .map(|(item, st)| ItemView {
-                shop: shop.clone(),
-                item,
-                stock: st.stock,
-                reserved: st.reserved,
-                seq: st.seq,
-            })
+            .map(|(item, st)| ItemView::of(shop.clone(), item, st))
             .collect();
         Ok((views, next))
     }
@@ -816,13 +820,7 @@ impl Engine {
                     .flatten()
             }
         };
-        Ok(state.map(|st| ItemView {
-            shop: shop.clone(),
-            item: item.clone(),
-            stock: st.stock,
-            reserved: st.reserved,
-            seq: st.seq,
-        }))
+        Ok(state.map(|st| ItemView::of(shop.clone(), item.clone(), st)))
     }
 
     /// Stops taking requests, waits until every shard has applied and journaled what it

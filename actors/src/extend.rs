@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::checkback::CheckAction;
 use crate::engine::{Engine, EngineError};
 use crate::orders::{extended_until, extension, OrderView};
-use crate::types::{now_ms, HoldStatus, HoldView, Status, HOLD_TTL_MAX_MS};
+use crate::types::{is_order_item, now_ms, HoldStatus, HoldView, Status, HOLD_TTL_MAX_MS};
 use crate::work_manager::PollResult;
 
 /// What asking to extend a hold or an order came to.
@@ -39,6 +39,11 @@ impl Engine {
         let Some(h) = self.hold(shop, hold_id).await? else {
             return Ok(Extended::Unknown);
         };
+        // An order's record is kept as a hold under the order's id: it is extended with
+        // its lines, as an order.
+        if is_order_item(&h.item) {
+            return Ok(Extended::Unknown);
+        }
         if h.status != HoldStatus::Held {
             let why = format!("hold {hold_id} is {}, not held", h.status.as_str());
             return Ok(Extended::NotPending(h, why));
@@ -53,17 +58,23 @@ impl Engine {
             let why = format!("hold {hold_id} is past its {HOLD_TTL_MAX_MS} ms life");
             return Ok(Extended::NotPending(h, why));
         }
-        let o = self
-            .decide_one(shop, extension(shop, &h, now, until))
-            .await?;
+        // A caller's extension, unlike a check-back's, does not outlast the expiry.
+        let mut ext = extension(shop, &h, now, until);
+        ext.by_check = false;
+        let o = self.decide_one(shop, ext).await?;
         match (o.status, o.expires_at) {
             (Status::Ok, Some(expires_at)) => Ok(Extended::Done(HoldView {
                 expires_at,
                 seq: o.seq.unwrap_or(h.seq),
                 ..h
             })),
-            // It ended between the read and the extension: as it now stands.
+            // It ended between the read and the extension, or is past its expiry (which
+            // a caller's extension does not undo): as it now stands.
             _ => match self.hold(shop, hold_id).await? {
+                Some(h) if h.status == HoldStatus::Held => {
+                    let why = format!("hold {hold_id} is past its expiry");
+                    Ok(Extended::NotPending(h, why))
+                }
                 Some(h) => {
                     let why = format!("hold {hold_id} is {}, not held", h.status.as_str());
                     Ok(Extended::NotPending(h, why))
@@ -84,6 +95,9 @@ impl Engine {
         let Some(outcome) = self.order_record(shop, order_id).await? else {
             return Ok(Extended::Unknown);
         };
+        // Held, with every line held: not while its lines are being reserved, or past
+        // its expiry while its shop is asked.
+        let view = self.order(shop, order_id).await?;
         let record = self
             .holds_of(shop, vec![order_id.clone()])
             .await?
@@ -91,12 +105,17 @@ impl Engine {
             .flatten();
         let now = now_ms();
         let until = extended_until(now, ttl_ms, outcome.completed_at);
-        let why = match &record {
-            Some(r) if r.status == HoldStatus::Held && until > now => None,
-            Some(r) if r.status == HoldStatus::Held => Some(format!(
-                "order {order_id} is past its {HOLD_TTL_MAX_MS} ms life"
-            )),
-            _ => Some(format!("order {order_id} is not held")),
+        let why = match (&record, &view) {
+            (Some(r), Some(v)) if r.status == HoldStatus::Held && v.status == "held" => {
+                if now >= r.expires_at {
+                    Some(format!("order {order_id} is past its expiry"))
+                } else {
+                    (until <= now)
+                        .then(|| format!("order {order_id} is past its {HOLD_TTL_MAX_MS} ms life"))
+                }
+            }
+            (_, Some(v)) => Some(format!("order {order_id} is {}, not held", v.status)),
+            (_, None) => return Ok(Extended::Unknown),
         };
         if let (None, Some(record)) = (&why, record) {
             self.act_on_order(

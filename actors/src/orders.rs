@@ -942,6 +942,9 @@ pub(crate) fn extension(shop: &Arc<str>, h: &HoldView, now: Millis, until: Milli
     Request {
         hold_id: Some(h.hold_id.clone()),
         ttl_ms: until - now,
+        // What a check-back asks for stands past the expiry it was asked at (see
+        // `Processor::extend_hold`); `extend.rs` clears it for a caller's extension.
+        by_check: true,
         ..Request::new(
             shop.clone(),
             h.item.clone(),
@@ -1144,6 +1147,8 @@ mod tests {
             reserved_after: None,
             seller: None,
             buyer: None,
+            opens_at: None,
+            closes_at: None,
             requested_at: 0,
         };
         assert_eq!(lines_of(&record), lines);

@@ -312,6 +312,8 @@ mod tests {
             reserved_after: None,
             seller: None,
             buyer: None,
+            opens_at: None,
+            closes_at: None,
             requested_at: submitted_at,
         }
     }
@@ -408,7 +410,7 @@ mod tests {
         }
         assert_eq!(stats.tracked(), SHOPS_TRACKED_MAX);
         // What docs/reliability.md counts a shop's seconds at.
-        assert_eq!(std::mem::size_of::<Second>(), 128);
+        assert_eq!(std::mem::size_of::<Second>(), 136);
         stats.record(&outcome("new", Status::Ok, t0, t0 + 1_000_000_000));
         assert_eq!(stats.tracked(), SHOPS_TRACKED_MAX);
         assert!(stats.shops.get("s0").is_none(), "the oldest went");

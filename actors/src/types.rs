@@ -224,11 +224,15 @@ pub enum Status {
     /// not yet decided, not an `ok` sale of this item, past the return window, or has
     /// fewer units left to return than asked ([`crate::returns`]). Nothing changes.
     ReturnRefused,
+    /// A sale or hold decided before its item's sale window opens (`opens_at`).
+    NotOpen,
+    /// A sale or hold decided at or after its item's sale window closes (`closes_at`).
+    Closed,
 }
 
 impl Status {
     /// Every status, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Status; 10] = [
+    pub const ALL: [Status; 12] = [
         Status::Ok,
         Status::InsufficientStock,
         Status::UnknownItem,
@@ -239,6 +243,8 @@ impl Status {
         Status::BuyerLimit,
         Status::Tentative,
         Status::ReturnRefused,
+        Status::NotOpen,
+        Status::Closed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -253,6 +259,8 @@ impl Status {
             Status::BuyerLimit => "buyer_limit",
             Status::Tentative => "tentative",
             Status::ReturnRefused => "return_refused",
+            Status::NotOpen => "not_open",
+            Status::Closed => "closed",
         }
     }
 
@@ -268,6 +276,8 @@ impl Status {
             "buyer_limit" => Some(Status::BuyerLimit),
             "tentative" => Some(Status::Tentative),
             "return_refused" => Some(Status::ReturnRefused),
+            "not_open" => Some(Status::NotOpen),
+            "closed" => Some(Status::Closed),
             _ => None,
         }
     }
@@ -334,6 +344,12 @@ pub struct Request {
     /// that sale ([`crate::returns`]); a seller's increment must carry it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_of: Option<Arc<str>>,
+    /// Loads only: the item's sale window's new bounds (ms since the epoch; 0 clears a
+    /// bound, `None` leaves it), see [`ItemState::opens_at`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closes_at: Option<Millis>,
     /// Sales and holds only: take as much of `qty` as is available, down to this many
     /// (a partial fill), instead of all of `qty` or nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -385,6 +401,8 @@ impl Request {
             by_check: false,
             return_of: None,
             min_qty: None,
+            opens_at: None,
+            closes_at: None,
             no_wait: false,
             logged: false,
             log_pos: None,
@@ -446,6 +464,63 @@ pub struct ItemState {
     pub reserved: i64,
     /// Sequence number of the item's last journal entry; 0 before the first.
     pub seq: u64,
+    /// The sale window (ms since the epoch, 0: no bound): a sale or hold is served from
+    /// `opens_at` on and before `closes_at`, else refused [`Status::NotOpen`] or
+    /// [`Status::Closed`]. Set by loads; returns and operators' changes ignore it.
+    #[serde(default)]
+    pub opens_at: Millis,
+    #[serde(default)]
+    pub closes_at: Millis,
+}
+
+impl ItemState {
+    /// The state with its window's bounds changed as a load asks (`None`: kept, 0:
+    /// cleared).
+    pub fn windowed(self, change: WindowChange) -> ItemState {
+        ItemState {
+            opens_at: change.opens_at.unwrap_or(self.opens_at),
+            closes_at: change.closes_at.unwrap_or(self.closes_at),
+            ..self
+        }
+    }
+
+    /// Why a sale or hold decided at `now` is outside the item's window, if it is.
+    pub fn outside_window(&self, now: Millis) -> Option<(Status, String)> {
+        if self.opens_at > 0 && now < self.opens_at {
+            return Some((
+                Status::NotOpen,
+                format!("the sale opens at {} (ms since the epoch)", self.opens_at),
+            ));
+        }
+        if self.closes_at > 0 && now >= self.closes_at {
+            return Some((
+                Status::Closed,
+                format!("the sale closed at {} (ms since the epoch)", self.closes_at),
+            ));
+        }
+        None
+    }
+}
+
+/// What a load does to its item's sale window: each bound set (ms since the epoch),
+/// cleared (0), or left as it is (`None`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct WindowChange {
+    pub opens_at: Option<Millis>,
+    pub closes_at: Option<Millis>,
+}
+
+impl WindowChange {
+    /// Leaves the window as it is.
+    pub const KEEP: WindowChange = WindowChange {
+        opens_at: None,
+        closes_at: None,
+    };
+}
+
+/// A window bound as the API shows it: `None` (JSON `null`) when unset.
+pub fn bound(at: Millis) -> Option<Millis> {
+    (at > 0).then_some(at)
 }
 
 /// An item as the API shows it.
@@ -456,6 +531,26 @@ pub struct ItemView {
     pub stock: i64,
     pub reserved: i64,
     pub seq: u64,
+    /// The sale window's bounds, `null` when unset ([`ItemState::opens_at`]).
+    #[serde(default)]
+    pub opens_at: Option<Millis>,
+    #[serde(default)]
+    pub closes_at: Option<Millis>,
+}
+
+impl ItemView {
+    /// Item `item` of `shop` in state `st`.
+    pub fn of(shop: Arc<str>, item: Arc<str>, st: ItemState) -> ItemView {
+        ItemView {
+            shop,
+            item,
+            stock: st.stock,
+            reserved: st.reserved,
+            seq: st.seq,
+            opens_at: bound(st.opens_at),
+            closes_at: bound(st.closes_at),
+        }
+    }
 }
 
 /// One journal entry: a decided request, or an item load. The journal is the record of
@@ -499,6 +594,13 @@ pub struct Entry {
     /// returned against that sale, which the journal keeps ([`crate::returns`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_of: Option<Arc<str>>,
+    /// The item's sale window after the entry ([`ItemState::opens_at`]), each bound only
+    /// when set: every entry of an item with a window carries it, so that states made
+    /// from entries keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closes_at: Option<Millis>,
     /// A partial fill ([`Request::min_qty`]): the `qty` the request asked for, when the
     /// entry's `qty`, what it took, is less. Every reader of the stock's movement reads
     /// `qty`; the caller is shown both ([`Outcome::qty_taken`]).
@@ -549,6 +651,8 @@ impl Entry {
             ttl_ms: None,
             per_buyer_max: None,
             return_of: None,
+            opens_at: None,
+            closes_at: None,
             qty_asked: None,
             logged: false,
             log_pos: None,
@@ -588,6 +692,8 @@ impl Entry {
             stock: self.stock_after?,
             reserved: self.reserved_after?,
             seq: self.seq?,
+            opens_at: self.opens_at.unwrap_or(0),
+            closes_at: self.closes_at.unwrap_or(0),
         })
     }
 
@@ -630,6 +736,8 @@ impl Entry {
             seller: self.seller.clone(),
             buyer: self.buyer.clone(),
             requested_at: self.submitted_at,
+            opens_at: self.opens_at,
+            closes_at: self.closes_at,
         })
     }
 
@@ -659,6 +767,8 @@ impl Entry {
             seller: self.seller.clone(),
             buyer: self.buyer.clone(),
             requested_at: self.submitted_at,
+            opens_at: self.opens_at,
+            closes_at: self.closes_at,
         })
     }
 }
@@ -721,6 +831,11 @@ pub struct Event {
     /// was decided.
     #[serde(default)]
     pub requested_at: Millis,
+    /// The item's sale window after the change, each bound only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closes_at: Option<Millis>,
 }
 
 /// What a caller is told about a request. Field names are the HTTP API's.
@@ -766,6 +881,12 @@ pub struct Outcome {
     /// names too, under the name the design's response gives it, beside `completed_at`.
     #[serde(default)]
     pub requested_at: Millis,
+    /// The item's sale window, each bound only when set (a `not_open` or `closed`
+    /// answer says it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closes_at: Option<Millis>,
 }
 
 /// An outcome's `reserved_after`: kept for loads only.

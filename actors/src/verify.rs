@@ -24,10 +24,12 @@ pub fn expected_after(op: Op, status: Status, qty: i64, before: ItemState) -> It
         // A refusal changes nothing but the seq.
         _ => (stock, reserved),
     };
+    // The sale window moves with loads only ([`check_entry`] takes a load's own).
     ItemState {
         stock,
         reserved,
         seq: before.seq + 1,
+        ..before
     }
 }
 
@@ -42,6 +44,13 @@ pub fn check_entry(before: ItemState, e: &Entry) -> Result<ItemState, String> {
             reserved: before.reserved - 1,
             seq: before.seq + 1,
             ..before
+        }
+    } else if e.op == Op::Load && e.status == Status::Ok {
+        // A load sets the window it says.
+        ItemState {
+            opens_at: after.opens_at,
+            closes_at: after.closes_at,
+            ..expected_after(e.op, e.status, e.qty, before)
         }
     } else {
         expected_after(e.op, e.status, e.qty, before)
@@ -60,15 +69,20 @@ pub fn check_entry(before: ItemState, e: &Entry) -> Result<ItemState, String> {
     }
     if after != expected {
         return Err(format!(
-            "seq {}: {} of {} ({}) leaves stock {} reserved {}, not stock {} reserved {}",
+            "seq {}: {} of {} ({}) leaves stock {} reserved {} window {}..{}, not stock {} \
+             reserved {} window {}..{}",
             after.seq,
             e.op.as_str(),
             e.qty,
             e.status.as_str(),
             after.stock,
             after.reserved,
+            after.opens_at,
+            after.closes_at,
             expected.stock,
-            expected.reserved
+            expected.reserved,
+            expected.opens_at,
+            expected.closes_at
         ));
     }
     if after.stock < 0 || after.reserved < 0 {
@@ -139,7 +153,7 @@ impl Verifier {
 mod tests {
     use super::*;
     use crate::apply::{apply, apply_hold_end, apply_load};
-    use crate::types::Request;
+    use crate::types::{Request, WindowChange};
 
     fn req(op: Op, qty: i64, key: &str) -> Request {
         Request::new("s".into(), "i".into(), key.into(), op, qty, 1_000)
@@ -148,7 +162,14 @@ mod tests {
     #[test]
     fn what_the_apply_step_writes_the_verifier_accepts_and_a_changed_entry_it_refuses() {
         let mut state = ItemState::default();
-        let mut entries = vec![apply_load(&mut state, &"s".into(), &"i".into(), 5, 1_000)];
+        let mut entries = vec![apply_load(
+            &mut state,
+            &"s".into(),
+            &"i".into(),
+            5,
+            WindowChange::KEEP,
+            1_000,
+        )];
         for (op, qty, key) in [
             (Op::Decrement, 2, "a"),
             (Op::Decrement, 9, "b"),
@@ -185,12 +206,20 @@ mod tests {
     #[test]
     fn entries_a_snapshot_covers_are_passed_over() {
         let mut state = ItemState::default();
-        let load = apply_load(&mut state, &"s".into(), &"i".into(), 5, 1_000);
+        let load = apply_load(
+            &mut state,
+            &"s".into(),
+            &"i".into(),
+            5,
+            WindowChange::KEEP,
+            1_000,
+        );
         let sale = apply(Some(&mut state), &req(Op::Decrement, 1, "a"), 1_000, 30_000);
         let snap = ItemState {
             stock: 5,
             reserved: 0,
             seq: 1,
+            ..ItemState::default()
         };
         let mut v = Verifier::new([("s".into(), "i".into(), snap)]);
         assert_eq!(v.check(&load), Ok(false));

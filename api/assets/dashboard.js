@@ -178,7 +178,10 @@ async function listItems(v) {
       return;
     }
     for (const it of r.body.items) {
-      upsert(v, it.item, { stock: it.stock, reserved: it.reserved, seq: it.seq });
+      upsert(v, it.item, {
+        stock: it.stock, reserved: it.reserved, seq: it.seq,
+        window: windowText(it.opens_at, it.closes_at),
+      });
     }
     shown += r.body.items.length;
     after = r.body.next;
@@ -213,6 +216,7 @@ function upsert(v, item, state) {
   row.cells[1].textContent = state.stock;
   row.cells[2].textContent = state.reserved;
   row.cells[3].textContent = state.seq;
+  if (state.window !== undefined) row.cells[5].textContent = state.window;
   if (state.change) {
     row.cells[4].textContent = state.change;
     row.classList.remove('changed');
@@ -225,13 +229,14 @@ function makeRow(item) {
   const tr = document.createElement('tr');
   tr.dataset.item = item;
   tr.dataset.seq = -1;
-  for (const cls of ['item', 'stock num', 'reserved num', 'seq num', 'change']) {
+  for (const cls of ['item', 'stock num', 'reserved num', 'seq num', 'change', 'window']) {
     const td = document.createElement('td');
     td.className = cls;
     tr.appendChild(td);
   }
   tr.cells[0].textContent = item;
   tr.cells[4].textContent = '—';
+  tr.cells[5].textContent = '—';
   return tr;
 }
 
@@ -328,12 +333,25 @@ function parseMessage(block) {
 
 function onEvent(v, e) {
   const what = e.kind + (e.status === 'ok' ? '' : ' (' + e.status + ')');
+  // A partial fill took less than it asked for: both are shown.
+  const partial = e.status === 'ok' && e.qty_taken != null && e.qty_taken < e.qty;
+  const qty = partial ? e.qty_taken + ' of ' + e.qty : e.qty;
   upsert(v, e.item, {
     stock: e.stock_after,
     reserved: e.reserved_after,
     seq: e.seq,
-    change: clock(e.at) + ' ' + what + (e.qty ? ' ' + e.qty : ''),
+    change: clock(e.at) + ' ' + what + (e.qty ? ' ' + qty : ''),
+    window: windowText(e.opens_at, e.closes_at),
   });
+}
+
+// An item's sale window, as its bounds (ms since the epoch, absent when unset) say.
+function windowText(opensAt, closesAt) {
+  const at = (ms) => new Date(ms).toLocaleString([], { hour12: false });
+  const parts = [];
+  if (opensAt) parts.push('opens ' + at(opensAt));
+  if (closesAt) parts.push('closes ' + at(closesAt));
+  return parts.length ? parts.join(', ') : '—';
 }
 
 const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour12: false });

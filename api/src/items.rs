@@ -7,7 +7,8 @@ use std::sync::Arc;
 use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::engine::{load_view, LoadEntry};
 use nrtxn_actors::{
-    EngineError, ItemView, Status, ITEMS_LIMIT_MAX, LOAD_ITEMS_MAX, QTY_MAX, STOCK_MAX,
+    EngineError, ItemView, Status, WindowChange, ITEMS_LIMIT_MAX, LOAD_ITEMS_MAX, QTY_MAX,
+    STOCK_MAX,
 };
 use serde_json::{json, Value};
 
@@ -50,6 +51,21 @@ pub async fn put_items(
             None | Some(Value::Null) => None,
             Some(_) => Some(integer(obj, "per_buyer_max", &prefix, 0, QTY_MAX)?),
         };
+        let window = WindowChange {
+            opens_at: window_bound(obj, "opens_at", &prefix)?,
+            closes_at: window_bound(obj, "closes_at", &prefix)?,
+        };
+        if let WindowChange {
+            opens_at: Some(opens),
+            closes_at: Some(closes),
+        } = window
+        {
+            if opens > 0 && closes > 0 && closes <= opens {
+                return Err(ApiError::invalid(format!(
+                    "{prefix}closes_at: must be after opens_at ({opens}), got {closes}"
+                )));
+            }
+        }
         if !seen.insert(item.clone()) {
             return Err(ApiError::invalid(format!(
                 "items[{i}].item: {item} appears more than once"
@@ -60,6 +76,7 @@ pub async fn put_items(
             stock,
             if_seq,
             per_buyer_max,
+            window,
         });
     }
     let Some(id) = request_id(&body, "")? else {
@@ -90,6 +107,23 @@ pub async fn put_items(
         }
     }
     Ok(HttpResponse::Ok().json(json!({ "request_id": &*id, "items": views })))
+}
+
+/// Latest sale window bound a load may set: the last millisecond of the year 9999.
+const WINDOW_BOUND_MAX: i64 = 253_402_300_799_999;
+
+/// A load entry's window bound `field`: left out keeps it (`None`), `null` clears it
+/// (`Some(0)`), else ms since the epoch.
+fn window_bound(
+    obj: &serde_json::Map<String, Value>,
+    field: &str,
+    prefix: &str,
+) -> Result<Option<i64>, ApiError> {
+    match obj.get(field) {
+        None => Ok(None),
+        Some(Value::Null) => Ok(Some(0)),
+        Some(_) => integer(obj, field, prefix, 1, WINDOW_BOUND_MAX).map(Some),
+    }
 }
 
 /// One item of a load's answer: its state, and `status` `ok`, or `seq_moved` when the

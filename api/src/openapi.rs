@@ -175,6 +175,12 @@ fn key_schema() -> Value {
             "description": "1 to 128 bytes of UTF-8, without '/' or control characters, not starting with '~'" })
 }
 
+/// A load's sale window bound: ms since the epoch, or `null` to clear it.
+fn window_bound() -> Value {
+    json!({ "type": "integer", "minimum": 1, "maximum": 253_402_300_799_999i64, "nullable": true,
+            "description": "ms since the epoch; null clears the bound, leaving it out keeps it" })
+}
+
 fn schema_ref(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
 }
@@ -398,7 +404,7 @@ fn schemas() -> Value {
     let status = || {
         json!({ "type": "string", "enum": ["ok", "insufficient_stock", "unknown_item", "expired",
             "limit_exceeded", "unknown_hold", "seq_moved", "buyer_limit", "return_refused",
-            "accepted", "pending"],
+            "not_open", "closed", "accepted", "pending"],
             "description": "return_refused: a return (an increment with return_of) whose sale is \
                 unknown or not yet decided, not an ok decrement of this item, past the return \
                 window, or has fewer units left to return than asked; nothing changed, and \
@@ -410,7 +416,9 @@ fn schemas() -> Value {
         "Health": { "type": "object" },
         "Item": { "type": "object", "properties": {
             "shop": s("string"), "item": s("string"), "stock": s("integer"),
-            "reserved": s("integer"), "seq": s("integer") } },
+            "reserved": s("integer"), "seq": s("integer"),
+            "opens_at": { "type": "integer", "nullable": true },
+            "closes_at": { "type": "integer", "nullable": true } } },
         "ItemPage": { "type": "object", "properties": {
             "items": { "type": "array", "items": schema_ref("Item") },
             "next": { "type": "string", "nullable": true } } },
@@ -420,7 +428,8 @@ fn schemas() -> Value {
                 "type": "object", "additionalProperties": false, "required": ["item", "stock"], "properties": {
                     "item": name(), "stock": { "type": "integer", "minimum": 0, "maximum": 1_000_000_000_000_000i64 },
                     "if_seq": { "type": "integer", "minimum": 0 },
-                    "per_buyer_max": { "type": "integer", "minimum": 0 } } } } } },
+                    "per_buyer_max": { "type": "integer", "minimum": 0 },
+                    "opens_at": window_bound(), "closes_at": window_bound() } } } } },
         "LoadAnswer": { "type": "object", "properties": {
             "items": { "type": "array", "items": schema_ref("Item") } } },
         "Adjustments": { "type": "object", "additionalProperties": false, "required": ["adjustments"], "properties": {
@@ -453,7 +462,8 @@ fn schemas() -> Value {
             "stock_after": { "type": "integer", "nullable": true },
             "seq": { "type": "integer", "nullable": true }, "prev_seq": { "type": "integer", "nullable": true },
             "submitted_at": s("integer"), "completed_at": s("integer"),
-            "requested_at": s("integer"), "seller": s("string"), "buyer": s("string") } },
+            "requested_at": s("integer"), "seller": s("string"), "buyer": s("string"),
+            "opens_at": s("integer"), "closes_at": s("integer") } },
         "Results": { "type": "object", "properties": {
             "results": { "type": "array", "items": schema_ref("Outcome") } } },
         "Accepted": { "type": "object", "properties": {
@@ -464,7 +474,8 @@ fn schemas() -> Value {
                 "kind": s("string"), "status": s("string"), "request_key": { "type": "string", "nullable": true },
                 "qty": s("integer"), "qty_taken": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
                 "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string"),
-                "requested_at": s("integer"), "seller": s("string"), "buyer": s("string") } } } } },
+                "requested_at": s("integer"), "seller": s("string"), "buyer": s("string"),
+                "opens_at": s("integer"), "closes_at": s("integer") } } } } },
         "Extend": { "type": "object", "additionalProperties": false, "required": ["ttl_ms"], "properties": {
             "ttl_ms": ttl() } },
         "HoldRequest": { "type": "object", "additionalProperties": false, "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
@@ -473,7 +484,7 @@ fn schemas() -> Value {
         "Hold": { "type": "object", "properties": {
             "hold_id": s("string"),
             "status": { "type": "string", "enum": ["held", "checking", "confirmed", "released", "expired",
-                "insufficient_stock", "unknown_item", "buyer_limit", "limit_exceeded"] },
+                "insufficient_stock", "unknown_item", "buyer_limit", "limit_exceeded", "not_open", "closed"] },
             "item": s("string"), "qty": s("integer"), "qty_taken": s("integer"), "expires_at": { "type": "integer", "nullable": true },
             "seq": { "type": "integer", "nullable": true }, "reason": s("string") } },
         "OrderRequest": { "type": "object", "additionalProperties": false, "required": ["order_id", "lines", "ttl_ms"], "properties": {

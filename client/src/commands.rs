@@ -907,13 +907,19 @@ async fn print_item_now(
 
 /// Prints change `e` (seq `seq`) of `item`, at once.
 fn print_change(out: &mut impl Write, item: &str, seq: u64, e: &Value) -> anyhow::Result<()> {
+    // A partial fill took less than it asked for: both are shown.
+    let qty = match (e["qty_taken"].as_i64(), e["qty"].as_i64(), &e["status"]) {
+        (Some(taken), Some(asked), status) if taken < asked && status == "ok" => {
+            format!("{taken} of {asked}")
+        }
+        _ => e["qty"].to_string(),
+    };
     writeln!(
         out,
-        "{item}: stock {} reserved {} (seq {seq}: {} {} {})",
+        "{item}: stock {} reserved {} (seq {seq}: {} {qty} {})",
         e["stock_after"],
         e["reserved_after"],
         e["kind"].as_str().unwrap_or("?"),
-        e["qty"],
         e["status"].as_str().unwrap_or("?"),
     )
     .context("stdout")?;

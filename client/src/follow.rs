@@ -645,6 +645,8 @@ mod tests {
             seller: None,
             buyer: None,
             requested_at: 1_700_000_000_000 + seq as i64,
+            opens_at: None,
+            closes_at: None,
         }
     }
 

@@ -40,8 +40,9 @@ use nrtxn_actors::ports::{ItemPage, ItemReads, Lifecycle, Outbox, Outcomes};
 use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
-    load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Metrics, Op, Outcome,
-    Recovered, RelayPage, Request, Status, StoreError, INTERNAL_ITEMS_END, INTERNAL_ITEM_PREFIX,
+    bound, load_only, AppendDone, Entry, Event, HoldStatus, HoldView, ItemState, Metrics, Op,
+    Outcome, Recovered, RelayPage, Request, Status, StoreError, INTERNAL_ITEMS_END,
+    INTERNAL_ITEM_PREFIX,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -103,6 +104,12 @@ fn snapshot_checksum(shop: &str, item: &str, s: ItemState) -> i64 {
     for n in [s.stock, s.reserved, s.seq as i64] {
         h.update(&n.to_le_bytes());
     }
+    // A window's bounds, when the item has one: rows of items without one (all rows
+    // written before windows existed) keep the sums they were written with.
+    if (s.opens_at, s.closes_at) != (0, 0) {
+        h.update(&s.opens_at.to_le_bytes());
+        h.update(&s.closes_at.to_le_bytes());
+    }
     h.digest() as i64
 }
 
@@ -157,7 +164,10 @@ CREATE TABLE IF NOT EXISTS journal (
     -- row_checksum() of the decision's fields: a damaged row is refused, not served.
     rowsum         INTEGER,
     -- A partial fill's qty asked for (qty is what it took); NULL otherwise.
-    qty_asked      INTEGER
+    qty_asked      INTEGER,
+    -- The item's sale window after the entry, each bound only when set.
+    opens_at       INTEGER,
+    closes_at      INTEGER
 );
 CREATE TABLE IF NOT EXISTS holds (
     shop       TEXT    NOT NULL,
@@ -829,6 +839,8 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
         ("expires_at", "INTEGER"),
         ("ttl_ms", "INTEGER"),
         ("qty_asked", "INTEGER"),
+        ("opens_at", "INTEGER"),
+        ("closes_at", "INTEGER"),
     ] {
         if !columns.iter().any(|c| c == column) {
             conn.execute_batch(&format!("ALTER TABLE journal ADD COLUMN {column} {kind}"))?;
@@ -846,6 +858,9 @@ fn prepare_schema(conn: &Connection) -> Result<(), rusqlite::Error> {
     // are trusted until then.
     add_column_if_missing(conn, "items", "checksum")?;
     add_column_if_missing(conn, "journal", "rowsum")?;
+    // An item's sale window (NULL: no bound), in its snapshot as in its state.
+    add_column_if_missing(conn, "items", "opens_at")?;
+    add_column_if_missing(conn, "items", "closes_at")?;
     // A pending hold's buyer counts against an item's per-buyer limit until it ends.
     add_typed_column_if_missing(conn, "holds", "buyer", "TEXT")
 }
@@ -925,7 +940,7 @@ fn start_checkpointer(
 /// 32,766 per statement).
 const ROWS_PER_INSERT: usize = 32;
 /// The columns [`bind_entry`] binds, in its order.
-const JOURNAL_COLUMNS: [&str; 22] = [
+const JOURNAL_COLUMNS: [&str; 24] = [
     "shop",
     "item",
     "seq",
@@ -948,6 +963,8 @@ const JOURNAL_COLUMNS: [&str; 22] = [
     "ttl_ms",
     "rowsum",
     "qty_asked",
+    "opens_at",
+    "closes_at",
 ];
 
 /// `INSERT OR FAIL INTO journal (...) VALUES (...), ...` with `rows` rows of parameters.
@@ -1008,9 +1025,12 @@ fn bind_entry(
             reserved_after: e.reserved_after,
             seq: e.seq.map(|s| s as i64),
             prev_seq: e.prev_seq.map(|s| s as i64),
+            later: [e.qty_asked, e.opens_at, e.closes_at],
         }),
     )?;
     stmt.raw_bind_parameter(at + 22, e.qty_asked)?;
+    stmt.raw_bind_parameter(at + 23, e.opens_at)?;
+    stmt.raw_bind_parameter(at + 24, e.closes_at)?;
     Ok(())
 }
 
@@ -1027,6 +1047,9 @@ struct RowFields<'a> {
     reserved_after: Option<i64>,
     seq: Option<i64>,
     prev_seq: Option<i64>,
+    /// A partial fill's asked `qty` and the item's window bounds: covered when a row
+    /// has any of them (rows without keep the sums they were written with).
+    later: [Option<i64>; 3],
 }
 
 /// xxh3-64 of a row's decision fields, as a signed integer.
@@ -1062,6 +1085,11 @@ fn row_checksum(f: &RowFields<'_>) -> i64 {
                 h.update(&n.to_le_bytes());
             }
             None => h.update(&[0]),
+        }
+    }
+    if f.later.iter().any(Option::is_some) {
+        for n in f.later {
+            h.update(&n.unwrap_or(i64::MIN).to_le_bytes());
         }
     }
     h.digest() as i64
@@ -1107,7 +1135,7 @@ fn taken(op: &str, status: &str, qty: i64) -> Option<i64> {
 /// The columns [`event_row`] reads, in its order (a query may add its own after them).
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
     stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason, seller, \
-    buyer, submitted_at, qty_asked";
+    buyer, submitted_at, qty_asked, opens_at, closes_at";
 
 fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     let op: String = row.get(4)?;
@@ -1131,6 +1159,7 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
             reserved_after: Some(reserved_after),
             seq: Some(seq),
             prev_seq: Some(prev_seq),
+            later: [row.get(18)?, row.get(19)?, row.get(20)?],
         },
         row.get(13)?,
     )?;
@@ -1156,6 +1185,8 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         seller: row.get::<_, Option<String>>(15)?.map(Into::into),
         buyer: row.get::<_, Option<String>>(16)?.map(Into::into),
         requested_at: row.get(17)?,
+        opens_at: row.get(19)?,
+        closes_at: row.get(20)?,
     })
 }
 
@@ -1245,8 +1276,8 @@ fn lock_states(states: &Mutex<States>) -> MutexGuard<'_, States> {
 fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
     let upto = snapshot_journal_id(conn)?;
     let mut stmt = conn.prepare(
-        "SELECT shop, item, stock_after, COALESCE(reserved_after, 0), seq FROM journal
-         WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
+        "SELECT shop, item, stock_after, COALESCE(reserved_after, 0), seq, opens_at, closes_at
+         FROM journal WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
     )?;
     let mut rows = stmt.query([upto])?;
     let mut out = HashMap::new();
@@ -1262,13 +1293,16 @@ fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
     Ok(out)
 }
 
-/// An item's state from a row's columns `first` (stock), `first + 1` (reserved) and
-/// `first + 2` (seq).
+/// An item's state from a row's columns `first` (stock), `first + 1` (reserved),
+/// `first + 2` (seq), `first + 3` and `first + 4` (the window's bounds, 0 or NULL when
+/// unset).
 fn state_at(row: &rusqlite::Row, first: usize) -> Result<ItemState, rusqlite::Error> {
     Ok(ItemState {
         stock: row.get(first)?,
         reserved: row.get(first + 1)?,
         seq: row.get(first + 2)?,
+        opens_at: row.get::<_, Option<i64>>(first + 3)?.unwrap_or(0),
+        closes_at: row.get::<_, Option<i64>>(first + 4)?.unwrap_or(0),
     })
 }
 
@@ -1302,7 +1336,8 @@ fn damaged_rows(conn: &Connection) -> Result<(u64, Option<String>), rusqlite::Er
     };
     let mut stmt = conn.prepare(
         "SELECT shop, item, request_key, op, qty, status, stock_before, stock_after, \
-         reserved_after, seq, prev_seq, rowsum FROM journal NOT INDEXED",
+         reserved_after, seq, prev_seq, rowsum, qty_asked, opens_at, closes_at \
+         FROM journal NOT INDEXED",
     )?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
@@ -1318,17 +1353,20 @@ fn damaged_rows(conn: &Connection) -> Result<(u64, Option<String>), rusqlite::Er
             reserved_after: row.get(8)?,
             seq: row.get(9)?,
             prev_seq: row.get(10)?,
+            later: [row.get(12)?, row.get(13)?, row.get(14)?],
         };
         if let Err(e) = check_row(&fields, row.get(11)?) {
             note(e);
         }
     }
-    let mut stmt = conn.prepare("SELECT shop, item, stock, reserved, seq, checksum FROM items")?;
+    let mut stmt = conn.prepare(
+        "SELECT shop, item, stock, reserved, seq, opens_at, closes_at, checksum FROM items",
+    )?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
         let state = state_at(row, 2)?;
         let (shop, item) = (row.get_ref(0)?.as_str()?, row.get_ref(1)?.as_str()?);
-        if let Err(e) = checked_snapshot(shop, item, state, row.get(5)?) {
+        if let Err(e) = checked_snapshot(shop, item, state, row.get(7)?) {
             note(e);
         }
     }
@@ -1578,7 +1616,7 @@ fn read_sales(
 ) -> Result<Vec<Option<SaleRecord>>, rusqlite::Error> {
     let mut in_journal = conn.prepare_cached(
         "SELECT item, op, status, qty, completed_at, stock_before, stock_after,
-                reserved_after, seq, prev_seq, rowsum
+                reserved_after, seq, prev_seq, rowsum, qty_asked, opens_at, closes_at
          FROM journal WHERE shop = ?1 AND request_key = ?2",
     )?;
     let mut pruned = conn.prepare_cached(
@@ -1642,6 +1680,7 @@ fn sale_in_journal(
             reserved_after: row.get(7)?,
             seq: row.get(8)?,
             prev_seq: row.get(9)?,
+            later: [row.get(11)?, row.get(12)?, row.get(13)?],
         },
         row.get(10)?,
     )?;
@@ -1708,6 +1747,7 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
             reserved_after: row.get(15)?,
             seq,
             prev_seq,
+            later: [row.get(20)?, row.get(21)?, row.get(22)?],
         },
         row.get(17)?,
     )?;
@@ -1734,6 +1774,8 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
         seller: row.get::<_, Option<String>>(18)?.map(Into::into),
         buyer: row.get::<_, Option<String>>(19)?.map(Into::into),
         requested_at: row.get(11)?,
+        opens_at: row.get(21)?,
+        closes_at: row.get(22)?,
     })
 }
 
@@ -1760,7 +1802,8 @@ impl Outcomes for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT shop, item, request_key, op, qty, status, reason, stock_before,
                         stock_after, seq, prev_seq, submitted_at, completed_at, hold_id,
-                        expires_at, reserved_after, ttl_ms, rowsum, seller, buyer, qty_asked
+                        expires_at, reserved_after, ttl_ms, rowsum, seller, buyer, qty_asked,
+                        opens_at, closes_at
                  FROM journal WHERE shop = ?1 AND request_key = ?2",
             )?;
             keys.iter()
@@ -1782,16 +1825,12 @@ fn snapshot_state(
     item: &str,
 ) -> Result<Option<ItemState>, rusqlite::Error> {
     let mut snapshot = conn.prepare_cached(
-        "SELECT stock, reserved, seq, checksum FROM items WHERE shop = ?1 AND item = ?2",
+        "SELECT stock, reserved, seq, opens_at, closes_at, checksum FROM items
+         WHERE shop = ?1 AND item = ?2",
     )?;
     snapshot
         .query_row(params![shop, item], |row| {
-            let state = ItemState {
-                stock: row.get(0)?,
-                reserved: row.get(1)?,
-                seq: row.get(2)?,
-            };
-            Ok((state, row.get(3)?))
+            Ok((state_at(row, 0)?, row.get(5)?))
         })
         .optional()?
         .map(|(st, sum)| checked_snapshot(shop, item, st, sum))
@@ -1978,7 +2017,7 @@ impl Outbox for SqliteStore {
                 next: cursor,
             };
             while let Some(row) = rows.next()? {
-                page.next = row.get::<_, i64>(19)? as u64;
+                page.next = row.get::<_, i64>(21)? as u64;
                 // An unknown item's entry has no seq: not an event.
                 if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
                     page.events.push(event_row(row)?);
@@ -2070,13 +2109,15 @@ type ItemStates = Vec<(Arc<str>, Arc<str>, ItemState)>;
 /// Every item's snapshot, each checked against its checksum.
 fn read_snapshot(conn: &Connection) -> Result<ItemStates, rusqlite::Error> {
     let mut snapshot = Vec::new();
-    let mut stmt = conn.prepare("SELECT shop, item, stock, reserved, seq, checksum FROM items")?;
+    let mut stmt = conn.prepare(
+        "SELECT shop, item, stock, reserved, seq, opens_at, closes_at, checksum FROM items",
+    )?;
     let rows = stmt.query_map([], |row| {
         Ok((
             Arc::<str>::from(row.get::<_, String>(0)?),
             Arc::<str>::from(row.get::<_, String>(1)?),
             state_at(row, 2)?,
-            row.get::<_, Option<i64>>(5)?,
+            row.get::<_, Option<i64>>(7)?,
         ))
     })?;
     for row in rows {
@@ -2115,7 +2156,7 @@ fn verify_tail(
     let mut verifier = Verifier::new(snapshot);
     let mut stmt = conn.prepare(
         "SELECT shop, item, op, qty, status, stock_before, stock_after,
-                reserved_after, seq, prev_seq FROM journal
+                reserved_after, seq, prev_seq, opens_at, closes_at FROM journal
          WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
     )?;
     let mut rows = stmt.query([upto])?;
@@ -2163,6 +2204,8 @@ fn tail_entry(row: &rusqlite::Row<'_>) -> Result<Entry, rusqlite::Error> {
         reserved_after: Some(row.get::<_, Option<i64>>(7)?.unwrap_or(0)),
         seq: row.get(8)?,
         prev_seq: row.get(9)?,
+        opens_at: row.get(10)?,
+        closes_at: row.get(11)?,
         ..Entry::decided(
             row.get::<_, String>(0)?.into(),
             row.get::<_, String>(1)?.into(),
@@ -2918,15 +2961,19 @@ fn write_positions(
 /// covers every entry written so far.
 fn write_snapshot(tx: &Connection, dirty: &States) -> Result<(), rusqlite::Error> {
     let mut upsert = tx.prepare_cached(
-        "INSERT INTO items (shop, item, stock, reserved, seq, checksum)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+        "INSERT INTO items (shop, item, stock, reserved, seq, opens_at, closes_at, checksum)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT (shop, item) DO UPDATE SET
             stock = excluded.stock, reserved = excluded.reserved, seq = excluded.seq,
+            opens_at = excluded.opens_at, closes_at = excluded.closes_at,
             checksum = excluded.checksum",
     )?;
     for ((shop, item), s) in dirty {
         let sum = snapshot_checksum(shop, item, *s);
-        upsert.execute(params![&**shop, &**item, s.stock, s.reserved, s.seq, sum])?;
+        let (opens, closes) = (bound(s.opens_at), bound(s.closes_at));
+        upsert.execute(params![
+            &**shop, &**item, s.stock, s.reserved, s.seq, opens, closes, sum
+        ])?;
     }
     drop(upsert);
     tx.execute(

@@ -38,7 +38,10 @@ const F_PER_BUYER: u32 = 1 << 18;
 const F_RETURN_OF: u32 = 1 << 19;
 /// A partial fill's `qty_asked` follows (its `qty` is what it took).
 const F_QTY_ASKED: u32 = 1 << 20;
-const F_ALL: u32 = (1 << 21) - 1;
+/// The item's sale window bounds follow, each on its own flag.
+const F_OPENS_AT: u32 = 1 << 21;
+const F_CLOSES_AT: u32 = 1 << 22;
+const F_ALL: u32 = (1 << 23) - 1;
 
 /// What identifies a request apart from its key: its kind and op, item, quantity and (a
 /// hold's) TTL. Two uses of one key with different fingerprints are two requests: the
@@ -122,6 +125,7 @@ fn same_place(a: &Entry, b: &Entry) -> bool {
         == (&b.shop, &b.item, &b.request_key, b.seq, b.prev_seq)
         && (a.op, a.status, a.qty, a.stock_after, a.reserved_after)
             == (b.op, b.status, b.qty, b.stock_after, b.reserved_after)
+        && (a.qty_asked, a.opens_at, a.closes_at) == (b.qty_asked, b.opens_at, b.closes_at)
 }
 
 /// What an entry leaves out because a reader can tell it: the shop and item of the
@@ -181,6 +185,8 @@ fn flags(e: &Entry, left: Implied) -> u32 {
         (e.per_buyer_max.is_some(), F_PER_BUYER),
         (e.return_of.is_some(), F_RETURN_OF),
         (e.qty_asked.is_some(), F_QTY_ASKED),
+        (e.opens_at.is_some(), F_OPENS_AT),
+        (e.closes_at.is_some(), F_CLOSES_AT),
     ] {
         if on {
             flags |= f;
@@ -253,8 +259,8 @@ fn put_tail(out: &mut Vec<u8>, e: &Entry, left: Implied) {
     if let Some(sale) = &e.return_of {
         put_str(out, sale);
     }
-    if let Some(asked) = e.qty_asked {
-        put_ivar(out, asked);
+    for n in [e.qty_asked, e.opens_at, e.closes_at].into_iter().flatten() {
+        put_ivar(out, n);
     }
     out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
 }
@@ -361,6 +367,8 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
     let per_buyer_max = has(F_PER_BUYER).then(|| r.ivar()).transpose()?;
     let return_of = has(F_RETURN_OF).then(|| r.str()).transpose()?;
     let qty_asked = has(F_QTY_ASKED).then(|| r.ivar()).transpose()?;
+    let opens_at = has(F_OPENS_AT).then(|| r.ivar()).transpose()?;
+    let closes_at = has(F_CLOSES_AT).then(|| r.ivar()).transpose()?;
     check_fingerprint(r, op, &item, qty, ttl_ms)?;
     Ok(Entry {
         request_key,
@@ -379,6 +387,8 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         per_buyer_max,
         return_of,
         qty_asked,
+        opens_at,
+        closes_at,
         logged: has(F_LOGGED),
         log_pos,
         ..Entry::decided(shop, item, op, qty, submitted_at, completed_at)
@@ -550,6 +560,9 @@ mod tests {
         // A partial fill: took 2 of the 5 asked.
         let mut partial = sale("s", "i", "part", 10, 2, 2);
         partial.qty_asked = Some(5);
+        // An item with a sale window: its bounds come back.
+        partial.opens_at = Some(1_795_000_000_000);
+        partial.closes_at = Some(1_795_000_600_000);
         let entries = vec![
             sale("s", "i", "k1", 1, 10, 1),
             partial,

@@ -71,6 +71,9 @@ async fn read_snapshots(db: &Database) -> Result<Items, StoreError> {
             stock: d.get_i64("stock").map_err(storage)?,
             reserved: d.get_i64("reserved").map_err(storage)?,
             seq: d.get_i64("seq").map_err(storage)? as u64,
+            // Snapshots of earlier versions have no window.
+            opens_at: d.get_i64("opens_at").unwrap_or(0),
+            closes_at: d.get_i64("closes_at").unwrap_or(0),
         };
         states.insert((shop.into(), item.into()), state);
     }

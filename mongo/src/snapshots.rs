@@ -28,7 +28,10 @@ pub(crate) async fn write_snapshots(
         .map(|((shop, item), s)| {
             doc! {
                 "q": { "shop": &*shop, "item": &*item, "seq": { "$lt": s.seq as i64 } },
-                "u": { "$set": { "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64 } },
+                "u": { "$set": {
+                    "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64,
+                    "opens_at": s.opens_at, "closes_at": s.closes_at,
+                } },
                 "upsert": true,
             }
         })

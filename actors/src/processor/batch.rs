@@ -216,17 +216,18 @@ impl Processor {
                 continue;
             }
             let slot = self.items.slot_for(&shop, &load.item, 0);
-            let mut entry = apply_load(&mut slot.live, &shop, &load.item, load.stock, now);
+            let mut entry = apply_load(
+                &mut slot.live,
+                &shop,
+                &load.item,
+                load.stock,
+                load.window,
+                now,
+            );
             entry.per_buyer_max = load.per_buyer_max;
             views.push((
                 load.index,
-                ItemView {
-                    shop: shop.clone(),
-                    item: load.item.clone(),
-                    stock: slot.live.stock,
-                    reserved: slot.live.reserved,
-                    seq: slot.live.seq,
-                },
+                ItemView::of(shop.clone(), load.item.clone(), slot.live),
                 Status::Ok,
             ));
             self.items.set_limit(&shop, &load.item, load.per_buyer_max);

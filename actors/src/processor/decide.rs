@@ -74,7 +74,11 @@ impl Processor {
             };
         }
         let slot = self.items.slot_for(&req.shop, &req.item, req.epoch());
-        let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, now);
+        let window = WindowChange {
+            opens_at: req.opens_at,
+            closes_at: req.closes_at,
+        };
+        let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, window, now);
         entry.per_buyer_max = req.per_buyer_max;
         self.items
             .set_limit(&req.shop, &req.item, req.per_buyer_max);
@@ -122,13 +126,23 @@ impl Processor {
             }
             _ => None,
         };
-        let refused = [
-            (Status::ReturnRefused, return_refused),
-            (Status::BuyerLimit, over_limit),
-            (Status::LimitExceeded, hold_refused),
-        ]
-        .into_iter()
-        .find_map(|(status, why)| why.map(|why| (status, why)));
+        // The sale window binds what takes stock: sales, holds, order lines.
+        let outside = match (&slot, req.op) {
+            (Some(slot), Op::Decrement | Op::Hold) => slot.live.outside_window(now),
+            _ => None,
+        };
+        let refused = outside
+            .into_iter()
+            .chain(
+                [
+                    (Status::ReturnRefused, return_refused),
+                    (Status::BuyerLimit, over_limit),
+                    (Status::LimitExceeded, hold_refused),
+                ]
+                .into_iter()
+                .filter_map(|(status, why)| why.map(|why| (status, why))),
+            )
+            .next();
         let entry = match (slot, refused) {
             (Some(slot), Some((status, why))) => reject(&mut slot.live, req, now, status, why),
             (slot, _) => apply_within(

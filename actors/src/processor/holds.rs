@@ -320,6 +320,17 @@ impl Processor {
                 None => Decision::Drop,
             };
         };
+        // A caller's extension comes too late for a hold past its expiry (its expiry
+        // may still be on its way): a check-back's, asked at the expiry, stands.
+        if now >= h.expires_at && !req.by_check {
+            let mut entry = Entry::of_request(req, now);
+            entry.status = Status::UnknownHold;
+            entry.reason = Some(format!("hold {hold_id} is past its expiry"));
+            return match entry.outcome() {
+                Some(o) => Decision::Answer(Arc::new(o)),
+                None => Decision::Drop,
+            };
+        }
         let (item, qty) = (h.item.clone(), h.qty);
         let Some(slot) = self.items.get_mut(&req.shop, &item) else {
             tracing::error!(hold = %hold_id, "pending hold of an unknown item");

@@ -216,13 +216,7 @@ impl Items {
     ) -> Option<ItemView> {
         let want = if_seq?;
         let live = self.get(shop, item).map(|s| s.live).unwrap_or_default();
-        (live.seq != want).then(|| ItemView {
-            shop: shop.clone(),
-            item: item.clone(),
-            stock: live.stock,
-            reserved: live.reserved,
-            seq: live.seq,
-        })
+        (live.seq != want).then(|| ItemView::of(shop.clone(), item.clone(), live))
     }
 
     /// Marks a touched item used by batch `batch_id`; its state as of now.
