@@ -6,12 +6,14 @@
 //!   key one outcome);
 //! - `peer`: the reference services (Redis + Lua, PostgreSQL row, ceiling) behind the
 //!   same routes;
-//! - `report`: gathers results into `latest.json`, renders Markdown and an SVG chart.
+//! - `report`: gathers results into `latest.json`, renders Markdown and an SVG chart;
+//! - `flash-open`: the opening of a sale on nrtxn's sale windows.
 //!
 //! `scripts/bench.sh` runs them all.
 
 mod check;
 mod client;
+mod flash_open;
 mod peer;
 mod report;
 mod run;
@@ -39,6 +41,8 @@ enum Cmd {
     Peer(peer::PeerArgs),
     /// Gather run results and render them as Markdown and SVG.
     Report(report::ReportArgs),
+    /// The opening of a flash sale on nrtxn's sale windows (nrtxn only).
+    FlashOpen(flash_open::FlashOpenArgs),
 }
 
 fn main() {
@@ -53,6 +57,11 @@ fn main() {
         // the backend's connections live on this main one.
         Cmd::Peer(args) => actix_web::rt::System::new().block_on(peer::serve(args)),
         Cmd::Report(args) => report::report(args),
+        Cmd::FlashOpen(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(flash_open::flash_open(args))),
     };
     if let Err(e) = result {
         eprintln!("nrtxn-bench: {e:#}");

@@ -49,7 +49,6 @@ impl Latencies {
         let _ = self.hist.add(&other.hist);
     }
 
-    #[cfg(test)]
     pub fn count(&self) -> u64 {
         self.hist.len()
     }
