@@ -234,21 +234,14 @@ pub async fn get_hold(
     let shop = path_segment(&shop, "shop")?;
     let hold_id = path_segment(&hold_id, "hold_id")?;
     match state.engine.hold(&shop, &hold_id).await? {
-        Some(h) => Ok(HttpResponse::Ok().json(HoldBody {
-            hold_id: &h.hold_id,
+        Some(h) => {
+            let mut body = view(&h);
             // Pending past its expiry while its shop is asked (or an operator decides).
-            status: if h.status == HoldStatus::Held && state.engine.checking(&shop, h.expires_at) {
-                "checking"
-            } else {
-                h.status.as_str()
-            },
-            item: &h.item,
-            qty: h.qty,
-            qty_taken: None,
-            expires_at: Some(h.expires_at),
-            seq: Some(h.seq),
-            reason: None,
-        })),
+            if h.status == HoldStatus::Held && state.engine.checking(&shop, h.expires_at) {
+                body.status = "checking";
+            }
+            Ok(HttpResponse::Ok().json(body))
+        }
         None => Err(ApiError::NotFound(format!(
             "hold_id: no hold {hold_id} in shop {shop}"
         ))),

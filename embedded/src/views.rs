@@ -371,7 +371,7 @@ pub struct SqliteStore {
     /// The views' check ([`check_views`]) running on a thread of its own while the
     /// journal opens the log's index: views that read keys from the log fill no key
     /// filter, so nothing reads them before [`SqliteStore::checked`] waits for it.
-    check: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
+    check: Mutex<Check>,
 }
 
 /// The pages the WAL holds past the database file's end, which a checkpoint will write
@@ -454,6 +454,45 @@ fn no_room(e: std::io::Error) -> rusqlite::Error {
         rusqlite::ffi::SQLITE_IOERR
     };
     rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(e.to_string()))
+}
+
+/// The views' check still running on a thread of its own, if one is.
+type Check = Option<JoinHandle<Result<(), StoreError>>>;
+
+/// The views' check ([`check_views`]) for a store opened as `role`: done now for views
+/// that fill a key filter from their key index (`indexed`), begun on a thread of its own
+/// for the others, which are read only once it is done ([`SqliteStore::checked`]) and
+/// meanwhile the log's index opens (a read of the whole file each, seconds on a big
+/// journal). Beside MongoDB the file holds only the fire-and-forget requests not yet
+/// decided, whose rows carry no checksum: not checked.
+fn start_check(dir: &Path, role: Role, indexed: bool) -> Result<Check, StoreError> {
+    match role {
+        Role::Views if indexed => check_views(dir).map(|()| None),
+        Role::Views => {
+            let dir = dir.to_path_buf();
+            std::thread::Builder::new()
+                .name("journal-views-check".into())
+                .spawn(move || check_views(&dir))
+                .map(Some)
+                .map_err(storage)
+        }
+        Role::RequestStore => Ok(None),
+    }
+}
+
+/// Grants room for what the WAL holds now (a start after a crash), which goes into the
+/// file at the first checkpoint, like any transaction's.
+fn grant_wal(conn: &Connection, space: &Space, growth: &FileGrowth) -> Result<(), StoreError> {
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |row| row.get(0))
+        .map_err(storage)?;
+    space
+        .retry(
+            "the journal's views",
+            || growth.grant_to(pages.max(0) as u64),
+            nrtxn_log::space::io_no_room,
+        )
+        .map_err(storage)
 }
 
 /// `e`, or when it is SQLite's word for a damaged file (or rusqlite's for a value of
@@ -578,26 +617,7 @@ impl SqliteStore {
         prepare_schema(&conn).map_err(storage)?;
         let indexed = role == Role::Views && rows_before_log(&conn).map_err(storage)?;
         journal_indexes(&conn, indexed).map_err(storage)?;
-        // The views are checked before anything reads them (the key filter is filled
-        // from their key index). Beside MongoDB this file holds only the fire-and-forget
-        // requests not yet decided, whose rows carry no checksum: not checked. Views that
-        // fill no filter are checked beside the opening of the log's index (a read of the
-        // whole file each, seconds on a big journal), and read once the check is done.
-        let check = match role {
-            Role::Views if indexed => {
-                check_views(dir)?;
-                None
-            }
-            Role::Views => {
-                let dir = dir.to_path_buf();
-                let check = std::thread::Builder::new()
-                    .name("journal-views-check".into())
-                    .spawn(move || check_views(&dir))
-                    .map_err(storage)?;
-                Some(check)
-            }
-            Role::RequestStore => None,
-        };
+        let check = start_check(dir, role, indexed)?;
         // SQLite's automatic checkpoint runs inside a commit, on the writer's thread, and
         // stalls every batch behind it for as long as it copies the WAL (seen: p99 of
         // the HTTP benchmark from 8 ms to 94 ms). A thread of its own checkpoints
@@ -605,18 +625,7 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(storage)?;
         let growth = Arc::new(FileGrowth::new(&path, &space));
-        // What the WAL holds now (a start after a crash) goes into the file at the first
-        // checkpoint: granted like any transaction's.
-        let pages: i64 = conn
-            .query_row("PRAGMA page_count", [], |row| row.get(0))
-            .map_err(storage)?;
-        space
-            .retry(
-                "the journal's views",
-                || growth.grant_to(pages.max(0) as u64),
-                nrtxn_log::space::io_no_room,
-            )
-            .map_err(storage)?;
+        grant_wal(&conn, &space, &growth)?;
         let checkpointer = start_checkpointer(open(&path, role)?, &space, &growth)?;
         // Views that read keys from the log's index need no filter of their own
         // ([`SqliteStore::may_hold`]): its 16 MiB are neither made nor filled.

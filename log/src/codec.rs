@@ -366,9 +366,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
     };
     let per_buyer_max = has(F_PER_BUYER).then(|| r.ivar()).transpose()?;
     let return_of = has(F_RETURN_OF).then(|| r.str()).transpose()?;
-    let qty_asked = has(F_QTY_ASKED).then(|| r.ivar()).transpose()?;
-    let opens_at = has(F_OPENS_AT).then(|| r.ivar()).transpose()?;
-    let closes_at = has(F_CLOSES_AT).then(|| r.ivar()).transpose()?;
+    let [qty_asked, opens_at, closes_at] = read_later(r, flags)?;
     check_fingerprint(r, op, &item, qty, ttl_ms)?;
     Ok(Entry {
         request_key,
@@ -397,6 +395,19 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         e.status = status;
         e
     })
+}
+
+/// The fields added since the first version, each if its flag is set: a partial fill's
+/// asked `qty` and the item's window bounds.
+#[inline]
+fn read_later(r: &mut Reader<'_>, flags: u32) -> Result<[Option<i64>; 3], String> {
+    let mut out = [None; 3];
+    for (slot, flag) in out.iter_mut().zip([F_QTY_ASKED, F_OPENS_AT, F_CLOSES_AT]) {
+        if flags & flag != 0 {
+            *slot = Some(r.ivar()?);
+        }
+    }
+    Ok(out)
 }
 
 /// The entry's shop and item: written, or the entry before's.

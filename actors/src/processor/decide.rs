@@ -114,18 +114,7 @@ impl Processor {
         };
         let (slot, ledger) = self.items.slot_and_ledger(&req.shop, &req.item);
         let known = slot.is_some();
-        // A partial fill under a buyer's limit takes at most what the limit leaves the
-        // buyer, and is refused only when that is below its `min_qty`.
-        let cap = match (&ledger, req.min_qty) {
-            (Some(l), Some(min)) => l.room(req.buyer.as_ref()).max(min).min(req.qty),
-            _ => req.qty,
-        };
-        let over_limit = match &ledger {
-            Some(l) if matches!(req.op, Op::Decrement | Op::Hold) => {
-                l.check(&req.item, req.buyer.as_ref(), cap)
-            }
-            _ => None,
-        };
+        let (cap, over_limit) = buyer_cap(ledger.as_deref(), req);
         // The sale window binds what takes stock: sales, holds, order lines.
         let outside = match (&slot, req.op) {
             (Some(slot), Op::Decrement | Op::Hold) => slot.live.outside_window(now),
@@ -251,6 +240,20 @@ impl Processor {
         }
         Decision::Apply(entry)
     }
+}
+
+/// What a buyer's limit (`ledger`, the item's) lets sale or hold `req` take: at most
+/// this much (a partial fill takes no more than the limit leaves its buyer), and why it
+/// is refused, if it is (for a partial fill, when the limit leaves less than `min_qty`).
+fn buyer_cap(ledger: Option<&BuyerLedger>, req: &Request) -> (i64, Option<String>) {
+    let Some(l) = ledger.filter(|_| matches!(req.op, Op::Decrement | Op::Hold)) else {
+        return (req.qty, None);
+    };
+    let cap = match req.min_qty {
+        Some(min) => l.room(req.buyer.as_ref()).max(min).min(req.qty),
+        None => req.qty,
+    };
+    (cap, l.check(&req.item, req.buyer.as_ref(), cap))
 }
 
 /// The pending hold request `req` makes of `qty` (less than asked for a partial fill),
