@@ -24,6 +24,17 @@ pub enum Extended<V> {
     NotPending(V, String),
 }
 
+impl<V> Extended<V> {
+    /// The same answer about `f` of what it carries.
+    pub fn map<W>(self, f: impl FnOnce(V) -> W) -> Extended<W> {
+        match self {
+            Extended::Unknown => Extended::Unknown,
+            Extended::Done(v) => Extended::Done(f(v)),
+            Extended::NotPending(v, why) => Extended::NotPending(f(v), why),
+        }
+    }
+}
+
 impl Engine {
     /// Gives pending hold `hold_id` of `shop` a new expiry, `now + ttl_ms` (within its
     /// 7-day life).
@@ -97,7 +108,7 @@ impl Engine {
         };
         // Held, with every line held: not while its lines are being reserved, or past
         // its expiry while its shop is asked.
-        let view = self.order(shop, order_id).await?;
+        let view = self.view_of(shop, order_id, &outcome).await?;
         let record = self
             .holds_of(shop, vec![order_id.clone()])
             .await?
@@ -105,8 +116,8 @@ impl Engine {
             .flatten();
         let now = now_ms();
         let until = extended_until(now, ttl_ms, outcome.completed_at);
-        let why = match (&record, &view) {
-            (Some(r), Some(v)) if r.status == HoldStatus::Held && v.status == "held" => {
+        let why = match &record {
+            Some(r) if r.status == HoldStatus::Held && view.status == "held" => {
                 if now >= r.expires_at {
                     Some(format!("order {order_id} is past its expiry"))
                 } else {
@@ -114,29 +125,30 @@ impl Engine {
                         .then(|| format!("order {order_id} is past its {HOLD_TTL_MAX_MS} ms life"))
                 }
             }
-            (_, Some(v)) => Some(format!("order {order_id} is {}, not held", v.status)),
-            (_, None) => return Ok(Extended::Unknown),
+            _ => Some(format!("order {order_id} is {}, not held", view.status)),
         };
-        if let (None, Some(record)) = (&why, record) {
-            self.act_on_order(
-                shop,
-                order_id,
-                record,
-                &outcome,
-                CheckAction::Extend { ttl_ms },
-            )
-            .await?;
-        }
-        let Some(view) = self.order(shop, order_id).await? else {
-            return Ok(Extended::Unknown);
-        };
-        Ok(match why {
-            None if view.status == "held" => Extended::Done(view),
-            None => {
-                let why = format!("order {order_id} is {}, not held", view.status);
-                Extended::NotPending(view, why)
+        let record = match (why, record) {
+            (None, Some(record)) => record,
+            // Not extended: the view read above is how it stands.
+            (why, _) => {
+                let why = why.unwrap_or_else(|| format!("order {order_id} is not held"));
+                return Ok(Extended::NotPending(view, why));
             }
-            Some(why) => Extended::NotPending(view, why),
+        };
+        self.act_on_order(
+            shop,
+            order_id,
+            record,
+            &outcome,
+            CheckAction::Extend { ttl_ms },
+        )
+        .await?;
+        let view = self.view_of(shop, order_id, &outcome).await?;
+        Ok(if view.status == "held" {
+            Extended::Done(view)
+        } else {
+            let why = format!("order {order_id} is {}, not held", view.status);
+            Extended::NotPending(view, why)
         })
     }
 }

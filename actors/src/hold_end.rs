@@ -104,11 +104,7 @@ impl Engine {
                 return Ok(None);
             }
             if let Some(expires_at) = o.expires_at {
-                return Ok(Some((
-                    o.item.clone(),
-                    o.qty_taken.unwrap_or(o.qty),
-                    expires_at,
-                )));
+                return Ok(Some((o.item.clone(), o.taken_or_qty(), expires_at)));
             }
         }
         Ok(self

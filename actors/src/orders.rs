@@ -439,7 +439,7 @@ impl Engine {
                     status: HoldStatus::Held,
                     shop: shop.clone(),
                     item: o.item.clone(),
-                    qty: o.qty_taken.unwrap_or(o.qty),
+                    qty: o.taken_or_qty(),
                     expires_at: o.expires_at.unwrap_or_default(),
                     seq: o.seq.unwrap_or_default(),
                     buyer: None,
@@ -488,7 +488,7 @@ impl Engine {
         Ok(Some(self.view_of(shop, order_id, &record).await?))
     }
 
-    async fn view_of(
+    pub(crate) async fn view_of(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,

@@ -889,6 +889,13 @@ pub struct Outcome {
     pub closes_at: Option<Millis>,
 }
 
+impl Outcome {
+    /// What a sale or hold took (`qty_taken`), else its `qty`: a hold's quantity held.
+    pub fn taken_or_qty(&self) -> i64 {
+        self.qty_taken.unwrap_or(self.qty)
+    }
+}
+
 /// An outcome's `reserved_after`: kept for loads only.
 pub fn load_only(op: Op, reserved_after: Option<i64>) -> Option<i64> {
     reserved_after.filter(|_| op == Op::Load)

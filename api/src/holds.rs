@@ -189,16 +189,29 @@ pub async fn extend_hold(
     let shop = path_segment(&shop, "shop")?;
     let hold_id = path_segment(&hold_id, "hold_id")?;
     let ttl_ms = extension_ttl(&http, payload).await?;
-    match state.engine.extend_hold(&shop, &hold_id, ttl_ms).await? {
-        Extended::Done(h) => Ok(HttpResponse::Ok().json(view(&h))),
-        Extended::NotPending(h, why) => Err(ApiError::Conflict(
-            format!("hold_id: {why}, it cannot be extended"),
-            serde_json::to_value(view(&h)).unwrap_or(Value::Null),
+    let unknown = format!(
+        "hold_id: no hold {hold_id} in shop {shop} (an order's line is extended with its \
+         order: /v1/shops/{shop}/orders/{{order_id}}/extend)"
+    );
+    let extended = state.engine.extend_hold(&shop, &hold_id, ttl_ms).await?;
+    let extended = extended.map(|h| serde_json::to_value(view(&h)).unwrap_or(Value::Null));
+    extension_answer(extended, "hold_id", unknown)
+}
+
+/// The answer to an extension: 200 with what was extended, 409 with it as it stands
+/// when it is no longer pending (`field` names what the path gave), 404 (`unknown`).
+pub(crate) fn extension_answer<V: serde::Serialize>(
+    extended: Extended<V>,
+    field: &str,
+    unknown: String,
+) -> Result<HttpResponse, ApiError> {
+    match extended {
+        Extended::Done(v) => Ok(HttpResponse::Ok().json(v)),
+        Extended::NotPending(v, why) => Err(ApiError::Conflict(
+            format!("{field}: {why}, it cannot be extended"),
+            serde_json::to_value(&v).unwrap_or(Value::Null),
         )),
-        Extended::Unknown => Err(ApiError::NotFound(format!(
-            "hold_id: no hold {hold_id} in shop {shop} (an order's line is extended with \
-             its order: /v1/shops/{shop}/orders/{{order_id}}/extend)"
-        ))),
+        Extended::Unknown => Err(ApiError::NotFound(unknown)),
     }
 }
 

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use nrtxn_actors::extend::Extended;
 use nrtxn_actors::orders::{Ended, NewOrder, OrderLine, Placed, ORDER_LINES_MAX};
 use nrtxn_actors::{EngineError, Op, HOLD_TTL_MAX_MS, QTY_MAX};
 use serde_json::Value;
@@ -179,16 +178,8 @@ pub async fn extend_order(
     let extended = actix_web::rt::spawn(async move { engine.extend_order(&s, &id, ttl_ms).await })
         .await
         .map_err(|_| ApiError::from(EngineError::ShuttingDown))??;
-    match extended {
-        Extended::Done(view) => Ok(HttpResponse::Ok().json(view)),
-        Extended::NotPending(view, why) => Err(ApiError::Conflict(
-            format!("order_id: {why}, it cannot be extended"),
-            serde_json::to_value(&view).unwrap_or(Value::Null),
-        )),
-        Extended::Unknown => Err(ApiError::NotFound(format!(
-            "order_id: no order {order_id} in shop {shop}"
-        ))),
-    }
+    let unknown = format!("order_id: no order {order_id} in shop {shop}");
+    crate::holds::extension_answer(extended, "order_id", unknown)
 }
 
 pub async fn get_order(
