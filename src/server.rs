@@ -305,7 +305,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut running = Running::default();
     let served = match log_error {
         Some(e) => Err(e).context("kafka_brokers: cannot start the request log"),
-        None => serve(&settings, (front, reloader), &engine, outbox, &mut running).await,
+        None => {
+            let node = (&engine, &*checks);
+            serve(&settings, (front, reloader), node, outbox, &mut running).await
+        }
     };
     stop_node(&engine, running, &space, side_store).await;
     checks.close();
@@ -316,15 +319,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 #[derive(Default)]
 struct Running {
     relay: Option<EventsRelay>,
+    alerts: Option<nrtxn_checkback::alerts::Alerts>,
     metrics_server: Option<actix_web::dev::ServerHandle>,
 }
 
 /// Serves HTTP on a built engine until SIGINT or SIGTERM: the outbox relay (with Kafka),
-/// the push stream's feed, `/metrics` on its own address if asked, then the API.
+/// the stock alerts, the push stream's feed, `/metrics` on its own address if asked,
+/// then the API.
 async fn serve(
     settings: &Settings,
     (front, reloader): (Front, KeyReloaderStarting),
-    engine: &Arc<nrtxn_actors::Engine>,
+    (engine, checks): (&Arc<nrtxn_actors::Engine>, &nrtxn_checkback::HttpCheckBack),
     outbox: Arc<dyn Journal>,
     running: &mut Running,
 ) -> anyhow::Result<()> {
@@ -335,6 +340,12 @@ async fn serve(
                 .context("kafka_events_topic: cannot start the outbox relay")?,
         );
     }
+    // The stock crossings this node journals, to the shops that asked for them.
+    running.alerts = Some(
+        checks
+            .start_alerts(outbox.clone())
+            .context("cannot start the stock alerts")?,
+    );
     let state = web::Data::new(AppState {
         engine: engine.clone(),
         feed: Some(event_feed(settings, outbox).await?),
@@ -466,7 +477,8 @@ async fn serve_api(
 /// Stops a node whose engine was built, on every path out of [`run`]: the metrics
 /// address closes, writers waiting for room give up (with the disk full a flush could
 /// wait for ever; what they held was never acknowledged), the shards flush to the
-/// journal, the outbox relay stops, then the engine and the side store.
+/// journal, the outbox relay and the stock alerts stop, then the engine and the side
+/// store.
 async fn stop_node(
     engine: &nrtxn_actors::Engine,
     running: Running,
@@ -475,6 +487,7 @@ async fn stop_node(
 ) {
     let Running {
         relay,
+        alerts,
         metrics_server,
     } = running;
     if let Some(handle) = metrics_server {
@@ -485,6 +498,9 @@ async fn stop_node(
     engine.drain().await;
     if let Some(relay) = relay {
         relay.stop();
+    }
+    if let Some(alerts) = alerts {
+        alerts.stop();
     }
     engine.shutdown().await;
     if let Some(store) = side_store {

@@ -68,7 +68,7 @@ async fn respond_true_answers_the_outcome_and_a_resubmission_returns_it_unchange
     assert_eq!(
         item,
         json!({"shop": "s1", "item": "sku-1", "stock": 2, "reserved": 0, "seq": 2,
-               "opens_at": null, "closes_at": null})
+               "opens_at": null, "closes_at": null, "low_stock_at": null})
     );
 
     // Beyond the stock: an outcome, not an error, and nothing partial.
@@ -230,10 +230,29 @@ async fn flash_sale_of_1500_concurrent_decrements_sells_exactly_the_stock() {
     );
     let (_, item) = get(&c, &server.url("/v1/shops/flash/items/hot")).await;
     assert_eq!(item["stock"], 0);
-    // Every decision took its own place in the item's sequence, after the load (seq 1).
+    // Every decision took its own place in the item's sequence, after the load (seq 1),
+    // and so did the sold_out alert journaled right after the sale that took the last
+    // unit: the one seq no answer has.
     seqs.sort_unstable();
-    assert_eq!(seqs, (2..=1501).collect::<Vec<u64>>());
-    assert_eq!(item["seq"], 1501);
+    let last_sale = answers
+        .iter()
+        .filter(|(_, b)| b["status"] == "ok" && b["stock_after"] == 0)
+        .map(|(_, b)| b["seq"].as_u64().unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(last_sale.len(), 1, "one sale took the last unit");
+    let alert = last_sale[0] + 1;
+    let expected: Vec<u64> = (2..=1502).filter(|s| *s != alert).collect();
+    assert_eq!(seqs, expected);
+    assert_eq!(item["seq"], 1502);
+    let (_, events) = get(&c, &server.url("/v1/shops/flash/items/hot/events")).await;
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["seq"] == alert)
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["sold_out"], "the alert's event");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

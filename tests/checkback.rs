@@ -431,7 +431,6 @@ async fn check_back_settings_are_validated() {
     let server = Server::start(dir.path(), &[]);
     let c = client();
     for (body, field) in [
-        (json!({}), "check_url"),
         (json!({"check_url": "ftp://x/y"}), "check_url"),
         (json!({"check_url": "http://"}), "check_url"),
         (json!({"check_url": 3}), "check_url"),

@@ -10,8 +10,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use nrtxn_actors::apply::{apply, apply_load};
+use nrtxn_actors::OutboxReader::{Alerts, Events};
 use nrtxn_actors::{
-    Entry, HoldStatus, ItemState, Journal, Metrics, Op, Request, Status, StoreError, WindowChange,
+    Entry, HoldStatus, ItemState, Journal, LoadTerms, Metrics, Op, Request, Status, StoreError,
 };
 use nrtxn_embedded::journal::{LogJournal, Retention};
 use nrtxn_mongo::MongoJournal;
@@ -44,7 +45,7 @@ fn contract(name: &str, open: Open) {
     let journal = open();
     let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
     let mut state = ItemState::default();
-    let load = apply_load(&mut state, &shop, &item, 10, WindowChange::KEEP, NOW);
+    let load = apply_load(&mut state, &shop, &item, 10, LoadTerms::KEEP, NOW);
     let sold = apply(Some(&mut state), &req("k1", Op::Decrement, 3), NOW, 30_000);
     let refused = apply(
         Some(&mut state),
@@ -141,8 +142,24 @@ fn contract(name: &str, open: Open) {
     let first = journal.relay_read(0, 100).unwrap();
     let relayed: Vec<u64> = first.events.iter().map(|e| e.seq).collect();
     assert_eq!(relayed, [1, 2, 3, 4], "{name}: relay page");
-    journal.relay_save(first.next).unwrap();
-    assert_eq!(journal.relay_cursor().unwrap(), first.next, "{name}");
+    assert_eq!(
+        journal.relay_cursor(Events).unwrap(),
+        None,
+        "{name}: no cursor yet"
+    );
+    journal.relay_save(Events, first.next).unwrap();
+    assert_eq!(
+        journal.relay_cursor(Events).unwrap(),
+        Some(first.next),
+        "{name}"
+    );
+    // Each reader keeps its own cursor.
+    assert_eq!(
+        journal.relay_cursor(Alerts).unwrap(),
+        None,
+        "{name}: alerts"
+    );
+    journal.relay_save(Alerts, 1).unwrap();
     let after = journal.relay_read(first.next, 100).unwrap();
     assert!(after.events.is_empty(), "{name}: relay read past its end");
 
@@ -172,7 +189,16 @@ fn contract(name: &str, open: Open) {
     );
     let found = journal.outcomes("s", &["k1"]).unwrap();
     assert_eq!(found[0].as_ref().map(|o| o.seq), Some(Some(2)), "{name}");
-    assert_eq!(journal.relay_cursor().unwrap(), first.next, "{name}");
+    assert_eq!(
+        journal.relay_cursor(Events).unwrap(),
+        Some(first.next),
+        "{name}"
+    );
+    assert_eq!(
+        journal.relay_cursor(Alerts).unwrap(),
+        Some(1),
+        "{name}: alerts kept"
+    );
 
     // Returns: what a sale sold and the units returned against it, as the
     // journal holds them, also after a close and a reopen.
@@ -182,7 +208,7 @@ fn contract(name: &str, open: Open) {
         item: b.clone(),
         ..req(key, op, qty)
     };
-    let load_b = apply_load(&mut state_b, &shop, &b, 10, WindowChange::KEEP, NOW);
+    let load_b = apply_load(&mut state_b, &shop, &b, 10, LoadTerms::KEEP, NOW);
     let sale_b = apply(
         Some(&mut state_b),
         &on_b("kb", Op::Decrement, 3),
@@ -301,7 +327,7 @@ fn returned_units_are_rebuilt_from_the_log_with_the_views() {
         LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
     let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
     let mut state = ItemState::default();
-    let load = apply_load(&mut state, &shop, &item, 10, WindowChange::KEEP, NOW);
+    let load = apply_load(&mut state, &shop, &item, 10, LoadTerms::KEEP, NOW);
     let sale = apply(Some(&mut state), &req("k1", Op::Decrement, 4), NOW, 30_000);
     let give_back = Request {
         return_of: Some("k1".into()),

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
-use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
+use nrtxn_actors::ports::{
+    ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
+};
 use nrtxn_actors::{
     now_ms, Engine, EngineConfig, Event, HoldView, ItemState, Metrics, Op, Outcome, Reply, Request,
     RequestLog, Status, StoreError,
@@ -99,12 +101,12 @@ impl Outbox for FullEveryThird {
         self.inner.relay_end()
     }
 
-    fn relay_cursor(&self) -> Result<u64, StoreError> {
-        self.inner.relay_cursor()
+    fn relay_cursor(&self, reader: OutboxReader) -> Result<Option<u64>, StoreError> {
+        self.inner.relay_cursor(reader)
     }
 
-    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
-        self.inner.relay_save(cursor)
+    fn relay_save(&self, reader: OutboxReader, cursor: u64) -> Result<(), StoreError> {
+        self.inner.relay_save(reader, cursor)
     }
 }
 
@@ -191,10 +193,13 @@ fn a_full_journal_queue_holds_batches_back_and_loses_none() {
         for item in &items {
             let events = journal.events("s", item, 0, 10_000).unwrap();
             let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
-            let expected: Vec<u64> = (1..=401).collect();
+            // The load, 400 decisions, and the sold_out alert after the last sale.
+            let expected: Vec<u64> = (1..=402).collect();
             assert_eq!(seqs, expected, "{item}: one entry per decision, gapless");
+            let alerts = events.iter().filter(|e| e.kind == Op::SoldOut).count();
+            assert_eq!(alerts, 1, "{item}: one sold_out");
             let state = engine.item(&shop, item).await.unwrap().unwrap();
-            assert_eq!((state.stock, state.seq), (0, 401));
+            assert_eq!((state.stock, state.seq), (0, 402));
         }
         engine.shutdown().await;
     });

@@ -32,7 +32,7 @@ for d in docs:
     for field, kind in LOG_FIELDS.items():
         if "partition" in d:
             assert isinstance(d.get(field), kind), f"{field} of a log entry: {d}"
-    assert d["op"] in ("decrement", "increment", "load"), d
+    assert d["op"] in ("decrement", "increment", "load", "sold_out", "low_stock", "back_in_stock"), d
     assert d["status"] in ("ok", "insufficient_stock", "unknown_item", "expired", "limit_exceeded"), d
     if d["seq"] is not None:
         assert d["prev_seq"] == d["seq"] - 1, d

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::types::{
-    bound, is_order_item, Entry, ItemState, Millis, Op, Request, Status, WindowChange, STOCK_MAX,
+    bound, is_order_item, Entry, ItemState, LoadTerms, Millis, Op, Request, Status, STOCK_MAX,
 };
 
 /// Decides `req` against the item's current state (`None`: the item is unknown) and
@@ -73,7 +73,10 @@ pub fn apply_within(
             | Op::Expire
             | Op::Order
             | Op::Firm
-            | Op::Extend => {
+            | Op::Extend
+            | Op::SoldOut
+            | Op::LowStock
+            | Op::BackInStock => {
                 unreachable!("checked above")
             }
         }
@@ -294,7 +297,7 @@ pub fn apply_load(
     shop: &Arc<str>,
     item: &Arc<str>,
     stock: i64,
-    window: WindowChange,
+    terms: LoadTerms,
     now: Millis,
 ) -> Entry {
     assert!((0..=STOCK_MAX).contains(&stock), "load outside limits");
@@ -302,7 +305,7 @@ pub fn apply_load(
     let after = ItemState {
         stock,
         seq: before.seq + 1,
-        ..before.windowed(window)
+        ..before.with_terms(terms)
     };
     *state = after;
     let mut entry = Entry::decided(shop.clone(), item.clone(), Op::Load, stock, now, now);
@@ -327,6 +330,39 @@ fn fill_states(entry: &mut Entry, before: ItemState, after: ItemState) {
     entry.prev_seq = Some(before.seq);
     entry.opens_at = bound(after.opens_at);
     entry.closes_at = bound(after.closes_at);
+    entry.low_stock_at = bound(after.low_stock_at);
+}
+
+/// The stock alert `cause` (an item's entry, just applied to `state`) calls for, if its
+/// change crossed one of the item's levels, as the item's next entry (`state` moves to
+/// its seq): [`Op::SoldOut`] when the available stock reached 0 from above,
+/// [`Op::BackInStock`] when it rose from 0, [`Op::LowStock`] when it fell from above
+/// `low_stock_at` to at or below it (but not to 0). The item's first load is no
+/// crossing, and neither is a refusal (it moves nothing).
+pub fn crossing(state: &mut ItemState, cause: &Entry) -> Option<Entry> {
+    let (Some(before), Some(after)) = (cause.stock_before, cause.stock_after) else {
+        return None;
+    };
+    if cause.status != Status::Ok || cause.op.is_alert() || cause.prev_seq == Some(0) {
+        return None;
+    }
+    let low = state.low_stock_at;
+    let op = if before > 0 && after == 0 {
+        Op::SoldOut
+    } else if before == 0 && after > 0 {
+        Op::BackInStock
+    } else if low > 0 && before > low && after <= low {
+        Op::LowStock
+    } else {
+        return None;
+    };
+    let prior = *state;
+    state.seq += 1;
+    let at = cause.completed_at;
+    let mut entry = Entry::decided(cause.shop.clone(), cause.item.clone(), op, 0, at, at);
+    fill_states(&mut entry, prior, *state);
+    assert_follows(prior, &entry);
+    Some(entry)
 }
 
 #[cfg(test)]
@@ -344,7 +380,7 @@ mod tests {
         let mut items = HashMap::new();
         let item: Arc<str> = "i".into();
         let state = items.entry(item.clone()).or_default();
-        apply_load(state, &"s".into(), &item, stock, WindowChange::KEEP, 0);
+        apply_load(state, &"s".into(), &item, stock, LoadTerms::KEEP, 0);
         (items, item)
     }
 
@@ -497,11 +533,84 @@ mod tests {
             &"s".into(),
             &item,
             100,
-            WindowChange::KEEP,
+            LoadTerms::KEEP,
             0,
         );
         assert_eq!((e.stock_before, e.stock_after), (Some(6), Some(100)));
         assert_eq!((e.prev_seq, e.seq), (Some(2), Some(3)));
         assert!(e.outcome().is_none(), "loads are not polled by key");
+    }
+
+    /// Applies `op` of `qty` to the item and returns the alert its change calls for,
+    /// checking that the alert takes the next seq and moves nothing.
+    fn alert_after(state: &mut ItemState, op: Op, qty: i64) -> Option<Op> {
+        let e = apply(Some(state), &req("k", op, qty, 0), 0, TTL);
+        let alert = crossing(state, &e)?;
+        assert_eq!(
+            (alert.prev_seq, alert.seq),
+            (e.seq, Some(e.seq.unwrap() + 1))
+        );
+        assert_eq!(
+            (alert.stock_before, alert.stock_after),
+            (e.stock_after, e.stock_after)
+        );
+        assert_eq!(state.seq, alert.seq.unwrap());
+        assert!(alert.outcome().is_none(), "an alert answers no request");
+        Some(alert.op)
+    }
+
+    #[test]
+    fn crossings_fire_once_each_when_the_stock_crosses_a_level() {
+        let (mut items, item) = loaded(10);
+        let first = Entry {
+            prev_seq: Some(0),
+            ..apply_load(
+                &mut ItemState::default(),
+                &"s".into(),
+                &item,
+                5,
+                LoadTerms::KEEP,
+                0,
+            )
+        };
+        assert_eq!(
+            crossing(&mut ItemState::default(), &first),
+            None,
+            "a first load"
+        );
+        let st = items.get_mut(&item).unwrap();
+        let terms = LoadTerms {
+            low_stock_at: Some(3),
+            ..LoadTerms::KEEP
+        };
+        let load = apply_load(st, &"s".into(), &item, 10, terms, 0);
+        assert_eq!((crossing(st, &load), st.low_stock_at), (None, 3));
+        assert_eq!(alert_after(st, Op::Decrement, 6), None, "10 -> 4, above 3");
+        assert_eq!(
+            alert_after(st, Op::Decrement, 1),
+            Some(Op::LowStock),
+            "4 -> 3"
+        );
+        assert_eq!(alert_after(st, Op::Decrement, 1), None, "3 -> 2, still low");
+        assert_eq!(
+            alert_after(st, Op::Decrement, 5),
+            None,
+            "refused: nothing moved"
+        );
+        assert_eq!(
+            alert_after(st, Op::Decrement, 2),
+            Some(Op::SoldOut),
+            "2 -> 0"
+        );
+        assert_eq!(
+            alert_after(st, Op::Increment, 8),
+            Some(Op::BackInStock),
+            "0 -> 8"
+        );
+        assert_eq!(
+            alert_after(st, Op::Decrement, 8),
+            Some(Op::SoldOut),
+            "8 -> 0 jumps past the level: one sold_out, no low_stock"
+        );
     }
 }

@@ -89,6 +89,78 @@ pub struct CheckSettings {
     pub check_retry_schedule_ms: Vec<u64>,
 }
 
+/// A shop's stock alerts: where they are sent, and which kinds
+/// ([`ALERT_KINDS`]). Field names are the API's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotifySettings {
+    pub notify_url: String,
+    pub notify_events: Vec<String>,
+}
+
+/// The kinds of alert a shop may ask for: the three stock crossings of its items'
+/// events, and a check-back that became a dead letter.
+pub const ALERT_KINDS: [&str; 4] = ["sold_out", "low_stock", "back_in_stock", "dead_letter"];
+
+/// Everything a shop has set: a check-back and alerts, each optional.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ShopSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<CheckSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifySettings>,
+}
+
+impl ShopSettings {
+    /// Whether the shop has nothing set (its settings, and its secret, are removed).
+    pub fn is_empty(&self) -> bool {
+        self.check.is_none() && self.notify.is_none()
+    }
+
+    /// Whether the shop asked for alerts of `kind`.
+    pub fn wants(&self, kind: &str) -> Option<&str> {
+        self.notify
+            .as_ref()
+            .filter(|n| n.notify_events.iter().any(|k| k == kind))
+            .map(|n| n.notify_url.as_str())
+    }
+}
+
+/// One alert sent to a shop's `notify_url`, signed as a check-back is. Field names are
+/// the body's: a stock crossing has the item's numbers after it (`seq` is the alert's
+/// own, in the item's sequence, so a receiver drops a repeat by it); a dead letter's
+/// names its hold or order and the default that applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Alert {
+    pub shop: Arc<str>,
+    /// `sold_out`, `low_stock`, `back_in_stock` or `dead_letter`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stock: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// A dead letter's hold or order id, and the default that applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<String>,
+    pub at: Millis,
+}
+
+/// An alert whose delivery failed for good: every attempt failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedAlert {
+    pub alert: Alert,
+    /// The last attempt's failure (a timeout, a status), naming neither answer nor URL.
+    pub error: String,
+    pub attempts: u32,
+    /// When the last attempt failed.
+    pub at: Millis,
+}
+
 /// A check-back that found no answer. One per hold (or order): its `id` is theirs, and
 /// an operator's retry that finds no answer either updates it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,17 +204,19 @@ pub trait CheckBack: Send + Sync + 'static {
     /// fails: past its attempts the shop's default applies (`Ask` for `ask`, and for an
     /// operator's retry), and the case is kept as a dead letter.
     fn ask(&self, call: CheckCall) -> CheckFuture<CheckAction>;
-    /// The shop's settings, `None` if it has none.
-    fn settings(&self, shop: &str) -> CheckFuture<Result<Option<CheckSettings>, String>>;
-    /// Sets (or with `None` removes) the shop's settings. The shop's signing secret is
-    /// made when the shop first gets a `check_url`, or again with `rotate`, and is then
-    /// returned (the only time it is shown).
+    /// The shop's settings (empty if it has none).
+    fn settings(&self, shop: &str) -> CheckFuture<Result<ShopSettings, String>>;
+    /// Sets the shop's settings; empty ones remove them, and its secret. The shop's
+    /// signing secret is made when the shop first gets a `check_url` or a `notify_url`,
+    /// or again with `rotate`, and is then returned (the only time it is shown).
     fn set_settings(
         &self,
         shop: &str,
-        settings: Option<CheckSettings>,
+        settings: ShopSettings,
         rotate: bool,
     ) -> CheckFuture<Result<Option<String>, String>>;
+    /// The shop's latest alerts that failed for good, oldest first.
+    fn failed_alerts(&self, shop: &str) -> CheckFuture<Result<Vec<FailedAlert>, String>>;
     /// Whether `url` may be a shop's `check_url` under the server operator's rules (no
     /// inside address, https unless allowed); the reason names no field.
     fn check_url(&self, url: &str) -> Result<(), String>;

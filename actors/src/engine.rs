@@ -18,7 +18,7 @@ use crate::processor::{Enqueue, Flush, GetItem, ItemRead, Load, Processor};
 use crate::reply::{Answers, Call, Reply};
 use crate::topology::Topology;
 use crate::types::{
-    now_ms, Event, HoldView, ItemView, Millis, Op, Outcome, Request, Status, WindowChange,
+    now_ms, Event, HoldView, ItemView, LoadTerms, Millis, Op, Outcome, Request, Status,
 };
 use crate::work_manager::{
     Decided, Deps, Passivate, Poll, PollResult, Registry, Resume, ShopHandle, ShopStatus, Submit,
@@ -188,8 +188,8 @@ pub struct LoadEntry {
     pub if_seq: Option<u64>,
     /// The item's new per-buyer limit: 0 lifts it, `None` leaves it ([`crate::ledger`]).
     pub per_buyer_max: Option<i64>,
-    /// What the load does to the item's sale window.
-    pub window: WindowChange,
+    /// What the load does to the item's sale window and low-stock level.
+    pub terms: LoadTerms,
 }
 
 /// A load's items as keyed requests, item `i` under `key(i)`.
@@ -205,8 +205,9 @@ fn load_requests(
         .map(|(i, e)| Request {
             if_seq: e.if_seq,
             per_buyer_max: e.per_buyer_max,
-            opens_at: e.window.opens_at,
-            closes_at: e.window.closes_at,
+            opens_at: e.terms.opens_at,
+            closes_at: e.terms.closes_at,
+            low_stock_at: e.terms.low_stock_at,
             ..Request::new(shop.clone(), e.item, key(i), Op::Load, e.stock, now)
         })
         .collect()
@@ -222,6 +223,7 @@ pub fn load_view(shop: &Arc<str>, o: &Outcome) -> ItemView {
         seq: o.seq.unwrap_or(0),
         opens_at: o.opens_at,
         closes_at: o.closes_at,
+        low_stock_at: o.low_stock_at,
     }
 }
 
@@ -538,7 +540,7 @@ impl Engine {
                 stock,
                 if_seq: None,
                 per_buyer_max: None,
-                window: WindowChange::KEEP,
+                terms: LoadTerms::KEEP,
             })
             .collect();
         let loaded = self.load_entries(shop, entries).await?;
@@ -579,7 +581,7 @@ impl Engine {
                     stock: e.stock,
                     if_seq: e.if_seq,
                     per_buyer_max: e.per_buyer_max,
-                    window: e.window,
+                    terms: e.terms,
                     index,
                 });
         }

@@ -94,7 +94,15 @@ pub fn delta(e: &Entry) -> Option<(&Arc<str>, i64)> {
     match e.op {
         Op::Decrement | Op::Hold => Some((buyer, e.qty)),
         Op::Increment | Op::Release | Op::Expire => Some((buyer, -e.qty)),
-        Op::Confirm | Op::Load | Op::Adjust | Op::Order | Op::Firm | Op::Extend => None,
+        Op::Confirm
+        | Op::Load
+        | Op::Adjust
+        | Op::Order
+        | Op::Firm
+        | Op::Extend
+        | Op::SoldOut
+        | Op::LowStock
+        | Op::BackInStock => None,
     }
 }
 

@@ -34,8 +34,8 @@ pub use hold_end::HoldEnd;
 pub use metrics::Metrics;
 pub use ports::{
     AppendDone, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal, JournalWrite,
-    JournaledHook, Leases, Lifecycle, LogHooks, Logged, Outbox, Outcomes, Recovered, RelayPage,
-    RemoteReplies, RequestLog, ShardJournal, Sharing, StoreError,
+    JournaledHook, Leases, Lifecycle, LogHooks, Logged, Outbox, OutboxReader, Outcomes, Recovered,
+    RelayPage, RemoteReplies, RequestLog, ShardJournal, Sharing, StoreError,
 };
 pub use reply::{Answers, Reply};
 pub use secret::Secret;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::types::{ItemView, Op, Request, Status, WindowChange};
+use crate::types::{ItemView, LoadTerms, Op, Request, Status};
 
 /// One item of a load call, bound for the shard that owns the item.
 #[derive(Debug)]
@@ -22,8 +22,8 @@ pub struct LoadItem {
     pub if_seq: Option<u64>,
     /// The item's new per-buyer limit (see [`Request::per_buyer_max`]).
     pub per_buyer_max: Option<i64>,
-    /// What the load does to the item's sale window.
-    pub window: WindowChange,
+    /// What the load does to the item's sale window and low-stock level.
+    pub terms: LoadTerms,
     /// Position in the caller's list, so the answer keeps the caller's order.
     pub index: usize,
 }
@@ -170,7 +170,7 @@ mod tests {
             &"s".into(),
             &item,
             0,
-            crate::types::WindowChange::KEEP,
+            crate::types::LoadTerms::KEEP,
             0,
         );
         let mut mb = PriorityMailbox::default();
@@ -210,7 +210,7 @@ mod tests {
                 stock: 1,
                 if_seq: None,
                 per_buyer_max: None,
-                window: WindowChange::KEEP,
+                terms: LoadTerms::KEEP,
                 index,
             })
             .collect();

@@ -72,6 +72,9 @@ pub struct Metrics {
     /// Events the outbox relay published to the events topic (a page sent again after a
     /// failure counts again).
     pub events_relayed: IntCounter,
+    /// Alerts sent to shops' `notify_url`, by what came of them (`sent`, `failed`: for
+    /// good, after every attempt).
+    pub alerts: IntCounterVec,
     /// How much of each memory bound is in use, read when metrics are scraped: `shops`
     /// (WorkManagers in memory, of `shops_max`), `outcomes_cached` (of
     /// `outcome_cache_total`), `body_bytes` (request bodies held, of `body_bytes_max`).
@@ -95,7 +98,8 @@ impl Metrics {
         let (http_requests, queue_depth, bound_used, memory) = front_metrics(&r);
         let (batch_entries, journal_txn_entries, journal_write_seconds) = batch_metrics(&r);
         let (journal_fenced, journal_damaged_segments) = journal_fault_metrics(&r);
-        let (decisions, repeats, checks, check_dead_letters, events_relayed) = outcome_metrics(&r);
+        let (decisions, repeats, checks, check_dead_letters, events_relayed, alerts) =
+            outcome_metrics(&r);
         let stage = Stages::registered(&r);
         Metrics {
             registry,
@@ -111,6 +115,7 @@ impl Metrics {
             checks,
             check_dead_letters,
             events_relayed,
+            alerts,
             bound_used,
             memory,
             stage,
@@ -241,6 +246,7 @@ fn outcome_metrics(
     IntCounterVec,
     IntCounter,
     IntCounter,
+    IntCounterVec,
 ) {
     let decisions = IntCounterVec::new(
         Opts::new("nrtxn_decisions_total", "Decisions by status"),
@@ -270,12 +276,21 @@ fn outcome_metrics(
         "Events the outbox relay published to the events topic",
     )
     .expect("static metric definition");
+    let alerts = IntCounterVec::new(
+        Opts::new(
+            "nrtxn_alerts_total",
+            "Alerts sent to shops' notify_url, by what came of them",
+        ),
+        &["result"],
+    )
+    .expect("static metric definition");
     (
         r.add(decisions),
         r.add(repeats),
         r.add(checks),
         r.add(check_dead_letters),
         r.add(events_relayed),
+        r.add(alerts),
     )
 }
 

@@ -1149,6 +1149,7 @@ mod tests {
             buyer: None,
             opens_at: None,
             closes_at: None,
+            low_stock_at: None,
             requested_at: 0,
         };
         assert_eq!(lines_of(&record), lines);

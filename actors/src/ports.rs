@@ -224,12 +224,33 @@ pub trait Outbox: Send + Sync + 'static {
     /// what is committed from now on.
     fn relay_end(&self) -> Result<u64, StoreError>;
 
-    /// Where the relay stopped: every event up to this cursor was published.
-    fn relay_cursor(&self) -> Result<u64, StoreError>;
+    /// Where `reader` stopped: every event up to this cursor was passed (`None`: it
+    /// never saved one).
+    fn relay_cursor(&self, reader: OutboxReader) -> Result<Option<u64>, StoreError>;
 
-    /// Records durably (in the journal's own store) that every event up to `cursor` was
-    /// published; returns once it is written.
-    fn relay_save(&self, cursor: u64) -> Result<(), StoreError>;
+    /// Records durably (in the journal's own store) that `reader` passed every event up
+    /// to `cursor`; returns once it is written. A cursor never goes back.
+    fn relay_save(&self, reader: OutboxReader, cursor: u64) -> Result<(), StoreError>;
+}
+
+/// Who follows the outbox from a cursor of its own ([`Outbox::relay_cursor`]): the
+/// journal keeps the entries neither has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxReader {
+    /// The outbox relay, to the events topic.
+    Events,
+    /// The stock alerts, to the shops' `notify_url`.
+    Alerts,
+}
+
+impl OutboxReader {
+    /// The reader's name in the journal's store.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutboxReader::Events => "relay",
+            OutboxReader::Alerts => "alerts",
+        }
+    }
 }
 
 /// A shop's events as they are committed, for a push stream (`GET .../events/stream`):

@@ -314,6 +314,7 @@ mod tests {
             buyer: None,
             opens_at: None,
             closes_at: None,
+            low_stock_at: None,
             requested_at: submitted_at,
         }
     }

@@ -139,11 +139,20 @@ pub enum Op {
     /// answered ([`crate::checkback`]): its new `expires_at` is `submitted_at + ttl_ms`.
     /// Changes no stock.
     Extend,
+    /// The item's available stock reached 0 with the entry before: a stock alert
+    /// ([`crate::apply::crossing`]), journaled by the processor right after the change
+    /// that crossed, with the next seq. Changes no stock; answers no request.
+    SoldOut,
+    /// The item's available stock fell from above its `low_stock_at` to at or below it
+    /// (and not to 0, which is [`Op::SoldOut`]). A stock alert, as `SoldOut`.
+    LowStock,
+    /// The item's available stock rose from 0. A stock alert, as `SoldOut`.
+    BackInStock,
 }
 
 impl Op {
     /// Every op, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 14] = [
         Op::Decrement,
         Op::Increment,
         Op::Load,
@@ -155,6 +164,9 @@ impl Op {
         Op::Order,
         Op::Firm,
         Op::Extend,
+        Op::SoldOut,
+        Op::LowStock,
+        Op::BackInStock,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -170,7 +182,16 @@ impl Op {
             Op::Order => "order",
             Op::Firm => "firm",
             Op::Extend => "extend",
+            Op::SoldOut => "sold_out",
+            Op::LowStock => "low_stock",
+            Op::BackInStock => "back_in_stock",
         }
+    }
+
+    /// Whether this op is a stock alert: an entry the processor journals after a change
+    /// that crossed one of the item's levels, not a request's.
+    pub fn is_alert(self) -> bool {
+        matches!(self, Op::SoldOut | Op::LowStock | Op::BackInStock)
     }
 
     /// Whether this op ends a hold (and so names one in [`Request::hold_id`]).
@@ -191,6 +212,9 @@ impl Op {
             "order" => Some(Op::Order),
             "firm" => Some(Op::Firm),
             "extend" => Some(Op::Extend),
+            "sold_out" => Some(Op::SoldOut),
+            "low_stock" => Some(Op::LowStock),
+            "back_in_stock" => Some(Op::BackInStock),
             _ => None,
         }
     }
@@ -350,6 +374,10 @@ pub struct Request {
     pub opens_at: Option<Millis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closes_at: Option<Millis>,
+    /// Loads only: the item's new low-stock level (0 clears it, `None` leaves it), see
+    /// [`ItemState::low_stock_at`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_stock_at: Option<i64>,
     /// Sales and holds only: take as much of `qty` as is available, down to this many
     /// (a partial fill), instead of all of `qty` or nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -403,6 +431,7 @@ impl Request {
             min_qty: None,
             opens_at: None,
             closes_at: None,
+            low_stock_at: None,
             no_wait: false,
             logged: false,
             log_pos: None,
@@ -471,15 +500,20 @@ pub struct ItemState {
     pub opens_at: Millis,
     #[serde(default)]
     pub closes_at: Millis,
+    /// The level at or below which the available stock is low (0: none): a change that
+    /// takes it there from above is followed by an [`Op::LowStock`] alert. Set by loads.
+    #[serde(default)]
+    pub low_stock_at: i64,
 }
 
 impl ItemState {
-    /// The state with its window's bounds changed as a load asks (`None`: kept, 0:
+    /// The state with the terms a load sets changed as it asks (`None`: kept, 0:
     /// cleared).
-    pub fn windowed(self, change: WindowChange) -> ItemState {
+    pub fn with_terms(self, change: LoadTerms) -> ItemState {
         ItemState {
             opens_at: change.opens_at.unwrap_or(self.opens_at),
             closes_at: change.closes_at.unwrap_or(self.closes_at),
+            low_stock_at: change.low_stock_at.unwrap_or(self.low_stock_at),
             ..self
         }
     }
@@ -502,19 +536,22 @@ impl ItemState {
     }
 }
 
-/// What a load does to its item's sale window: each bound set (ms since the epoch),
-/// cleared (0), or left as it is (`None`).
+/// What a load does to its item's terms besides the stock: the sale window's bounds (ms
+/// since the epoch) and the low-stock level, each set, cleared (0), or left as it is
+/// (`None`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct WindowChange {
+pub struct LoadTerms {
     pub opens_at: Option<Millis>,
     pub closes_at: Option<Millis>,
+    pub low_stock_at: Option<i64>,
 }
 
-impl WindowChange {
-    /// Leaves the window as it is.
-    pub const KEEP: WindowChange = WindowChange {
+impl LoadTerms {
+    /// Leaves the terms as they are.
+    pub const KEEP: LoadTerms = LoadTerms {
         opens_at: None,
         closes_at: None,
+        low_stock_at: None,
     };
 }
 
@@ -536,6 +573,9 @@ pub struct ItemView {
     pub opens_at: Option<Millis>,
     #[serde(default)]
     pub closes_at: Option<Millis>,
+    /// The low-stock level, `null` when unset ([`ItemState::low_stock_at`]).
+    #[serde(default)]
+    pub low_stock_at: Option<i64>,
 }
 
 impl ItemView {
@@ -549,6 +589,7 @@ impl ItemView {
             seq: st.seq,
             opens_at: bound(st.opens_at),
             closes_at: bound(st.closes_at),
+            low_stock_at: bound(st.low_stock_at),
         }
     }
 }
@@ -601,6 +642,9 @@ pub struct Entry {
     pub opens_at: Option<Millis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closes_at: Option<Millis>,
+    /// The item's low-stock level after the entry, only when set (as the window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_stock_at: Option<i64>,
     /// A partial fill ([`Request::min_qty`]): the `qty` the request asked for, when the
     /// entry's `qty`, what it took, is less. Every reader of the stock's movement reads
     /// `qty`; the caller is shown both ([`Outcome::qty_taken`]).
@@ -653,6 +697,7 @@ impl Entry {
             return_of: None,
             opens_at: None,
             closes_at: None,
+            low_stock_at: None,
             qty_asked: None,
             logged: false,
             log_pos: None,
@@ -694,6 +739,7 @@ impl Entry {
             seq: self.seq?,
             opens_at: self.opens_at.unwrap_or(0),
             closes_at: self.closes_at.unwrap_or(0),
+            low_stock_at: self.low_stock_at.unwrap_or(0),
         })
     }
 
@@ -738,6 +784,7 @@ impl Entry {
             requested_at: self.submitted_at,
             opens_at: self.opens_at,
             closes_at: self.closes_at,
+            low_stock_at: self.low_stock_at,
         })
     }
 
@@ -769,6 +816,7 @@ impl Entry {
             requested_at: self.submitted_at,
             opens_at: self.opens_at,
             closes_at: self.closes_at,
+            low_stock_at: self.low_stock_at,
         })
     }
 }
@@ -836,6 +884,9 @@ pub struct Event {
     pub opens_at: Option<Millis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closes_at: Option<Millis>,
+    /// The item's low-stock level after the change, only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_stock_at: Option<i64>,
 }
 
 /// What a caller is told about a request. Field names are the HTTP API's.
@@ -887,6 +938,9 @@ pub struct Outcome {
     pub opens_at: Option<Millis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closes_at: Option<Millis>,
+    /// The item's low-stock level after the change, only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_stock_at: Option<i64>,
 }
 
 impl Outcome {

@@ -21,10 +21,11 @@ pub fn expected_after(op: Op, status: Status, qty: i64, before: ItemState) -> It
         (Status::Ok, Op::Hold) => (stock - qty, reserved + qty),
         (Status::Ok, Op::Confirm) => (stock, reserved - qty),
         (Status::Ok, Op::Release | Op::Expire) => (stock + qty, reserved - qty),
-        // A refusal changes nothing but the seq.
+        // A refusal, or a stock alert, changes nothing but the seq.
         _ => (stock, reserved),
     };
-    // The sale window moves with loads only ([`check_entry`] takes a load's own).
+    // The window and the low-stock level move with loads only ([`check_entry`] takes a
+    // load's own).
     ItemState {
         stock,
         reserved,
@@ -46,10 +47,11 @@ pub fn check_entry(before: ItemState, e: &Entry) -> Result<ItemState, String> {
             ..before
         }
     } else if e.op == Op::Load && e.status == Status::Ok {
-        // A load sets the window it says.
+        // A load sets the window and the low-stock level it says.
         ItemState {
             opens_at: after.opens_at,
             closes_at: after.closes_at,
+            low_stock_at: after.low_stock_at,
             ..expected_after(e.op, e.status, e.qty, before)
         }
     } else {
@@ -69,20 +71,13 @@ pub fn check_entry(before: ItemState, e: &Entry) -> Result<ItemState, String> {
     }
     if after != expected {
         return Err(format!(
-            "seq {}: {} of {} ({}) leaves stock {} reserved {} window {}..{}, not stock {} \
-             reserved {} window {}..{}",
+            "seq {}: {} of {} ({}) leaves {}, not {}",
             after.seq,
             e.op.as_str(),
             e.qty,
             e.status.as_str(),
-            after.stock,
-            after.reserved,
-            after.opens_at,
-            after.closes_at,
-            expected.stock,
-            expected.reserved,
-            expected.opens_at,
-            expected.closes_at
+            terms_of(&after),
+            terms_of(&expected),
         ));
     }
     if after.stock < 0 || after.reserved < 0 {
@@ -92,6 +87,14 @@ pub fn check_entry(before: ItemState, e: &Entry) -> Result<ItemState, String> {
         ));
     }
     Ok(after)
+}
+
+/// A state's numbers, as a check's refusal names them.
+fn terms_of(s: &ItemState) -> String {
+    format!(
+        "stock {} reserved {} window {}..{} low_stock_at {}",
+        s.stock, s.reserved, s.opens_at, s.closes_at, s.low_stock_at
+    )
 }
 
 type ItemKey = (Arc<str>, Arc<str>);
@@ -153,7 +156,7 @@ impl Verifier {
 mod tests {
     use super::*;
     use crate::apply::{apply, apply_hold_end, apply_load};
-    use crate::types::{Request, WindowChange};
+    use crate::types::{LoadTerms, Request};
 
     fn req(op: Op, qty: i64, key: &str) -> Request {
         Request::new("s".into(), "i".into(), key.into(), op, qty, 1_000)
@@ -167,7 +170,7 @@ mod tests {
             &"s".into(),
             &"i".into(),
             5,
-            WindowChange::KEEP,
+            LoadTerms::KEEP,
             1_000,
         )];
         for (op, qty, key) in [
@@ -211,7 +214,7 @@ mod tests {
             &"s".into(),
             &"i".into(),
             5,
-            WindowChange::KEEP,
+            LoadTerms::KEEP,
             1_000,
         );
         let sale = apply(Some(&mut state), &req(Op::Decrement, 1, "a"), 1_000, 30_000);

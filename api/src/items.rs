@@ -7,8 +7,7 @@ use std::sync::Arc;
 use actix_web::{web, HttpRequest, HttpResponse};
 use nrtxn_actors::engine::{load_view, LoadEntry};
 use nrtxn_actors::{
-    EngineError, ItemView, Status, WindowChange, ITEMS_LIMIT_MAX, LOAD_ITEMS_MAX, QTY_MAX,
-    STOCK_MAX,
+    EngineError, ItemView, LoadTerms, Status, ITEMS_LIMIT_MAX, LOAD_ITEMS_MAX, QTY_MAX, STOCK_MAX,
 };
 use serde_json::{json, Value};
 
@@ -51,21 +50,7 @@ pub async fn put_items(
             None | Some(Value::Null) => None,
             Some(_) => Some(integer(obj, "per_buyer_max", &prefix, 0, QTY_MAX)?),
         };
-        let window = WindowChange {
-            opens_at: window_bound(obj, "opens_at", &prefix)?,
-            closes_at: window_bound(obj, "closes_at", &prefix)?,
-        };
-        if let WindowChange {
-            opens_at: Some(opens),
-            closes_at: Some(closes),
-        } = window
-        {
-            if opens > 0 && closes > 0 && closes <= opens {
-                return Err(ApiError::invalid(format!(
-                    "{prefix}closes_at: must be after opens_at ({opens}), got {closes}"
-                )));
-            }
-        }
+        let terms = terms_of(obj, &prefix)?;
         if !seen.insert(item.clone()) {
             return Err(ApiError::invalid(format!(
                 "items[{i}].item: {item} appears more than once"
@@ -76,7 +61,7 @@ pub async fn put_items(
             stock,
             if_seq,
             per_buyer_max,
-            window,
+            terms,
         });
     }
     let Some(id) = request_id(&body, "")? else {
@@ -112,18 +97,27 @@ pub async fn put_items(
 /// Latest sale window bound a load may set: the last millisecond of the year 9999.
 const WINDOW_BOUND_MAX: i64 = 253_402_300_799_999;
 
-/// A load entry's window bound `field`: left out keeps it (`None`), `null` clears it
-/// (`Some(0)`), else ms since the epoch.
-fn window_bound(
-    obj: &serde_json::Map<String, Value>,
-    field: &str,
-    prefix: &str,
-) -> Result<Option<i64>, ApiError> {
-    match obj.get(field) {
+/// What a load entry sets of its item's terms: each of `opens_at`, `closes_at` and
+/// `low_stock_at` left out keeps it (`None`), `null` clears it (`Some(0)`), else sets it.
+fn terms_of(obj: &serde_json::Map<String, Value>, prefix: &str) -> Result<LoadTerms, ApiError> {
+    let set = |field: &str, max: i64| match obj.get(field) {
         None => Ok(None),
         Some(Value::Null) => Ok(Some(0)),
-        Some(_) => integer(obj, field, prefix, 1, WINDOW_BOUND_MAX).map(Some),
+        Some(_) => integer(obj, field, prefix, 1, max).map(Some),
+    };
+    let terms = LoadTerms {
+        opens_at: set("opens_at", WINDOW_BOUND_MAX)?,
+        closes_at: set("closes_at", WINDOW_BOUND_MAX)?,
+        low_stock_at: set("low_stock_at", STOCK_MAX)?,
+    };
+    if let (Some(opens), Some(closes)) = (terms.opens_at, terms.closes_at) {
+        if opens > 0 && closes > 0 && closes <= opens {
+            return Err(ApiError::invalid(format!(
+                "{prefix}closes_at: must be after opens_at ({opens}), got {closes}"
+            )));
+        }
     }
+    Ok(terms)
 }
 
 /// One item of a load's answer: its state, and `status` `ok`, or `seq_moved` when the

@@ -1,5 +1,8 @@
 //! nrtxn's HTTP front: routes, validation, error bodies and the metrics endpoint.
 //! One file per route group; the engine behind it is [`nrtxn_actors::Engine`].
+// The OpenAPI document is one `json!` literal per group of schemas, deeper than the
+// macro's default recursion allows.
+#![recursion_limit = "256"]
 
 use std::sync::Arc;
 
@@ -105,8 +108,9 @@ routes! {
     post "/v1/shops/{shop}/orders/{order_id}/confirm" => orders::confirm_order, "confirmOrder", "Sell every line of an order";
     post "/v1/shops/{shop}/orders/{order_id}/cancel" => orders::cancel_order, "cancelOrder", "Release every line of an order";
     post "/v1/shops/{shop}/orders/{order_id}/extend" => orders::extend_order, "extendOrder", "Give a held order and its lines a new expiry, now + ttl_ms";
-    put "/v1/shops/{shop}/settings" => settings::put_settings, "putSettings", "Set the shop's check-back (operators)";
-    get "/v1/shops/{shop}/settings" => settings::get_settings, "getSettings", "The shop's check-back settings (operators)";
+    put "/v1/shops/{shop}/settings" => settings::put_settings, "putSettings", "Set the shop's check-back and stock alerts; a field left out keeps its value (operators)";
+    get "/v1/shops/{shop}/settings" => settings::get_settings, "getSettings", "The shop's check-back and alert settings (operators)";
+    get "/v1/shops/{shop}/notifications" => settings::get_notifications, "getNotifications", "The shop's latest alerts that failed for good (operators)";
     get "/v1/shops/{shop}/dead-letters" => settings::get_dead_letters, "getDeadLetters", "Check-backs that found no answer (operators)";
     post "/v1/shops/{shop}/dead-letters/{id}/retry" => settings::retry_dead_letter, "retryDeadLetter", "Ask the shop again now about a dead letter's hold or order (operators)";
     post "/v1/shops/{shop}/dead-letters/{id}/resolve" => settings::resolve_dead_letter, "resolveDeadLetter", "End a dead letter's hold or order: confirm or release (operators)";

@@ -222,6 +222,7 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
         "putSettings" => (Some("Settings"), r("SettingsAnswer")),
         "getSettings" => (None, r("SettingsAnswer")),
         "getDeadLetters" => (None, r("DeadLetters")),
+        "getNotifications" => (None, r("Notifications")),
         "retryDeadLetter" => (None, r("DeadLetterAnswer")),
         "resolveDeadLetter" => (Some("Resolve"), r("DeadLetterAnswer")),
         "getStats" => (None, r("Stats")),
@@ -418,7 +419,8 @@ fn schemas() -> Value {
             "shop": s("string"), "item": s("string"), "stock": s("integer"),
             "reserved": s("integer"), "seq": s("integer"),
             "opens_at": { "type": "integer", "nullable": true },
-            "closes_at": { "type": "integer", "nullable": true } } },
+            "closes_at": { "type": "integer", "nullable": true },
+            "low_stock_at": { "type": "integer", "nullable": true } } },
         "ItemPage": { "type": "object", "properties": {
             "items": { "type": "array", "items": schema_ref("Item") },
             "next": { "type": "string", "nullable": true } } },
@@ -429,7 +431,9 @@ fn schemas() -> Value {
                     "item": name(), "stock": { "type": "integer", "minimum": 0, "maximum": 1_000_000_000_000_000i64 },
                     "if_seq": { "type": "integer", "minimum": 0 },
                     "per_buyer_max": { "type": "integer", "minimum": 0 },
-                    "opens_at": window_bound(), "closes_at": window_bound() } } } } },
+                    "opens_at": window_bound(), "closes_at": window_bound(),
+                    "low_stock_at": { "type": "integer", "minimum": 1, "nullable": true,
+                        "description": "a low_stock alert fires when the available stock falls from above it to at or below it; null clears it, left out keeps it" } } } } } },
         "LoadAnswer": { "type": "object", "properties": {
             "items": { "type": "array", "items": schema_ref("Item") } } },
         "Adjustments": { "type": "object", "additionalProperties": false, "required": ["adjustments"], "properties": {
@@ -471,11 +475,12 @@ fn schemas() -> Value {
         "Events": { "type": "object", "properties": { "events": { "type": "array", "items": {
             "type": "object", "properties": {
                 "shop": s("string"), "item": s("string"), "seq": s("integer"), "prev_seq": s("integer"),
-                "kind": s("string"), "status": s("string"), "request_key": { "type": "string", "nullable": true },
+                "kind": { "type": "string", "description": "the change's op, or a stock alert journaled right after it: sold_out, low_stock, back_in_stock" },
+                "status": s("string"), "request_key": { "type": "string", "nullable": true },
                 "qty": s("integer"), "qty_taken": s("integer"), "stock_after": s("integer"), "reserved_after": s("integer"),
                 "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string"),
                 "requested_at": s("integer"), "seller": s("string"), "buyer": s("string"),
-                "opens_at": s("integer"), "closes_at": s("integer") } } } } },
+                "opens_at": s("integer"), "closes_at": s("integer"), "low_stock_at": s("integer") } } } } },
         "Extend": { "type": "object", "additionalProperties": false, "required": ["ttl_ms"], "properties": {
             "ttl_ms": ttl() } },
         "HoldRequest": { "type": "object", "additionalProperties": false, "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {
@@ -510,7 +515,7 @@ fn check_schemas() -> Map<String, Value> {
         "description": "waits in ms before each attempt after the first (together at most 7 days, the life of a hold); \
             while it runs the hold stays pending past expires_at, `checking`. Empty: check_retries quick retries" });
     let Value::Object(m) = json!({
-        "Settings": { "type": "object", "additionalProperties": false, "required": ["check_url"], "properties": {
+        "Settings": { "type": "object", "additionalProperties": false, "description": "every field optional: one left out keeps its value", "properties": {
             "check_url": { "type": "string", "nullable": true, "maxLength": 2048,
                            "pattern": "^https?://[^/\\s\\u0000-\\u001f\\u007f-\\u009f]+(/[^\\s\\u0000-\\u001f\\u007f-\\u009f]*)?$" },
             "check_timeout_ms": { "type": "integer", "minimum": 100, "maximum": 60000, "default": 2000 },
@@ -518,9 +523,16 @@ fn check_schemas() -> Map<String, Value> {
             "check_retry_schedule_ms": schedule,
             "check_default": { "type": "string", "enum": ["release", "confirm", "ask"], "default": "release",
                 "description": "what applies when the shop does not answer; ask: nothing, the hold stays checking until an operator resolves its dead letter (or its 7-day life ends it as release would)" },
+            "notify_url": { "type": "string", "nullable": true, "maxLength": 2048,
+                            "description": "where stock alerts are POSTed, signed as check-backs are; null removes the alerts" },
+            "notify_events": { "type": "array", "minItems": 1, "uniqueItems": true,
+                               "items": { "type": "string", "enum": ["sold_out", "low_stock", "back_in_stock", "dead_letter"] },
+                               "description": "the kinds sent; all four when left out on the first notify_url" },
             "rotate_secret": s("boolean") } },
         "SettingsAnswer": { "type": "object", "properties": {
             "shop": s("string"), "check_url": { "type": "string", "nullable": true },
+            "notify_url": { "type": "string", "nullable": true },
+            "notify_events": { "type": "array", "items": s("string") },
             "check_timeout_ms": s("integer"), "check_retries": s("integer"),
             "check_retry_schedule_ms": { "type": "array", "items": s("integer") },
             "check_default": s("string"),
@@ -541,6 +553,20 @@ fn check_schemas() -> Map<String, Value> {
             "shop": s("string"),
             "dead_letters": { "type": "array", "maxItems": 100, "items": schema_ref("DeadLetter"),
                               "description": "the latest 100 of the shop, oldest first" } } },
+        "Alert": { "type": "object", "properties": {
+            "shop": s("string"),
+            "kind": { "type": "string", "enum": ["sold_out", "low_stock", "back_in_stock", "dead_letter"] },
+            "item": s("string"), "stock": s("integer"), "reserved": s("integer"),
+            "seq": { "type": "integer", "description": "the alert's own place in the item's sequence: a receiver drops a repeat by it" },
+            "id": { "type": "string", "description": "dead_letter: the hold's or order's id" },
+            "applied": { "type": "string", "description": "dead_letter: the default that applied" },
+            "at": s("integer") } },
+        "Notifications": { "type": "object", "properties": {
+            "shop": s("string"),
+            "notifications": { "type": "array", "maxItems": 100, "description": "the latest 100 alerts of the shop that failed for good, oldest first",
+                "items": { "type": "object", "properties": {
+                    "alert": schema_ref("Alert"), "error": s("string"),
+                    "attempts": s("integer"), "at": s("integer") } } } } },
         "Resolve": { "type": "object", "additionalProperties": false, "required": ["action"], "properties": {
             "action": { "type": "string", "enum": ["confirm", "release"] } } },
         "DeadLetterAnswer": { "type": "object", "properties": {

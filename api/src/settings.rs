@@ -1,11 +1,14 @@
 //! `PUT /v1/shops/{shop}/settings`, `GET /v1/shops/{shop}/settings`,
-//! `GET /v1/shops/{shop}/dead-letters`, `POST .../dead-letters/{id}/retry` and
-//! `POST .../dead-letters/{id}/resolve`: a shop's check-back before its holds and orders
-//! expire ([`nrtxn_actors::checkback`]), and the checks it did not answer
-//! ([`nrtxn_actors::dead_letters`]). Operators only.
+//! `GET /v1/shops/{shop}/dead-letters`, `POST .../dead-letters/{id}/retry`,
+//! `POST .../dead-letters/{id}/resolve` and `GET .../notifications`: a shop's check-back
+//! before its holds and orders expire ([`nrtxn_actors::checkback`]), the checks it did
+//! not answer ([`nrtxn_actors::dead_letters`]), and its stock alerts
+//! (`nrtxn_checkback::alerts`). Operators only.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use nrtxn_actors::checkback::{CheckBack, CheckSettings, DeadLetter};
+use nrtxn_actors::checkback::{
+    CheckBack, CheckSettings, DeadLetter, NotifySettings, ShopSettings, ALERT_KINDS,
+};
 use nrtxn_actors::dead_letters::{Acted, LetterAction};
 use nrtxn_actors::HOLD_TTL_MAX_MS;
 use serde_json::{json, Map, Value};
@@ -33,20 +36,29 @@ fn checkback(state: &AppState) -> Result<std::sync::Arc<dyn CheckBack>, ApiError
         .ok_or_else(|| ApiError::Unavailable("check-backs are not available on this server".into()))
 }
 
-/// The settings in a body; `None` when `check_url` is `null` (the check-back is
-/// removed).
-fn settings_of(body: &Map<String, Value>) -> Result<Option<CheckSettings>, ApiError> {
-    let url = match body.get("check_url") {
-        Some(Value::Null) => return Ok(None),
-        Some(Value::String(u)) => u.clone(),
-        None => return Err(ApiError::invalid(
-            "check_url: required (an http:// or https:// URL, or null to remove the check-back)",
-        )),
-        Some(_) => return Err(ApiError::invalid("check_url: must be a string or null")),
-    };
+/// The fields of a check-back besides its URL.
+const CHECK_FIELDS: [&str; 4] = [
+    "check_timeout_ms",
+    "check_retries",
+    "check_default",
+    "check_retry_schedule_ms",
+];
+
+/// A shop's settings once `body` is applied to what it has (`now`): a field left out
+/// keeps its value, `null` sets a field's default, and `check_url: null` removes the
+/// check-back, `notify_url: null` the alerts.
+fn merged(now: ShopSettings, body: &Map<String, Value>) -> Result<ShopSettings, ApiError> {
+    Ok(ShopSettings {
+        check: check_of(now.check, body)?,
+        notify: notify_of(now.notify, body)?,
+    })
+}
+
+/// `field`'s URL: an `http://` or `https://` URL of at most [`CHECK_URL_LEN_MAX`] bytes.
+fn url_of(field: &str, url: &str) -> Result<String, ApiError> {
     if url.len() > CHECK_URL_LEN_MAX {
         return Err(ApiError::invalid(format!(
-            "check_url: longer than {CHECK_URL_LEN_MAX} bytes"
+            "{field}: longer than {CHECK_URL_LEN_MAX} bytes"
         )));
     }
     let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
@@ -55,33 +67,137 @@ fn settings_of(body: &Map<String, Value>) -> Result<Option<CheckSettings>, ApiEr
         .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'));
     if !scheme_ok || !host_ok || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(ApiError::invalid(format!(
-            "check_url: {url:?} is not an http:// or https:// URL"
+            "{field}: {url:?} is not an http:// or https:// URL"
         )));
     }
-    let timeout = match body.get("check_timeout_ms") {
-        None | Some(Value::Null) => CHECK_TIMEOUT_MS_DEFAULT,
-        Some(_) => integer(body, "check_timeout_ms", "", 100, 60_000)?,
+    Ok(url.to_string())
+}
+
+/// The check-back after `body`: `None` when it has none.
+fn check_of(
+    now: Option<CheckSettings>,
+    body: &Map<String, Value>,
+) -> Result<Option<CheckSettings>, ApiError> {
+    let mut check = match (body.get("check_url"), now) {
+        (Some(Value::Null), _) => return Ok(None),
+        (Some(Value::String(u)), now) => CheckSettings {
+            check_url: url_of("check_url", u)?,
+            ..now.unwrap_or_else(check_defaults)
+        },
+        (Some(_), _) => return Err(ApiError::invalid("check_url: must be a string or null")),
+        (None, Some(now)) => now,
+        (None, None) => {
+            return match CHECK_FIELDS.iter().find(|f| body.contains_key(**f)) {
+                Some(f) => Err(ApiError::invalid(format!(
+                    "check_url: required with {f} (the shop has no check-back)"
+                ))),
+                None => Ok(None),
+            }
+        }
     };
-    let retries = match body.get("check_retries") {
-        None | Some(Value::Null) => CHECK_RETRIES_DEFAULT,
-        Some(_) => integer(body, "check_retries", "", 0, 10)?,
-    };
-    let default = match body.get("check_default") {
-        None | Some(Value::Null) => "release".to_string(),
-        Some(Value::String(d)) if d == "release" || d == "confirm" || d == "ask" => d.clone(),
+    let defaults = check_defaults();
+    match body.get("check_timeout_ms") {
+        None => {}
+        Some(Value::Null) => check.check_timeout_ms = defaults.check_timeout_ms,
+        Some(_) => {
+            check.check_timeout_ms = integer(body, "check_timeout_ms", "", 100, 60_000)? as u64
+        }
+    }
+    match body.get("check_retries") {
+        None => {}
+        Some(Value::Null) => check.check_retries = defaults.check_retries,
+        Some(_) => check.check_retries = integer(body, "check_retries", "", 0, 10)? as u32,
+    }
+    match body.get("check_default") {
+        None => {}
+        Some(Value::Null) => check.check_default = defaults.check_default,
+        Some(Value::String(d)) if d == "release" || d == "confirm" || d == "ask" => {
+            check.check_default = d.clone()
+        }
         Some(_) => {
             return Err(ApiError::invalid(
                 "check_default: must be \"release\", \"confirm\" or \"ask\"",
             ))
         }
+    }
+    if body.contains_key("check_retry_schedule_ms") {
+        check.check_retry_schedule_ms = schedule_of(body)?;
+    }
+    Ok(Some(check))
+}
+
+/// A new check-back's settings before its body's fields apply.
+fn check_defaults() -> CheckSettings {
+    CheckSettings {
+        check_url: String::new(),
+        check_timeout_ms: CHECK_TIMEOUT_MS_DEFAULT as u64,
+        check_retries: CHECK_RETRIES_DEFAULT as u32,
+        check_default: "release".to_string(),
+        check_retry_schedule_ms: Vec::new(),
+    }
+}
+
+/// The alerts after `body`: `None` when the shop has none.
+fn notify_of(
+    now: Option<NotifySettings>,
+    body: &Map<String, Value>,
+) -> Result<Option<NotifySettings>, ApiError> {
+    let mut notify = match (body.get("notify_url"), now) {
+        (Some(Value::Null), _) => return Ok(None),
+        (Some(Value::String(u)), now) => NotifySettings {
+            notify_url: url_of("notify_url", u)?,
+            notify_events: now.map_or_else(all_kinds, |n| n.notify_events),
+        },
+        (Some(_), _) => return Err(ApiError::invalid("notify_url: must be a string or null")),
+        (None, Some(now)) => now,
+        (None, None) if body.contains_key("notify_events") => {
+            return Err(ApiError::invalid(
+                "notify_url: required with notify_events (the shop has no alerts)",
+            ))
+        }
+        (None, None) => return Ok(None),
     };
-    Ok(Some(CheckSettings {
-        check_url: url,
-        check_timeout_ms: timeout as u64,
-        check_retries: retries as u32,
-        check_default: default,
-        check_retry_schedule_ms: schedule_of(body)?,
-    }))
+    match body.get("notify_events") {
+        None => {}
+        Some(Value::Null) => notify.notify_events = all_kinds(),
+        Some(Value::Array(kinds)) => notify.notify_events = kinds_of(kinds)?,
+        Some(_) => {
+            return Err(ApiError::invalid(format!(
+                "notify_events: must be an array of {ALERT_KINDS:?}"
+            )))
+        }
+    }
+    Ok(Some(notify))
+}
+
+fn all_kinds() -> Vec<String> {
+    ALERT_KINDS.iter().map(|k| k.to_string()).collect()
+}
+
+/// `notify_events`: at least one kind of [`ALERT_KINDS`], each once.
+fn kinds_of(kinds: &[Value]) -> Result<Vec<String>, ApiError> {
+    let mut out: Vec<String> = Vec::with_capacity(kinds.len());
+    for (i, k) in kinds.iter().enumerate() {
+        match k.as_str().filter(|k| ALERT_KINDS.contains(k)) {
+            Some(k) if !out.iter().any(|o| o == k) => out.push(k.to_string()),
+            Some(k) => {
+                return Err(ApiError::invalid(format!(
+                    "notify_events[{i}]: {k} appears more than once"
+                )))
+            }
+            None => {
+                return Err(ApiError::invalid(format!(
+                    "notify_events[{i}]: must be one of {ALERT_KINDS:?}, got {k}"
+                )))
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "notify_events: at least one of {ALERT_KINDS:?} (or notify_url null to remove the alerts)"
+        )));
+    }
+    Ok(out)
 }
 
 /// `check_retry_schedule_ms`: the waits before each attempt after the first, at most
@@ -127,8 +243,8 @@ fn schedule_of(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
     Ok(out)
 }
 
-fn body_of(shop: &str, settings: Option<&CheckSettings>) -> Value {
-    match settings {
+fn body_of(shop: &str, settings: &ShopSettings) -> Value {
+    let mut body = match &settings.check {
         Some(s) => json!({
             "shop": shop,
             "check_url": s.check_url,
@@ -138,7 +254,15 @@ fn body_of(shop: &str, settings: Option<&CheckSettings>) -> Value {
             "check_retry_schedule_ms": s.check_retry_schedule_ms,
         }),
         None => json!({ "shop": shop, "check_url": null }),
+    };
+    match &settings.notify {
+        Some(n) => {
+            body["notify_url"] = json!(n.notify_url);
+            body["notify_events"] = json!(n.notify_events);
+        }
+        None => body["notify_url"] = Value::Null,
     }
+    body
 }
 
 pub async fn put_settings(
@@ -150,13 +274,23 @@ pub async fn put_settings(
     let shop = path_segment(&path, "shop")?;
     let body = json_object(&http, payload, SETTINGS_BODY_MAX).await?;
     crate::openapi::known_fields("Settings", &body)?;
-    let settings = settings_of(&body)?;
     let checks = checkback(&state)?;
-    if let Some(s) = &settings {
-        // The server operator's rules on where a shop's calls may go.
-        checks
-            .check_url(&s.check_url)
-            .map_err(|e| ApiError::invalid(format!("check_url: {e}")))?;
+    let now = checks.settings(&shop).await.map_err(ApiError::store)?;
+    let settings = merged(now, &body)?;
+    // The server operator's rules on where a shop's calls may go.
+    let urls = [
+        ("check_url", settings.check.as_ref().map(|c| &c.check_url)),
+        (
+            "notify_url",
+            settings.notify.as_ref().map(|n| &n.notify_url),
+        ),
+    ];
+    for (field, url) in urls {
+        if let Some(url) = url {
+            checks
+                .check_url(url)
+                .map_err(|e| ApiError::invalid(format!("{field}: {e}")))?;
+        }
     }
     let rotate = match body.get("rotate_secret") {
         None | Some(Value::Null) => false,
@@ -167,7 +301,7 @@ pub async fn put_settings(
         .set_settings(&shop, settings.clone(), rotate)
         .await
         .map_err(ApiError::store)?;
-    let mut answer = body_of(&shop, settings.as_ref());
+    let mut answer = body_of(&shop, &settings);
     if let Some(secret) = secret {
         // Shown this once: nrtxn signs every check-back call with it.
         answer["check_secret"] = json!(secret);
@@ -184,7 +318,7 @@ pub async fn get_settings(
         .settings(&shop)
         .await
         .map_err(ApiError::store)?;
-    Ok(HttpResponse::Ok().json(body_of(&shop, settings.as_ref())))
+    Ok(HttpResponse::Ok().json(body_of(&shop, &settings)))
 }
 
 pub async fn get_dead_letters(
@@ -197,6 +331,20 @@ pub async fn get_dead_letters(
         .await
         .map_err(ApiError::store)?;
     Ok(HttpResponse::Ok().json(json!({ "shop": &*shop, "dead_letters": dead })))
+}
+
+/// `GET .../notifications`: the shop's latest alerts that failed for good, oldest
+/// first.
+pub async fn get_notifications(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let failed = checkback(&state)?
+        .failed_alerts(&shop)
+        .await
+        .map_err(ApiError::store)?;
+    Ok(HttpResponse::Ok().json(json!({ "shop": &*shop, "notifications": failed })))
 }
 
 /// Asks the shop again now about a dead letter's hold or order: its answer applies.

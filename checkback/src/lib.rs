@@ -29,6 +29,7 @@
 //! - The calls run on a small runtime of their own, never on a processor or an HTTP
 //!   worker.
 
+pub mod alerts;
 pub mod outbound;
 
 use std::collections::HashMap;
@@ -41,7 +42,8 @@ use futures::TryStreamExt;
 use hmac::{Hmac, KeyInit, Mac};
 use mongodb::bson::{doc, Document};
 use nrtxn_actors::checkback::{
-    CheckAction, CheckBack, CheckCall, CheckFuture, CheckSettings, DeadLetter, Resolution,
+    Alert, CheckAction, CheckBack, CheckCall, CheckFuture, CheckSettings, DeadLetter, FailedAlert,
+    Resolution, ShopSettings,
 };
 use nrtxn_actors::{now_ms, Metrics, HOLD_TTL_MAX_MS};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -54,8 +56,8 @@ use nrtxn_log::space::{Claim, Space};
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// Dead letters kept per shop (the latest; older ones are dropped when one is written).
 pub const DEAD_LETTERS_PER_SHOP: usize = 100;
-/// The MongoDB collection of the dead letters, beside `shop_checks`.
-const DEAD_LETTERS_COLLECTION: &str = "check_dead_letters";
+/// Alerts that failed for good kept per shop (the latest, as dead letters).
+pub const FAILED_ALERTS_PER_SHOP: usize = 100;
 /// Slack of a whole check beyond its attempts' timeouts (the issue's 2 s): the backoffs
 /// between attempts come out of it.
 const CHECK_SLACK: Duration = Duration::from_secs(2);
@@ -71,8 +73,63 @@ const RUNTIME_STOPPED: &str = "the check-backs' runtime stopped";
 /// A shop's settings and secret.
 #[derive(Clone, Debug)]
 struct ShopCheck {
-    settings: CheckSettings,
+    settings: ShopSettings,
     secret: String,
+}
+
+/// A shop's settings as the store keeps them: [`ShopSettings`], or (written by a
+/// version before alerts) its check-back's alone.
+fn stored_settings(json: &str) -> serde_json::Result<ShopSettings> {
+    let v: serde_json::Value = serde_json::from_str(json)?;
+    if v.get("check_url").is_some() {
+        return Ok(ShopSettings {
+            check: Some(serde_json::from_value(v)?),
+            notify: None,
+        });
+    }
+    serde_json::from_value(v)
+}
+
+/// What the store keeps a bounded list of, per shop: the latest ones, each under an id
+/// (written again under its id, it replaces itself).
+#[derive(Clone, Copy, Debug)]
+enum Kept {
+    /// Check-backs unanswered ([`DeadLetter`]), one per hold or order.
+    DeadLetters,
+    /// Alerts that failed for good ([`FailedAlert`]), one per alert.
+    FailedAlerts,
+}
+
+impl Kept {
+    /// The SQLite table, and the MongoDB collection beside `shop_checks`.
+    fn table(self) -> &'static str {
+        match self {
+            Kept::DeadLetters => "dead_letters",
+            Kept::FailedAlerts => "failed_alerts",
+        }
+    }
+
+    fn collection(self) -> &'static str {
+        match self {
+            Kept::DeadLetters => "check_dead_letters",
+            Kept::FailedAlerts => "failed_alerts",
+        }
+    }
+
+    /// The column (and document field) of a record's JSON.
+    fn column(self) -> &'static str {
+        match self {
+            Kept::DeadLetters => "letter",
+            Kept::FailedAlerts => "record",
+        }
+    }
+
+    fn per_shop(self) -> usize {
+        match self {
+            Kept::DeadLetters => DEAD_LETTERS_PER_SHOP,
+            Kept::FailedAlerts => FAILED_ALERTS_PER_SHOP,
+        }
+    }
 }
 
 enum Store {
@@ -125,7 +182,7 @@ impl Store {
         };
         rows.into_iter()
             .map(|(shop, settings, secret)| {
-                let settings = serde_json::from_str(&settings)
+                let settings = stored_settings(&settings)
                     .with_context(|| format!("shop_checks: the settings of {shop} are damaged"))?;
                 Ok((shop, ShopCheck { settings, secret }))
             })
@@ -192,46 +249,52 @@ impl Store {
         Ok(())
     }
 
-    /// Writes dead letter `letter` of `shop` (replacing the one of the same id), then
-    /// drops the shop's oldest beyond [`DEAD_LETTERS_PER_SHOP`].
-    async fn put_dead(&self, shop: &str, letter: &DeadLetter) -> anyhow::Result<()> {
-        let json = serde_json::to_string(letter)?;
+    /// Writes record `json` of `shop` under `id` (replacing the one of the same id),
+    /// then drops the shop's oldest beyond what `kind` keeps.
+    async fn put_kept(
+        &self,
+        kind: Kept,
+        shop: &str,
+        id: &str,
+        at: i64,
+        json: String,
+    ) -> anyhow::Result<()> {
+        let (table, column, keep) = (kind.table(), kind.column(), kind.per_shop() as i64);
         match self {
             Store::Sqlite(conn, space) => {
-                // The letter and its index entry, and the oldest one's it may drop.
+                // The record and its index entry, and the oldest one's it may drop.
                 let _room = sqlite_room(space, json.len(), 4)?;
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
                 conn.execute(
-                    "INSERT INTO dead_letters (shop, id, at, letter) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (shop, id) DO UPDATE SET at = ?3, letter = ?4",
-                    params![shop, &*letter.id, letter.at, json],
+                    &format!(
+                        "INSERT INTO {table} (shop, id, at, {column}) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (shop, id) DO UPDATE SET at = ?3, {column} = ?4"
+                    ),
+                    params![shop, id, at, json],
                 )?;
                 conn.execute(
-                    "DELETE FROM dead_letters WHERE shop = ?1 AND id IN (
-                         SELECT id FROM dead_letters WHERE shop = ?1
-                         ORDER BY at DESC, id DESC LIMIT -1 OFFSET ?2)",
-                    params![shop, DEAD_LETTERS_PER_SHOP as i64],
+                    &format!(
+                        "DELETE FROM {table} WHERE shop = ?1 AND id IN (
+                             SELECT id FROM {table} WHERE shop = ?1
+                             ORDER BY at DESC, id DESC LIMIT -1 OFFSET ?2)"
+                    ),
+                    params![shop, keep],
                 )?;
             }
             Store::Mongo(c) => {
-                let dead = dead_letters_of(c);
-                dead.replace_one(
-                    doc! { "_id": dead_id(shop, &letter.id) },
-                    doc! {
-                        "_id": dead_id(shop, &letter.id),
-                        "shop": shop,
-                        "at": letter.at,
-                        "letter": json,
-                    },
+                let kept = kept_of(c, kind);
+                kept.replace_one(
+                    doc! { "_id": kept_id(shop, id) },
+                    doc! { "_id": kept_id(shop, id), "shop": shop, "at": at, column: json },
                 )
                 .upsert(true)
                 .await?;
-                let older: Vec<Document> = dead
+                let older: Vec<Document> = kept
                     .find(doc! { "shop": shop })
                     .sort(doc! { "at": -1, "_id": -1 })
-                    .skip(DEAD_LETTERS_PER_SHOP as u64)
+                    .skip(keep as u64)
                     .projection(doc! { "_id": 1 })
                     .await?
                     .try_collect()
@@ -241,24 +304,30 @@ impl Store {
                         .into_iter()
                         .filter_map(|d| d.get("_id").cloned())
                         .collect();
-                    dead.delete_many(doc! { "_id": { "$in": ids } }).await?;
+                    kept.delete_many(doc! { "_id": { "$in": ids } }).await?;
                 }
             }
         }
         Ok(())
     }
 
-    /// The dead letters of `shop`, oldest first; only `id`'s when it is given.
-    async fn dead(&self, shop: &str, id: Option<&str>) -> anyhow::Result<Vec<DeadLetter>> {
+    /// The records `kind` keeps of `shop`, oldest first; only `id`'s when it is given.
+    async fn kept<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: Kept,
+        shop: &str,
+        id: Option<&str>,
+    ) -> anyhow::Result<Vec<T>> {
+        let (table, column) = (kind.table(), kind.column());
         let rows: Vec<String> = match self {
             Store::Sqlite(conn, _) => {
                 let conn = conn
                     .lock()
                     .map_err(|_| anyhow::anyhow!("checks store poisoned"))?;
-                let mut stmt = conn.prepare_cached(
-                    "SELECT letter FROM dead_letters WHERE shop = ?1 AND (?2 IS NULL OR id = ?2)
-                     ORDER BY at, id",
-                )?;
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {column} FROM {table} WHERE shop = ?1 AND (?2 IS NULL OR id = ?2)
+                     ORDER BY at, id"
+                ))?;
                 let rows = stmt
                     .query_map(params![shop, id], |r| r.get(0))?
                     .collect::<Result<Vec<_>, _>>()?;
@@ -266,26 +335,38 @@ impl Store {
             }
             Store::Mongo(c) => {
                 let filter = match id {
-                    Some(id) => doc! { "_id": dead_id(shop, id) },
+                    Some(id) => doc! { "_id": kept_id(shop, id) },
                     None => doc! { "shop": shop },
                 };
-                let docs: Vec<Document> = dead_letters_of(c)
+                let docs: Vec<Document> = kept_of(c, kind)
                     .find(filter)
                     .sort(doc! { "at": 1, "_id": 1 })
                     .await?
                     .try_collect()
                     .await?;
                 docs.iter()
-                    .map(|d| Ok(d.get_str("letter")?.to_string()))
+                    .map(|d| Ok(d.get_str(column)?.to_string()))
                     .collect::<anyhow::Result<Vec<_>>>()?
             }
         };
         rows.iter()
             .map(|r| {
                 serde_json::from_str(r)
-                    .with_context(|| format!("dead_letters: a letter of {shop} is damaged"))
+                    .with_context(|| format!("{table}: a record of {shop} is damaged"))
             })
             .collect()
+    }
+
+    /// Writes dead letter `letter` of `shop` (replacing the one of the same id).
+    async fn put_dead(&self, shop: &str, letter: &DeadLetter) -> anyhow::Result<()> {
+        let json = serde_json::to_string(letter)?;
+        self.put_kept(Kept::DeadLetters, shop, &letter.id, letter.at, json)
+            .await
+    }
+
+    /// The dead letters of `shop`, oldest first; only `id`'s when it is given.
+    async fn dead(&self, shop: &str, id: Option<&str>) -> anyhow::Result<Vec<DeadLetter>> {
+        self.kept(Kept::DeadLetters, shop, id).await
     }
 
     /// Dead letter `id` of `shop`, `None` if it has none.
@@ -294,16 +375,16 @@ impl Store {
     }
 }
 
-/// The dead letters' collection, in the database of `checks` (`shop_checks`).
-fn dead_letters_of(checks: &mongodb::Collection<Document>) -> mongodb::Collection<Document> {
+/// The collection of what `kind` keeps, in the database of `checks` (`shop_checks`).
+fn kept_of(checks: &mongodb::Collection<Document>, kind: Kept) -> mongodb::Collection<Document> {
     checks
         .client()
         .database(&checks.namespace().db)
-        .collection(DEAD_LETTERS_COLLECTION)
+        .collection(kind.collection())
 }
 
-/// A dead letter's `_id`: names have no `/`, so the shop's and the id's part are plain.
-fn dead_id(shop: &str, id: &str) -> String {
+/// A kept record's `_id`: names have no `/`, so the shop's and the id's part are plain.
+fn kept_id(shop: &str, id: &str) -> String {
     format!("{shop}/{id}")
 }
 
@@ -312,6 +393,9 @@ struct Inner {
     shops: RwLock<HashMap<String, Arc<ShopCheck>>>,
     outbound: Outbound,
     metrics: Arc<Metrics>,
+    /// Shops whose last alert failed for good, until when they get one attempt per
+    /// alert ([`alerts::DOWN_FOR`]).
+    down: Mutex<HashMap<Arc<str>, Instant>>,
 }
 
 /// The check-back adapter: see the module's documentation.
@@ -421,15 +505,18 @@ async fn open(
                 .await
                 .context("cannot open the check-back settings")?
                 .collection("shop_checks");
-            // The dead letters are read by shop, oldest first, and trimmed newest first.
-            dead_letters_of(&checks)
-                .create_index(
-                    mongodb::IndexModel::builder()
-                        .keys(doc! { "shop": 1, "at": 1 })
-                        .build(),
-                )
-                .await
-                .context("mongo_uri: cannot index the check-backs' dead letters")?;
+            // Dead letters and failed alerts are read by shop, oldest first, and trimmed
+            // newest first.
+            for kind in [Kept::DeadLetters, Kept::FailedAlerts] {
+                kept_of(&checks, kind)
+                    .create_index(
+                        mongodb::IndexModel::builder()
+                            .keys(doc! { "shop": 1, "at": 1 })
+                            .build(),
+                    )
+                    .await
+                    .with_context(|| format!("mongo_uri: cannot index {}", kind.collection()))?;
+            }
             Store::Mongo(checks)
         }
         None => {
@@ -454,6 +541,14 @@ async fn open(
                      PRIMARY KEY (shop, id)
                  );
                  CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters (shop, at);
+                 CREATE TABLE IF NOT EXISTS failed_alerts (
+                     shop   TEXT NOT NULL,
+                     id     TEXT NOT NULL,
+                     at     INTEGER NOT NULL,
+                     record TEXT NOT NULL,
+                     PRIMARY KEY (shop, id)
+                 );
+                 CREATE INDEX IF NOT EXISTS failed_alerts_at ON failed_alerts (shop, at);
                  PRAGMA wal_autocheckpoint = 64;",
             )
             .with_context(|| format!("data_dir: cannot set up {}", path.display()))?;
@@ -466,6 +561,7 @@ async fn open(
         shops: RwLock::new(HashMap::new()),
         outbound,
         metrics,
+        down: Mutex::new(HashMap::new()),
     });
     inner.reload().await?;
     Ok(inner)
@@ -486,7 +582,7 @@ impl Inner {
         self.shops.read().ok()?.get(shop).cloned()
     }
 
-    async fn ask(&self, call: CheckCall) -> CheckAction {
+    async fn ask(self: Arc<Self>, call: CheckCall) -> CheckAction {
         // Waits for a turn before the attempts and their time budget start, and
         // before the settings are read (they may change meanwhile): a shop's
         // check-backs, and the node's, are bounded in flight.
@@ -494,7 +590,9 @@ impl Inner {
         let Some(check) = self.shop(&call.shop) else {
             return CheckAction::Release;
         };
-        let s = &check.settings;
+        let Some(s) = &check.settings.check else {
+            return CheckAction::Release;
+        };
         let default = default_of(s, &call);
         let body = serde_json::to_vec(&call).unwrap_or_default();
         let per = Duration::from_millis(s.check_timeout_ms);
@@ -521,7 +619,8 @@ impl Inner {
                 turn = Some(self.turn(&call.shop).await);
             }
             tried += 1;
-            match self.attempt(&check, &body, per).await {
+            let answer = self.post_signed(&s.check_url, &check.secret, &body, per);
+            match answer.await.and_then(|b| parse_answer(&b)) {
                 Ok(action) => {
                     let result = match action {
                         CheckAction::Confirm => "confirm",
@@ -545,28 +644,44 @@ impl Inner {
         );
         tracing::warn!(shop = %call.shop, id = %call.id, error = %error, default = %s.check_default, "check-back unanswered; the shop's default applies");
         self.metrics.checks.with_label_values(&["default"]).inc();
-        self.dead_letter(&call, s, error, tried).await;
+        let letter = self.dead_letter(&call, s, error, tried).await;
+        if let (Some(letter), Some(url)) = (letter, check.settings.wants("dead_letter")) {
+            // Sent on its own: the default applies now, whatever the alert's fate.
+            let alert = Alert {
+                shop: call.shop.clone(),
+                kind: "dead_letter".into(),
+                item: None,
+                stock: None,
+                reserved: None,
+                seq: None,
+                id: Some(letter.id),
+                applied: Some(letter.applied),
+                at: letter.at,
+            };
+            let (inner, url, secret) = (self.clone(), url.to_string(), check.secret.clone());
+            tokio::spawn(async move { inner.deliver(&url, &secret, alert).await });
+        }
         default
     }
 
-    /// One attempt of a check-back: `body` posted to the shop's check URL within `per`,
-    /// its answer read; else why not.
-    async fn attempt(
+    /// One signed call: `body` posted to `url` within `per`, signed with `secret`; the
+    /// answer's body, or why not.
+    async fn post_signed(
         &self,
-        check: &ShopCheck,
+        url: &str,
+        secret: &str,
         body: &[u8],
         per: Duration,
-    ) -> Result<CheckAction, String> {
+    ) -> Result<Vec<u8>, String> {
         // Signed again at each attempt, with its own time.
-        let signature = signature_header(&check.secret, now_ms(), body);
+        let signature = signature_header(secret, now_ms(), body);
         debug_assert!(
-            signature_holds(&check.secret, &signature, body),
-            "a check-back's signature does not cover the body it is sent with"
+            signature_holds(secret, &signature, body),
+            "a call's signature does not cover the body it is sent with"
         );
-        match self
-            .outbound
+        self.outbound
             .post_bounded(
-                &check.settings.check_url,
+                url,
                 &[
                     ("content-type", "application/json"),
                     ("x-nrtxn-signature", &signature),
@@ -575,10 +690,7 @@ impl Inner {
                 per,
             )
             .await
-        {
-            Ok(b) => parse_answer(&b),
-            Err(e) => Err(e.into_reason()),
-        }
+            .map_err(|e| e.into_reason())
     }
 
     /// A turn to call `shop` (waiting for it, counted in `checks_waiting`), counted in
@@ -596,8 +708,14 @@ impl Inner {
 
     /// Keeps unanswered check `call` as its hold's dead letter (`tried` attempts, the
     /// last failing with `error`). An operator's retry adds to the letter it retried,
-    /// whose default stands; a check of the engine's makes it anew.
-    async fn dead_letter(&self, call: &CheckCall, s: &CheckSettings, error: String, tried: u32) {
+    /// whose default stands; a check of the engine's makes it anew, and returns it.
+    async fn dead_letter(
+        &self,
+        call: &CheckCall,
+        s: &CheckSettings,
+        error: String,
+        tried: u32,
+    ) -> Option<DeadLetter> {
         let before = if call.retry {
             match self.store.dead_one(&call.shop, &call.id).await {
                 Ok(found) => found,
@@ -629,7 +747,9 @@ impl Inner {
             // With `ask` the hold stays pending without a letter, and is asked again at
             // the engine's next look (5 s): the letter is written then.
             tracing::error!(shop = %call.shop, id = %call.id, error = %e, "dead letter not written");
+            return None;
         }
+        (!call.retry).then_some(letter)
     }
 }
 
@@ -757,37 +877,41 @@ impl CheckBack for HttpCheckBack {
         self.inner
             .shops
             .read()
-            .map(|s| s.contains_key(shop))
+            .map(|s| s.get(shop).is_some_and(|c| c.settings.check.is_some()))
             .unwrap_or(false)
     }
 
     fn ask(&self, call: CheckCall) -> CheckFuture<CheckAction> {
         let inner = self.inner.clone();
-        let asked = self.on_runtime(async move { inner.ask(call).await });
+        let asked = self.on_runtime(inner.ask(call));
         Box::pin(async move { asked.await.unwrap_or(CheckAction::Release) })
     }
 
-    fn settings(&self, shop: &str) -> CheckFuture<Result<Option<CheckSettings>, String>> {
-        let found = self.inner.shop(shop).map(|c| c.settings.clone());
+    fn settings(&self, shop: &str) -> CheckFuture<Result<ShopSettings, String>> {
+        let found = self
+            .inner
+            .shop(shop)
+            .map(|c| c.settings.clone())
+            .unwrap_or_default();
         Box::pin(async move { Ok(found) })
     }
 
     fn set_settings(
         &self,
         shop: &str,
-        settings: Option<CheckSettings>,
+        settings: ShopSettings,
         rotate: bool,
     ) -> CheckFuture<Result<Option<String>, String>> {
         let (inner, shop) = (self.inner.clone(), shop.to_string());
         let done = self.on_runtime(async move {
             let result: anyhow::Result<Option<String>> = async {
-                let Some(settings) = settings else {
+                if settings.is_empty() {
                     inner.store.put(&shop, None).await?;
                     if let Ok(mut shops) = inner.shops.write() {
                         shops.remove(&shop);
                     }
                     return Ok(None);
-                };
+                }
                 let kept = if rotate {
                     None
                 } else {
@@ -826,6 +950,18 @@ impl CheckBack for HttpCheckBack {
             inner
                 .store
                 .dead(&shop, None)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        });
+        Box::pin(async move { found.await.unwrap_or_else(|| Err(RUNTIME_STOPPED.into())) })
+    }
+
+    fn failed_alerts(&self, shop: &str) -> CheckFuture<Result<Vec<FailedAlert>, String>> {
+        let (inner, shop) = (self.inner.clone(), shop.to_string());
+        let found = self.on_runtime(async move {
+            inner
+                .store
+                .kept(Kept::FailedAlerts, &shop, None)
                 .await
                 .map_err(|e| format!("{e:#}"))
         });

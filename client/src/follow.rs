@@ -647,6 +647,7 @@ mod tests {
             requested_at: 1_700_000_000_000 + seq as i64,
             opens_at: None,
             closes_at: None,
+            low_stock_at: None,
         }
     }
 

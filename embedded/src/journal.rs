@@ -23,7 +23,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
-use nrtxn_actors::ports::{ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing};
+use nrtxn_actors::ports::{
+    ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
+};
 use nrtxn_actors::{
     now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
 };
@@ -1094,12 +1096,12 @@ impl Outbox for LogJournal {
         self.views.relay_end()
     }
 
-    fn relay_cursor(&self) -> Result<u64, StoreError> {
-        self.views.relay_cursor()
+    fn relay_cursor(&self, reader: OutboxReader) -> Result<Option<u64>, StoreError> {
+        self.views.relay_cursor(reader)
     }
 
-    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
-        self.views.relay_save(cursor)
+    fn relay_save(&self, reader: OutboxReader, cursor: u64) -> Result<(), StoreError> {
+        self.views.relay_save(reader, cursor)
     }
 }
 

@@ -36,7 +36,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::ports::{ItemPage, ItemReads, Lifecycle, Outbox, Outcomes};
+use nrtxn_actors::ports::{ItemPage, ItemReads, Lifecycle, Outbox, OutboxReader, Outcomes};
 use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
@@ -110,6 +110,10 @@ fn snapshot_checksum(shop: &str, item: &str, s: ItemState) -> i64 {
         h.update(&s.opens_at.to_le_bytes());
         h.update(&s.closes_at.to_le_bytes());
     }
+    // The low-stock level, the same way.
+    if s.low_stock_at != 0 {
+        h.update(&s.low_stock_at.to_le_bytes());
+    }
     h.digest() as i64
 }
 
@@ -167,7 +171,9 @@ CREATE TABLE IF NOT EXISTS journal (
     qty_asked      INTEGER,
     -- The item's sale window after the entry, each bound only when set.
     opens_at       INTEGER,
-    closes_at      INTEGER
+    closes_at      INTEGER,
+    -- The item's low-stock level after the entry, only when set.
+    low_stock_at   INTEGER
 );
 CREATE TABLE IF NOT EXISTS holds (
     shop       TEXT    NOT NULL,
@@ -257,7 +263,7 @@ enum Command {
     /// Fire-and-forget requests decided in another journal: forget them.
     Retire(Arc<str>, Vec<Arc<str>>),
     /// The outbox relay published every event up to this journal id.
-    RelaySave(i64, mpsc::Sender<Result<(), StoreError>>),
+    RelaySave(OutboxReader, i64, mpsc::Sender<Result<(), StoreError>>),
     /// Forget entries decided before this time (ms), at most this many, keeping the ok
     /// sales decided from the third time (ms) on as returnable: see
     /// [`SqliteStore::prune`].
@@ -850,6 +856,7 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
         ("qty_asked", "INTEGER"),
         ("opens_at", "INTEGER"),
         ("closes_at", "INTEGER"),
+        ("low_stock_at", "INTEGER"),
     ] {
         if !columns.iter().any(|c| c == column) {
             conn.execute_batch(&format!("ALTER TABLE journal ADD COLUMN {column} {kind}"))?;
@@ -870,6 +877,8 @@ fn prepare_schema(conn: &Connection) -> Result<(), rusqlite::Error> {
     // An item's sale window (NULL: no bound), in its snapshot as in its state.
     add_column_if_missing(conn, "items", "opens_at")?;
     add_column_if_missing(conn, "items", "closes_at")?;
+    // An item's low-stock level (NULL: none), the same way.
+    add_column_if_missing(conn, "items", "low_stock_at")?;
     // A pending hold's buyer counts against an item's per-buyer limit until it ends.
     add_typed_column_if_missing(conn, "holds", "buyer", "TEXT")
 }
@@ -949,7 +958,7 @@ fn start_checkpointer(
 /// 32,766 per statement).
 const ROWS_PER_INSERT: usize = 32;
 /// The columns [`bind_entry`] binds, in its order.
-const JOURNAL_COLUMNS: [&str; 24] = [
+const JOURNAL_COLUMNS: [&str; 25] = [
     "shop",
     "item",
     "seq",
@@ -974,6 +983,7 @@ const JOURNAL_COLUMNS: [&str; 24] = [
     "qty_asked",
     "opens_at",
     "closes_at",
+    "low_stock_at",
 ];
 
 /// `INSERT OR FAIL INTO journal (...) VALUES (...), ...` with `rows` rows of parameters.
@@ -1035,11 +1045,13 @@ fn bind_entry(
             seq: e.seq.map(|s| s as i64),
             prev_seq: e.prev_seq.map(|s| s as i64),
             later: [e.qty_asked, e.opens_at, e.closes_at],
+            low_stock_at: e.low_stock_at,
         }),
     )?;
     stmt.raw_bind_parameter(at + 22, e.qty_asked)?;
     stmt.raw_bind_parameter(at + 23, e.opens_at)?;
     stmt.raw_bind_parameter(at + 24, e.closes_at)?;
+    stmt.raw_bind_parameter(at + 25, e.low_stock_at)?;
     Ok(())
 }
 
@@ -1059,6 +1071,8 @@ struct RowFields<'a> {
     /// A partial fill's asked `qty` and the item's window bounds: covered when a row
     /// has any of them (rows without keep the sums they were written with).
     later: [Option<i64>; 3],
+    /// The item's low-stock level: covered when the row has one.
+    low_stock_at: Option<i64>,
 }
 
 /// xxh3-64 of a row's decision fields, as a signed integer.
@@ -1100,6 +1114,10 @@ fn row_checksum(f: &RowFields<'_>) -> i64 {
         for n in f.later {
             h.update(&n.unwrap_or(i64::MIN).to_le_bytes());
         }
+    }
+    if let Some(n) = f.low_stock_at {
+        h.update(b"low");
+        h.update(&n.to_le_bytes());
     }
     h.digest() as i64
 }
@@ -1144,7 +1162,7 @@ fn taken(op: &str, status: &str, qty: i64) -> Option<i64> {
 /// The columns [`event_row`] reads, in its order (a query may add its own after them).
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
     stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason, seller, \
-    buyer, submitted_at, qty_asked, opens_at, closes_at";
+    buyer, submitted_at, qty_asked, opens_at, closes_at, low_stock_at";
 
 fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     let op: String = row.get(4)?;
@@ -1169,6 +1187,7 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
             seq: Some(seq),
             prev_seq: Some(prev_seq),
             later: [row.get(18)?, row.get(19)?, row.get(20)?],
+            low_stock_at: row.get(21)?,
         },
         row.get(13)?,
     )?;
@@ -1196,6 +1215,7 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         requested_at: row.get(17)?,
         opens_at: row.get(19)?,
         closes_at: row.get(20)?,
+        low_stock_at: row.get(21)?,
     })
 }
 
@@ -1285,7 +1305,8 @@ fn lock_states(states: &Mutex<States>) -> MutexGuard<'_, States> {
 fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
     let upto = snapshot_journal_id(conn)?;
     let mut stmt = conn.prepare(
-        "SELECT shop, item, stock_after, COALESCE(reserved_after, 0), seq, opens_at, closes_at
+        "SELECT shop, item, stock_after, COALESCE(reserved_after, 0), seq, opens_at, closes_at,
+                low_stock_at
          FROM journal WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
     )?;
     let mut rows = stmt.query([upto])?;
@@ -1304,7 +1325,7 @@ fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
 
 /// An item's state from a row's columns `first` (stock), `first + 1` (reserved),
 /// `first + 2` (seq), `first + 3` and `first + 4` (the window's bounds, 0 or NULL when
-/// unset).
+/// unset) and `first + 5` (the low-stock level, the same way).
 fn state_at(row: &rusqlite::Row, first: usize) -> Result<ItemState, rusqlite::Error> {
     Ok(ItemState {
         stock: row.get(first)?,
@@ -1312,6 +1333,7 @@ fn state_at(row: &rusqlite::Row, first: usize) -> Result<ItemState, rusqlite::Er
         seq: row.get(first + 2)?,
         opens_at: row.get::<_, Option<i64>>(first + 3)?.unwrap_or(0),
         closes_at: row.get::<_, Option<i64>>(first + 4)?.unwrap_or(0),
+        low_stock_at: row.get::<_, Option<i64>>(first + 5)?.unwrap_or(0),
     })
 }
 
@@ -1345,7 +1367,7 @@ fn damaged_rows(conn: &Connection) -> Result<(u64, Option<String>), rusqlite::Er
     };
     let mut stmt = conn.prepare(
         "SELECT shop, item, request_key, op, qty, status, stock_before, stock_after, \
-         reserved_after, seq, prev_seq, rowsum, qty_asked, opens_at, closes_at \
+         reserved_after, seq, prev_seq, rowsum, qty_asked, opens_at, closes_at, low_stock_at \
          FROM journal NOT INDEXED",
     )?;
     let mut rows = stmt.query([])?;
@@ -1363,19 +1385,21 @@ fn damaged_rows(conn: &Connection) -> Result<(u64, Option<String>), rusqlite::Er
             seq: row.get(9)?,
             prev_seq: row.get(10)?,
             later: [row.get(12)?, row.get(13)?, row.get(14)?],
+            low_stock_at: row.get(15)?,
         };
         if let Err(e) = check_row(&fields, row.get(11)?) {
             note(e);
         }
     }
     let mut stmt = conn.prepare(
-        "SELECT shop, item, stock, reserved, seq, opens_at, closes_at, checksum FROM items",
+        "SELECT shop, item, stock, reserved, seq, opens_at, closes_at, low_stock_at, checksum
+         FROM items",
     )?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
         let state = state_at(row, 2)?;
         let (shop, item) = (row.get_ref(0)?.as_str()?, row.get_ref(1)?.as_str()?);
-        if let Err(e) = checked_snapshot(shop, item, state, row.get(7)?) {
+        if let Err(e) = checked_snapshot(shop, item, state, row.get(8)?) {
             note(e);
         }
     }
@@ -1625,7 +1649,8 @@ fn read_sales(
 ) -> Result<Vec<Option<SaleRecord>>, rusqlite::Error> {
     let mut in_journal = conn.prepare_cached(
         "SELECT item, op, status, qty, completed_at, stock_before, stock_after,
-                reserved_after, seq, prev_seq, rowsum, qty_asked, opens_at, closes_at
+                reserved_after, seq, prev_seq, rowsum, qty_asked, opens_at, closes_at,
+                low_stock_at
          FROM journal WHERE shop = ?1 AND request_key = ?2",
     )?;
     let mut pruned = conn.prepare_cached(
@@ -1690,6 +1715,7 @@ fn sale_in_journal(
             seq: row.get(8)?,
             prev_seq: row.get(9)?,
             later: [row.get(11)?, row.get(12)?, row.get(13)?],
+            low_stock_at: row.get(14)?,
         },
         row.get(10)?,
     )?;
@@ -1757,6 +1783,7 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
             seq,
             prev_seq,
             later: [row.get(20)?, row.get(21)?, row.get(22)?],
+            low_stock_at: row.get(23)?,
         },
         row.get(17)?,
     )?;
@@ -1785,6 +1812,7 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
         requested_at: row.get(11)?,
         opens_at: row.get(21)?,
         closes_at: row.get(22)?,
+        low_stock_at: row.get(23)?,
     })
 }
 
@@ -1812,7 +1840,7 @@ impl Outcomes for SqliteStore {
                 "SELECT shop, item, request_key, op, qty, status, reason, stock_before,
                         stock_after, seq, prev_seq, submitted_at, completed_at, hold_id,
                         expires_at, reserved_after, ttl_ms, rowsum, seller, buyer, qty_asked,
-                        opens_at, closes_at
+                        opens_at, closes_at, low_stock_at
                  FROM journal WHERE shop = ?1 AND request_key = ?2",
             )?;
             keys.iter()
@@ -1834,12 +1862,12 @@ fn snapshot_state(
     item: &str,
 ) -> Result<Option<ItemState>, rusqlite::Error> {
     let mut snapshot = conn.prepare_cached(
-        "SELECT stock, reserved, seq, opens_at, closes_at, checksum FROM items
+        "SELECT stock, reserved, seq, opens_at, closes_at, low_stock_at, checksum FROM items
          WHERE shop = ?1 AND item = ?2",
     )?;
     snapshot
         .query_row(params![shop, item], |row| {
-            Ok((state_at(row, 0)?, row.get(5)?))
+            Ok((state_at(row, 0)?, row.get(6)?))
         })
         .optional()?
         .map(|(st, sum)| checked_snapshot(shop, item, st, sum))
@@ -2026,7 +2054,7 @@ impl Outbox for SqliteStore {
                 next: cursor,
             };
             while let Some(row) = rows.next()? {
-                page.next = row.get::<_, i64>(21)? as u64;
+                page.next = row.get::<_, i64>(22)? as u64;
                 // An unknown item's entry has no seq: not an event.
                 if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
                     page.events.push(event_row(row)?);
@@ -2045,22 +2073,22 @@ impl Outbox for SqliteStore {
         .map(|v| v.max(0) as u64)
     }
 
-    fn relay_cursor(&self) -> Result<u64, StoreError> {
+    fn relay_cursor(&self, reader: OutboxReader) -> Result<Option<u64>, StoreError> {
         self.read(|conn| {
             conn.query_row(
-                "SELECT value FROM meta WHERE key = 'relay_journal_id'",
-                [],
+                "SELECT value FROM meta WHERE key = ?1",
+                [cursor_key(reader)],
                 |row| row.get::<_, i64>(0),
             )
             .optional()
         })
-        .map(|v| v.unwrap_or(0) as u64)
+        .map(|v| v.map(|v| v.max(0) as u64))
     }
 
-    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
+    fn relay_save(&self, reader: OutboxReader, cursor: u64) -> Result<(), StoreError> {
         let (ack, done) = mpsc::channel();
         self.tx
-            .send(Command::RelaySave(cursor as i64, ack))
+            .send(Command::RelaySave(reader, cursor as i64, ack))
             .map_err(|_| StoreError::Closed)?;
         done.recv().map_err(|_| StoreError::Closed)?
     }
@@ -2119,14 +2147,15 @@ type ItemStates = Vec<(Arc<str>, Arc<str>, ItemState)>;
 fn read_snapshot(conn: &Connection) -> Result<ItemStates, rusqlite::Error> {
     let mut snapshot = Vec::new();
     let mut stmt = conn.prepare(
-        "SELECT shop, item, stock, reserved, seq, opens_at, closes_at, checksum FROM items",
+        "SELECT shop, item, stock, reserved, seq, opens_at, closes_at, low_stock_at, checksum
+         FROM items",
     )?;
     let rows = stmt.query_map([], |row| {
         Ok((
             Arc::<str>::from(row.get::<_, String>(0)?),
             Arc::<str>::from(row.get::<_, String>(1)?),
             state_at(row, 2)?,
-            row.get::<_, Option<i64>>(7)?,
+            row.get::<_, Option<i64>>(8)?,
         ))
     })?;
     for row in rows {
@@ -2165,7 +2194,7 @@ fn verify_tail(
     let mut verifier = Verifier::new(snapshot);
     let mut stmt = conn.prepare(
         "SELECT shop, item, op, qty, status, stock_before, stock_after,
-                reserved_after, seq, prev_seq, opens_at, closes_at FROM journal
+                reserved_after, seq, prev_seq, opens_at, closes_at, low_stock_at FROM journal
          WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
     )?;
     let mut rows = stmt.query([upto])?;
@@ -2215,6 +2244,7 @@ fn tail_entry(row: &rusqlite::Row<'_>) -> Result<Entry, rusqlite::Error> {
         prev_seq: row.get(9)?,
         opens_at: row.get(10)?,
         closes_at: row.get(11)?,
+        low_stock_at: row.get(12)?,
         ..Entry::decided(
             row.get::<_, String>(0)?.into(),
             row.get::<_, String>(1)?.into(),
@@ -2413,7 +2443,7 @@ impl Writer {
                 Command::Append(entries, done, _) => done(entries, result.clone()),
                 Command::Accept(_, done, _) => done(result.clone()),
                 Command::Retire(..) => {}
-                Command::RelaySave(_, ack) => {
+                Command::RelaySave(_, _, ack) => {
                     let _ = ack.send(result.clone());
                 }
                 Command::Prune(_, _, _, ack) => {
@@ -2631,7 +2661,7 @@ impl Writer {
                         self.prune_left -= max;
                         self.pruned = prune(&tx, *before, max, *returnable_from)?;
                     }
-                    Command::RelaySave(id, _) => save_relay_cursor(&tx, *id)?,
+                    Command::RelaySave(reader, id, _) => save_relay_cursor(&tx, *reader, *id)?,
                     Command::Close(_) => {}
                 }
             }
@@ -2894,12 +2924,13 @@ fn prune(
     returnable_from: i64,
 ) -> Result<usize, rusqlite::Error> {
     // Only entries a snapshot covers (recovery starts after it), and only those the
-    // outbox relay has published, if it runs.
+    // outbox's readers (the relay, the alerts) have passed, if they run.
     const PRUNED: &str = "SELECT id FROM journal
                 WHERE id <= (SELECT COALESCE(MAX(value), 0) FROM meta
                              WHERE key = 'snapshot_journal_id')
-                  AND id <= COALESCE((SELECT value FROM meta
-                                      WHERE key = 'relay_journal_id'),
+                  AND id <= COALESCE((SELECT MIN(value) FROM meta
+                                      WHERE key IN ('relay_journal_id',
+                                                    'alerts_journal_id')),
                                      9223372036854775807)
                   AND completed_at < ?1
                 ORDER BY id LIMIT ?2";
@@ -2926,14 +2957,25 @@ fn prune(
     Ok(pruned)
 }
 
-/// Keeps the outbox relay's cursor (the journal id it published up to); it never goes
-/// back.
-fn save_relay_cursor(tx: &Connection, id: i64) -> Result<(), rusqlite::Error> {
+/// The key in `meta` of an outbox reader's cursor.
+fn cursor_key(reader: OutboxReader) -> &'static str {
+    match reader {
+        OutboxReader::Events => "relay_journal_id",
+        OutboxReader::Alerts => "alerts_journal_id",
+    }
+}
+
+/// Keeps an outbox reader's cursor (the journal id it passed up to); it never goes back.
+fn save_relay_cursor(
+    tx: &Connection,
+    reader: OutboxReader,
+    id: i64,
+) -> Result<(), rusqlite::Error> {
     tx.prepare_cached(
-        "INSERT INTO meta (key, value) VALUES ('relay_journal_id', ?1)
+        "INSERT INTO meta (key, value) VALUES (?1, ?2)
          ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
     )?
-    .execute(params![id])?;
+    .execute(params![cursor_key(reader), id])?;
     Ok(())
 }
 
@@ -2970,18 +3012,19 @@ fn write_positions(
 /// covers every entry written so far.
 fn write_snapshot(tx: &Connection, dirty: &States) -> Result<(), rusqlite::Error> {
     let mut upsert = tx.prepare_cached(
-        "INSERT INTO items (shop, item, stock, reserved, seq, opens_at, closes_at, checksum)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+        "INSERT INTO items (shop, item, stock, reserved, seq, opens_at, closes_at, low_stock_at,
+                            checksum)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
          ON CONFLICT (shop, item) DO UPDATE SET
             stock = excluded.stock, reserved = excluded.reserved, seq = excluded.seq,
             opens_at = excluded.opens_at, closes_at = excluded.closes_at,
-            checksum = excluded.checksum",
+            low_stock_at = excluded.low_stock_at, checksum = excluded.checksum",
     )?;
     for ((shop, item), s) in dirty {
         let sum = snapshot_checksum(shop, item, *s);
-        let (opens, closes) = (bound(s.opens_at), bound(s.closes_at));
+        let (opens, closes, low) = (bound(s.opens_at), bound(s.closes_at), bound(s.low_stock_at));
         upsert.execute(params![
-            &**shop, &**item, s.stock, s.reserved, s.seq, opens, closes, sum
+            &**shop, &**item, s.stock, s.reserved, s.seq, opens, closes, low, sum
         ])?;
     }
     drop(upsert);

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nrtxn_actors::{Event, Metrics, Outbox, StoreError};
+use nrtxn_actors::{Event, Metrics, Outbox, OutboxReader, StoreError};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
@@ -111,8 +111,8 @@ struct Relay {
 impl Relay {
     fn run(self) {
         let mut cursor = loop {
-            match self.journal.relay_cursor() {
-                Ok(c) => break c,
+            match self.journal.relay_cursor(OutboxReader::Events) {
+                Ok(c) => break c.unwrap_or(0),
                 Err(e) if self.stop.load(Ordering::Acquire) => {
                     tracing::warn!(error = %e, "relay stopped before reading its cursor");
                     return;
@@ -163,7 +163,7 @@ impl Relay {
             self.metrics.events_relayed.inc_by(page.events.len() as u64);
             // Saved after the broker has the page: a crash before this sends the page
             // again (at least once), never skips it.
-            if let Err(e) = self.journal.relay_save(page.next) {
+            if let Err(e) = self.journal.relay_save(OutboxReader::Events, page.next) {
                 tracing::warn!(error = %e, "relay cannot save its cursor; a restart sends these events again");
             }
             cursor = page.next;

@@ -41,7 +41,9 @@ const F_QTY_ASKED: u32 = 1 << 20;
 /// The item's sale window bounds follow, each on its own flag.
 const F_OPENS_AT: u32 = 1 << 21;
 const F_CLOSES_AT: u32 = 1 << 22;
-const F_ALL: u32 = (1 << 23) - 1;
+/// The item's low-stock level follows.
+const F_LOW_STOCK_AT: u32 = 1 << 23;
+const F_ALL: u32 = (1 << 24) - 1;
 
 /// What identifies a request apart from its key: its kind and op, item, quantity and (a
 /// hold's) TTL. Two uses of one key with different fingerprints are two requests: the
@@ -125,7 +127,8 @@ fn same_place(a: &Entry, b: &Entry) -> bool {
         == (&b.shop, &b.item, &b.request_key, b.seq, b.prev_seq)
         && (a.op, a.status, a.qty, a.stock_after, a.reserved_after)
             == (b.op, b.status, b.qty, b.stock_after, b.reserved_after)
-        && (a.qty_asked, a.opens_at, a.closes_at) == (b.qty_asked, b.opens_at, b.closes_at)
+        && [a.qty_asked, a.opens_at, a.closes_at, a.low_stock_at]
+            == [b.qty_asked, b.opens_at, b.closes_at, b.low_stock_at]
 }
 
 /// What an entry leaves out because a reader can tell it: the shop and item of the
@@ -187,6 +190,7 @@ fn flags(e: &Entry, left: Implied) -> u32 {
         (e.qty_asked.is_some(), F_QTY_ASKED),
         (e.opens_at.is_some(), F_OPENS_AT),
         (e.closes_at.is_some(), F_CLOSES_AT),
+        (e.low_stock_at.is_some(), F_LOW_STOCK_AT),
     ] {
         if on {
             flags |= f;
@@ -259,7 +263,10 @@ fn put_tail(out: &mut Vec<u8>, e: &Entry, left: Implied) {
     if let Some(sale) = &e.return_of {
         put_str(out, sale);
     }
-    for n in [e.qty_asked, e.opens_at, e.closes_at].into_iter().flatten() {
+    for n in [e.qty_asked, e.opens_at, e.closes_at, e.low_stock_at]
+        .into_iter()
+        .flatten()
+    {
         put_ivar(out, n);
     }
     out.extend_from_slice(&fingerprint(e.op, &e.item, e.qty, e.ttl_ms).to_le_bytes());
@@ -366,7 +373,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
     };
     let per_buyer_max = has(F_PER_BUYER).then(|| r.ivar()).transpose()?;
     let return_of = has(F_RETURN_OF).then(|| r.str()).transpose()?;
-    let [qty_asked, opens_at, closes_at] = read_later(r, flags)?;
+    let [qty_asked, opens_at, closes_at, low_stock_at] = read_later(r, flags)?;
     check_fingerprint(r, op, &item, qty, ttl_ms)?;
     Ok(Entry {
         request_key,
@@ -387,6 +394,7 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
         qty_asked,
         opens_at,
         closes_at,
+        low_stock_at,
         logged: has(F_LOGGED),
         log_pos,
         ..Entry::decided(shop, item, op, qty, submitted_at, completed_at)
@@ -398,11 +406,12 @@ fn decode_one(r: &mut Reader<'_>, at_ms: Millis, prev: Option<&Entry>) -> Result
 }
 
 /// The fields added since the first version, each if its flag is set: a partial fill's
-/// asked `qty` and the item's window bounds.
+/// asked `qty`, the item's window bounds and its low-stock level.
 #[inline]
-fn read_later(r: &mut Reader<'_>, flags: u32) -> Result<[Option<i64>; 3], String> {
-    let mut out = [None; 3];
-    for (slot, flag) in out.iter_mut().zip([F_QTY_ASKED, F_OPENS_AT, F_CLOSES_AT]) {
+fn read_later(r: &mut Reader<'_>, flags: u32) -> Result<[Option<i64>; 4], String> {
+    let mut out = [None; 4];
+    let later = [F_QTY_ASKED, F_OPENS_AT, F_CLOSES_AT, F_LOW_STOCK_AT];
+    for (slot, flag) in out.iter_mut().zip(later) {
         if flags & flag != 0 {
             *slot = Some(r.ivar()?);
         }
@@ -574,9 +583,18 @@ mod tests {
         // An item with a sale window: its bounds come back.
         partial.opens_at = Some(1_795_000_000_000);
         partial.closes_at = Some(1_795_000_600_000);
+        partial.low_stock_at = Some(25);
+        // A stock alert: no key, the item's next seq, nothing moved.
+        let alert = Entry {
+            request_key: None,
+            op: Op::LowStock,
+            low_stock_at: Some(25),
+            ..sale("s", "i", "-", 11, 2, 0)
+        };
         let entries = vec![
             sale("s", "i", "k1", 1, 10, 1),
             partial,
+            alert,
             ret,
             ret_refused,
             hold,

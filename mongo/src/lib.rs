@@ -16,7 +16,8 @@
 //!   `(shop, item)`, moved forward at most every second.
 //! - `meta`: `{_id: "snapshot:{node}", batch}`: every batch of node `node` up to this
 //!   one is in `items`; `{_id: "relay:{node}", batch}`: the outbox relay of node `node`
-//!   published every event of that node's batches up to this one.
+//!   published every event of that node's batches up to this one (`alerts:{node}`: its
+//!   stock alerts were sent).
 //! - `holds`: one document per hold (`shop, hold_id, item, qty, expires_at, status,
 //!   seq`), unique on `(shop, hold_id)`.
 //!
@@ -54,7 +55,7 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::Database;
 use nrtxn_actors::ledger::BuyerLedger;
 use nrtxn_actors::ports::{
-    ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, Outcomes, Sharing,
+    ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
 };
 use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::{
@@ -630,20 +631,19 @@ impl Outbox for MongoJournal {
         Ok(self.written_batch.load(Ordering::Acquire).max(0) as u64)
     }
 
-    fn relay_cursor(&self) -> Result<u64, StoreError> {
+    fn relay_cursor(&self, reader: OutboxReader) -> Result<Option<u64>, StoreError> {
         let meta = self.db.collection::<Document>("meta");
-        let id = format!("relay:{}", self.node);
+        let id = format!("{}:{}", reader.name(), self.node);
         let found =
             self.wait(async move { meta.find_one(doc! { "_id": id }).await.map_err(storage) })?;
         Ok(found
             .and_then(|d| d.get_i64("batch").ok())
-            .unwrap_or(0)
-            .max(0) as u64)
+            .map(|b| b.max(0) as u64))
     }
 
-    fn relay_save(&self, cursor: u64) -> Result<(), StoreError> {
+    fn relay_save(&self, reader: OutboxReader, cursor: u64) -> Result<(), StoreError> {
         let meta = self.db.collection::<Document>("meta");
-        let id = format!("relay:{}", self.node);
+        let id = format!("{}:{}", reader.name(), self.node);
         self.wait(async move {
             meta.update_one(
                 doc! { "_id": id },

@@ -71,9 +71,10 @@ async fn read_snapshots(db: &Database) -> Result<Items, StoreError> {
             stock: d.get_i64("stock").map_err(storage)?,
             reserved: d.get_i64("reserved").map_err(storage)?,
             seq: d.get_i64("seq").map_err(storage)? as u64,
-            // Snapshots of earlier versions have no window.
+            // Snapshots of earlier versions have no window or low-stock level.
             opens_at: d.get_i64("opens_at").unwrap_or(0),
             closes_at: d.get_i64("closes_at").unwrap_or(0),
+            low_stock_at: d.get_i64("low_stock_at").unwrap_or(0),
         };
         states.insert((shop.into(), item.into()), state);
     }

@@ -31,6 +31,7 @@ pub(crate) async fn write_snapshots(
                 "u": { "$set": {
                     "stock": s.stock, "reserved": s.reserved, "seq": s.seq as i64,
                     "opens_at": s.opens_at, "closes_at": s.closes_at,
+                    "low_stock_at": s.low_stock_at,
                 } },
                 "upsert": true,
             }

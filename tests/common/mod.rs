@@ -6,6 +6,7 @@
 pub mod holds;
 pub mod load;
 pub mod nodes;
+pub mod receiver;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

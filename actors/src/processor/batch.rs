@@ -190,7 +190,7 @@ impl Processor {
                         b.ended.push(key);
                     }
                 }
-                b.entries.push(entry);
+                self.push_entry(entry, b);
             }
             Decision::Answer(outcome) => b.repeats.push(Repeat {
                 origin: req.origin,
@@ -221,7 +221,7 @@ impl Processor {
                 &shop,
                 &load.item,
                 load.stock,
-                load.window,
+                load.terms,
                 now,
             );
             entry.per_buyer_max = load.per_buyer_max;
@@ -232,8 +232,20 @@ impl Processor {
             ));
             self.items.set_limit(&shop, &load.item, load.per_buyer_max);
             b.touched.push((shop.clone(), load.item));
-            b.entries.push(entry);
+            self.push_entry(entry, b);
         }
         b.loads.push((reply, views));
+    }
+
+    /// Adds `entry` to the batch, then the stock alert its change calls for, if it
+    /// crossed one of its item's levels ([`crate::apply::crossing`]): the alert takes
+    /// the item's next seq, in the same durable write.
+    fn push_entry(&mut self, entry: Entry, b: &mut BatchBuilder) {
+        let alert = self
+            .items
+            .get_mut(&entry.shop, &entry.item)
+            .and_then(|slot| crate::apply::crossing(&mut slot.live, &entry));
+        b.entries.push(entry);
+        b.entries.extend(alert);
     }
 }

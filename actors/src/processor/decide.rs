@@ -74,11 +74,12 @@ impl Processor {
             };
         }
         let slot = self.items.slot_for(&req.shop, &req.item, req.epoch());
-        let window = WindowChange {
+        let terms = LoadTerms {
             opens_at: req.opens_at,
             closes_at: req.closes_at,
+            low_stock_at: req.low_stock_at,
         };
-        let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, window, now);
+        let mut entry = apply_load(&mut slot.live, &req.shop, &req.item, req.qty, terms, now);
         entry.per_buyer_max = req.per_buyer_max;
         self.items
             .set_limit(&req.shop, &req.item, req.per_buyer_max);

@@ -1,0 +1,337 @@
+//! Stock alerts to the shops: a reader of the journal's outbox ([`Outbox`]) that sends
+//! each stock crossing (`sold_out`, `low_stock`, `back_in_stock` events, which the
+//! processors journal: `nrtxn_actors::apply::crossing`) to its shop's `notify_url`,
+//! when the shop asked for that kind.
+//!
+//! - **Durable and in order.** The reader follows the outbox from a cursor of its own,
+//!   kept in the journal's store ([`OutboxReader::Alerts`]); it saves the cursor after a
+//!   page only once every alert of the page was delivered or failed for good. A crash
+//!   sends the alerts of the unsaved page again: at least once, in seq order per item,
+//!   and a receiver drops a repeat by `seq` (the alert's own place in the item's
+//!   sequence).
+//! - **Retried, then kept.** An alert is tried [`ATTEMPTS`] times with growing waits,
+//!   each attempt within [`ATTEMPT_TIMEOUT`]; then it failed for good and is kept among
+//!   the shop's latest [`crate::FAILED_ALERTS_PER_SHOP`] (`GET .../notifications`).
+//! - **One shop cannot hold the others up.** A page's alerts go shop by shop in
+//!   parallel, each shop's in order; a shop whose last alert failed for good is tried
+//!   once per alert for [`DOWN_FOR`], not through every wait.
+//! - The calls are signed and guarded as the check-backs' are (`crate::outbound`), on
+//!   their runtime; the reader itself is one thread.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nrtxn_actors::checkback::{Alert, FailedAlert};
+use nrtxn_actors::{now_ms, Event, Outbox, OutboxReader};
+
+use crate::{HttpCheckBack, Inner, Kept};
+
+/// Journal entries read per page.
+pub const PAGE_MAX: usize = 2_000;
+/// Pause when nothing new was committed: the most an alert waits before it is read, at
+/// idle.
+pub const IDLE_POLL: Duration = Duration::from_millis(50);
+/// Attempts of one alert.
+pub const ATTEMPTS: u32 = 5;
+/// Longest one attempt may take (connecting, sending, reading the answer).
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a shop whose alert failed for good gets a single attempt per alert.
+pub const DOWN_FOR: Duration = Duration::from_secs(30);
+/// Pause after a failed read or save of the outbox.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// The wait before attempt `attempt` (from 1): 0.2 s, 1 s, 3 s, 6 s.
+fn wait_before(attempt: u32) -> Duration {
+    const WAITS_MS: [u64; 4] = [200, 1_000, 3_000, 6_000];
+    Duration::from_millis(WAITS_MS[(attempt as usize - 1).min(WAITS_MS.len() - 1)])
+}
+
+/// The alert an event is, when it is a stock crossing.
+pub fn alert_of(e: &Event) -> Option<Alert> {
+    e.kind.is_alert().then(|| Alert {
+        shop: e.shop.clone(),
+        kind: e.kind.as_str().to_string(),
+        item: Some(e.item.clone()),
+        stock: Some(e.stock_after),
+        reserved: Some(e.reserved_after),
+        seq: Some(e.seq),
+        id: None,
+        applied: None,
+        at: e.at,
+    })
+}
+
+/// The running reader; [`Alerts::stop`] ends it.
+pub struct Alerts {
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Alerts {
+    /// Stops the reader: an alert in its attempts is left for the next start (its page's
+    /// cursor was not saved). Call before the journal closes.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl HttpCheckBack {
+    /// Starts sending the stock alerts `outbox` holds, from the cursor it saved (from
+    /// its end the first time: no crossing is older than the alerts).
+    pub fn start_alerts(&self, outbox: Arc<dyn Outbox>) -> anyhow::Result<Alerts> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = Reader {
+            outbox,
+            inner: self.inner.clone(),
+            runtime: self.runtime.clone(),
+            stop: stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("nrtxn-alerts".into())
+            .spawn(move || reader.run())?;
+        Ok(Alerts {
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+}
+
+struct Reader {
+    outbox: Arc<dyn Outbox>,
+    inner: Arc<Inner>,
+    runtime: tokio::runtime::Handle,
+    stop: Arc<AtomicBool>,
+}
+
+impl Reader {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// The saved cursor; the outbox's end, saved, when there is none.
+    fn cursor(&self) -> Option<u64> {
+        while !self.stopped() {
+            let found = self
+                .outbox
+                .relay_cursor(OutboxReader::Alerts)
+                .and_then(|c| match c {
+                    Some(c) => Ok(c),
+                    None => {
+                        let end = self.outbox.relay_end()?;
+                        self.outbox.relay_save(OutboxReader::Alerts, end)?;
+                        Ok(end)
+                    }
+                });
+            match found {
+                Ok(c) => return Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "stock alerts: cursor not read; trying again");
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+            }
+        }
+        None
+    }
+
+    fn run(self) {
+        let Some(mut cursor) = self.cursor() else {
+            return;
+        };
+        while !self.stopped() {
+            let page = match self.outbox.relay_read(cursor, PAGE_MAX) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "stock alerts: outbox not read; trying again");
+                    std::thread::sleep(RETRY_PAUSE);
+                    continue;
+                }
+            };
+            let due: Vec<Alert> = page.events.iter().filter_map(alert_of).collect();
+            if !due.is_empty() {
+                let (inner, stop) = (self.inner.clone(), self.stop.clone());
+                let done = self.runtime.block_on(inner.deliver_page(due, stop));
+                if !done {
+                    // Stopped: the page is sent again after the restart.
+                    return;
+                }
+            }
+            if page.next == cursor {
+                std::thread::sleep(IDLE_POLL);
+                continue;
+            }
+            match self.outbox.relay_save(OutboxReader::Alerts, page.next) {
+                Ok(()) => cursor = page.next,
+                Err(e) => {
+                    // Sent again at worst: the receiver drops them by seq.
+                    tracing::warn!(error = %e, "stock alerts: cursor not saved; the page is read again");
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once `stop` is set.
+async fn stopped(stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        tokio::time::sleep(IDLE_POLL).await;
+    }
+}
+
+impl Inner {
+    /// Delivers a page's alerts, each shop's in order, the shops in parallel; `false`
+    /// when stopped before all were delivered or failed for good.
+    async fn deliver_page(self: Arc<Self>, due: Vec<Alert>, stop: Arc<AtomicBool>) -> bool {
+        let mut by_shop: HashMap<Arc<str>, Vec<Alert>> = HashMap::new();
+        for alert in due {
+            by_shop.entry(alert.shop.clone()).or_default().push(alert);
+        }
+        let lanes = by_shop.into_values().map(|alerts| {
+            let (inner, stop) = (self.clone(), stop.clone());
+            tokio::spawn(async move {
+                for alert in alerts {
+                    if stop.load(Ordering::Acquire) {
+                        return false;
+                    }
+                    // Read at each alert: the shop's settings may change meanwhile.
+                    let Some(shop) = inner.shop(&alert.shop) else {
+                        continue;
+                    };
+                    if let Some(url) = shop.settings.wants(&alert.kind) {
+                        tokio::select! {
+                            () = inner.deliver(url, &shop.secret, alert) => {}
+                            () = stopped(&stop) => return false,
+                        }
+                    }
+                }
+                true
+            })
+        });
+        let mut all = true;
+        for lane in futures::future::join_all(lanes).await {
+            all &= lane.unwrap_or(false);
+        }
+        all
+    }
+
+    /// Sends one alert, retrying; past its attempts it failed for good, and is kept.
+    pub(crate) async fn deliver(&self, url: &str, secret: &str, alert: Alert) {
+        let body = serde_json::to_vec(&alert).unwrap_or_default();
+        let attempts = if self.shop_down(&alert.shop) {
+            1
+        } else {
+            ATTEMPTS
+        };
+        let mut error = String::new();
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                tokio::time::sleep(wait_before(attempt)).await;
+            }
+            let _turn = self.outbound.turn(&alert.shop).await;
+            match self.post_signed(url, secret, &body, ATTEMPT_TIMEOUT).await {
+                Ok(_) => {
+                    self.metrics.alerts.with_label_values(&["sent"]).inc();
+                    self.set_down(&alert.shop, None);
+                    return;
+                }
+                Err(e) => error = e,
+            }
+        }
+        self.metrics.alerts.with_label_values(&["failed"]).inc();
+        tracing::warn!(shop = %alert.shop, kind = %alert.kind, error = %error, "stock alert failed for good");
+        self.set_down(&alert.shop, Some(Instant::now() + DOWN_FOR));
+        let id = match (&alert.item, alert.seq, &alert.id) {
+            (Some(item), Some(seq), _) => format!("{item}/{seq}"),
+            (_, _, Some(id)) => format!("dead_letter/{id}"),
+            _ => format!("{}/{}", alert.kind, alert.at),
+        };
+        let failed = FailedAlert {
+            alert,
+            error,
+            attempts,
+            at: now_ms(),
+        };
+        let kept = match serde_json::to_string(&failed) {
+            Ok(json) => {
+                let shop = failed.alert.shop.clone();
+                self.store
+                    .put_kept(Kept::FailedAlerts, &shop, &id, failed.at, json)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = kept {
+            tracing::error!(shop = %failed.alert.shop, error = %e, "failed alert not kept");
+        }
+    }
+
+    fn shop_down(&self, shop: &str) -> bool {
+        self.down
+            .lock()
+            .map(|d| d.get(shop).is_some_and(|until| *until > Instant::now()))
+            .unwrap_or(false)
+    }
+
+    fn set_down(&self, shop: &Arc<str>, until: Option<Instant>) {
+        if let Ok(mut d) = self.down.lock() {
+            match until {
+                Some(until) => {
+                    d.insert(shop.clone(), until);
+                }
+                None => {
+                    d.remove(shop);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nrtxn_actors::{Op, Status};
+
+    #[test]
+    fn only_crossings_are_alerts_and_they_carry_the_items_numbers() {
+        let mut e = Event {
+            shop: "s".into(),
+            item: "i".into(),
+            seq: 7,
+            prev_seq: 6,
+            kind: Op::Decrement,
+            status: Status::Ok,
+            request_key: Some("k".into()),
+            qty: 2,
+            qty_taken: Some(2),
+            stock_after: 0,
+            reserved_after: 1,
+            at: 1_000,
+            hold_id: None,
+            reason: None,
+            order_id: None,
+            seller: None,
+            buyer: None,
+            requested_at: 999,
+            opens_at: None,
+            closes_at: None,
+            low_stock_at: None,
+        };
+        assert_eq!(alert_of(&e), None);
+        e.kind = Op::SoldOut;
+        let alert = alert_of(&e).unwrap();
+        let body = serde_json::to_value(&alert).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"shop": "s", "kind": "sold_out", "item": "i", "stock": 0,
+                               "reserved": 1, "seq": 7, "at": 1_000})
+        );
+        assert_eq!(wait_before(1), Duration::from_millis(200));
+        assert_eq!(wait_before(9), Duration::from_secs(6));
+    }
+}
