@@ -244,7 +244,11 @@ async fn flash_sale_of_1500_concurrent_decrements_sells_exactly_the_stock() {
     let expected: Vec<u64> = (2..=1502).filter(|s| *s != alert).collect();
     assert_eq!(seqs, expected);
     assert_eq!(item["seq"], 1502);
-    let (_, events) = get(&c, &server.url("/v1/shops/flash/items/hot/events")).await;
+    let page = format!(
+        "/v1/shops/flash/items/hot/events?after={}&limit=1",
+        alert - 1
+    );
+    let (_, events) = get(&c, &server.url(&page)).await;
     let kinds: Vec<&str> = events["events"]
         .as_array()
         .unwrap()

@@ -85,6 +85,17 @@ async fn requests_through_kafka_are_answered_and_polled() {
         (item["stock"].as_i64(), item["seq"].as_u64()),
         (Some(3), Some(3))
     );
+    // Stock alerts through Kafka and MongoDB: the settings in MongoDB, the alert sent
+    // by the node that journaled it.
+    let shop = receiver::Receiver::start();
+    let (status, settings) = call(
+        &c,
+        reqwest::Method::PUT,
+        &server.url("/v1/shops/s1/settings"),
+        Some(json!({"notify_url": shop.url, "notify_events": ["sold_out"]}).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{settings}");
     // A partial fill through Kafka and MongoDB: 5 asked, at least 1, the 3 left taken.
     let body =
         json!({"seller": "a", "item": "sku-1", "qty": 5, "min_qty": 1, "request_id": "part"});
@@ -137,6 +148,26 @@ async fn requests_through_kafka_are_answered_and_polled() {
         .map(|e| (e.kind, e.qty, e.qty_taken))
         .collect();
     assert_eq!(kinds, [(Op::SoldOut, 0, None), (Op::Decrement, 5, Some(3))]);
+    let alert_seq = sold.last().unwrap().seq;
+    let calls = shop
+        .wait_for(std::time::Duration::from_secs(20), |c| !c.is_empty())
+        .await;
+    let alert = calls[0].json();
+    assert_eq!(
+        (
+            &alert["kind"],
+            &alert["item"],
+            &alert["stock"],
+            &alert["seq"]
+        ),
+        (
+            &json!("sold_out"),
+            &json!("sku-1"),
+            &json!(0),
+            &json!(alert_seq)
+        ),
+        "{alert}"
+    );
 
     // Every stage of the path through Kafka was timed (the journal's is
     // nrtxn_journal_write_seconds).

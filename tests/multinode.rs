@@ -164,7 +164,7 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
             let (_, state) = get(&c, &node.url(&format!("/v1/shops/shop/items/{}", item(i)))).await;
             assert_eq!(
                 (state["stock"].as_i64(), state["seq"].as_u64()),
-                (Some(0), Some(62)),
+                (Some(0), Some(63)),
                 "{} read on {}",
                 item(i),
                 node.base

@@ -333,29 +333,40 @@ fn fill_states(entry: &mut Entry, before: ItemState, after: ItemState) {
     entry.low_stock_at = bound(after.low_stock_at);
 }
 
-/// The stock alert `cause` (an item's entry, just applied to `state`) calls for, if its
-/// change crossed one of the item's levels, as the item's next entry (`state` moves to
-/// its seq): [`Op::SoldOut`] when the available stock reached 0 from above,
-/// [`Op::BackInStock`] when it rose from 0, [`Op::LowStock`] when it fell from above
-/// `low_stock_at` to at or below it (but not to 0). The item's first load is no
-/// crossing, and neither is a refusal (it moves nothing).
-pub fn crossing(state: &mut ItemState, cause: &Entry) -> Option<Entry> {
+/// The stock alert an item's entry calls for, if its change crossed one of the item's
+/// levels (the entry carries the item's `low_stock_at`): [`Op::SoldOut`] when the
+/// available stock reached 0 from above, [`Op::BackInStock`] when it rose from 0,
+/// [`Op::LowStock`] when it fell from above `low_stock_at` to at or below it (but not to
+/// 0). The item's first load is no crossing, and neither is a refusal (it moves
+/// nothing). Costs a few comparisons: every entry is asked.
+#[inline]
+pub fn crossing_of(cause: &Entry) -> Option<Op> {
     let (Some(before), Some(after)) = (cause.stock_before, cause.stock_after) else {
         return None;
     };
-    if cause.status != Status::Ok || cause.op.is_alert() || cause.prev_seq == Some(0) {
+    if before == after
+        || cause.status != Status::Ok
+        || cause.op.is_alert()
+        || cause.prev_seq == Some(0)
+    {
         return None;
     }
-    let low = state.low_stock_at;
-    let op = if before > 0 && after == 0 {
-        Op::SoldOut
+    let low = cause.low_stock_at.unwrap_or(0);
+    if before > 0 && after == 0 {
+        Some(Op::SoldOut)
     } else if before == 0 && after > 0 {
-        Op::BackInStock
+        Some(Op::BackInStock)
     } else if low > 0 && before > low && after <= low {
-        Op::LowStock
+        Some(Op::LowStock)
     } else {
-        return None;
-    };
+        None
+    }
+}
+
+/// The stock alert `cause` (an item's entry, just applied to `state`) calls for
+/// ([`crossing_of`]), as the item's next entry: `state` moves to its seq.
+pub fn crossing(state: &mut ItemState, cause: &Entry) -> Option<Entry> {
+    let op = crossing_of(cause)?;
     let prior = *state;
     state.seq += 1;
     let at = cause.completed_at;

@@ -241,10 +241,13 @@ impl Processor {
     /// crossed one of its item's levels ([`crate::apply::crossing`]): the alert takes
     /// the item's next seq, in the same durable write.
     fn push_entry(&mut self, entry: Entry, b: &mut BatchBuilder) {
-        let alert = self
-            .items
-            .get_mut(&entry.shop, &entry.item)
-            .and_then(|slot| crate::apply::crossing(&mut slot.live, &entry));
+        let alert = match crate::apply::crossing_of(&entry) {
+            None => None,
+            Some(_) => self
+                .items
+                .get_mut(&entry.shop, &entry.item)
+                .and_then(|slot| crate::apply::crossing(&mut slot.live, &entry)),
+        };
         b.entries.push(entry);
         b.entries.extend(alert);
     }
