@@ -317,3 +317,99 @@ async fn holds_and_orders_are_extended_while_pending() {
     }
     assert_eq!(item_state(&c, &server, "s", "a").await, (8, 0));
 }
+
+/// The shop's holds and orders are listed by item, buyer and state, a page at a time in
+/// id order, ended ones too, and the same after a SIGKILL; bad parameters name
+/// themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_and_orders_are_listed_by_item_buyer_and_state_in_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 100), ("b", 100)]).await;
+    for (id, item, buyer) in [("h1", "a", "ann"), ("h2", "a", "bob"), ("h3", "b", "ann")] {
+        let body =
+            json!({"item": item, "qty": 1, "ttl_ms": 60_000, "request_id": id, "buyer": buyer});
+        let (status, h) = post(&c, &holds_url(&server, "s", ""), body).await;
+        assert_eq!(status, 200, "{h}");
+    }
+    let (status, _) = post(&c, &holds_url(&server, "s", "/h2/confirm"), json!({})).await;
+    assert_eq!(status, 200);
+    let order = json!({"order_id": "o1", "ttl_ms": 60_000, "buyer": "ann",
+                       "lines": [{"item": "a", "qty": 2}, {"item": "b", "qty": 1}]});
+    let (status, o) = post(&c, &server.url("/v1/shops/s/orders"), order).await;
+    assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
+    let order = json!({"order_id": "o2", "ttl_ms": 60_000, "buyer": "bob",
+                       "lines": [{"item": "b", "qty": 1}]});
+    assert_eq!(
+        post(&c, &server.url("/v1/shops/s/orders"), order).await.0,
+        200
+    );
+    let (status, _) = post(&c, &server.url("/v1/shops/s/orders/o2/cancel"), json!({})).await;
+    assert_eq!(status, 200);
+
+    let ids = |page: &Value, list: &str, id: &str| -> Vec<String> {
+        page[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h[id].as_str().unwrap().to_string())
+            .collect()
+    };
+    for round in 0..2 {
+        let list = |q: &str| server.url(&format!("/v1/shops/s/holds{q}"));
+        let (_, all) = get(&c, &list("")).await;
+        assert_eq!(
+            ids(&all, "holds", "hold_id"),
+            ["h1", "h2", "h3", "~line:o1:0", "~line:o1:1", "~line:o2:0"],
+            "round {round}: every hold and line, no order record: {all}"
+        );
+        let (_, held_a) = get(&c, &list("?item=a&state=held")).await;
+        assert_eq!(ids(&held_a, "holds", "hold_id"), ["h1", "~line:o1:0"]);
+        let (_, ann) = get(&c, &list("?buyer=ann&state=held")).await;
+        assert_eq!(
+            ids(&ann, "holds", "hold_id"),
+            ["h1", "h3", "~line:o1:0", "~line:o1:1"]
+        );
+        assert_eq!(ann["holds"][0]["buyer"], "ann", "{ann}");
+        let (_, confirmed) = get(&c, &list("?state=confirmed")).await;
+        assert_eq!(ids(&confirmed, "holds", "hold_id"), ["h2"]);
+        // Pages of two: `next` is where the next one starts, null at the end.
+        let (mut after, mut seen) = (String::new(), Vec::new());
+        loop {
+            let (_, page) = get(&c, &list(&format!("?limit=2&after={after}"))).await;
+            seen.extend(ids(&page, "holds", "hold_id"));
+            match page["next"].as_str() {
+                Some(next) => after = next.to_string(),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ids(&all, "holds", "hold_id"));
+        // Orders: by buyer and state, each as its own read shows it.
+        let orders = |q: &str| server.url(&format!("/v1/shops/s/orders{q}"));
+        let (_, all) = get(&c, &orders("")).await;
+        assert_eq!(ids(&all, "orders", "order_id"), ["o1", "o2"], "{all}");
+        let (_, o1) = get(&c, &orders("/o1")).await;
+        assert_eq!(all["orders"][0], o1);
+        let (_, bob) = get(&c, &orders("?buyer=bob")).await;
+        assert_eq!(ids(&bob, "orders", "order_id"), ["o2"]);
+        let (_, held) = get(&c, &orders("?state=held")).await;
+        assert_eq!(ids(&held, "orders", "order_id"), ["o1"]);
+        server.kill();
+        server = Server::start(dir.path(), &[]);
+    }
+    for (q, field) in [
+        ("holds?state=gone", "state:"),
+        ("holds?limit=0", "limit:"),
+        ("holds?color=red", "color:"),
+        ("orders?item=a", "item:"),
+        ("orders?limit=101", "limit:"),
+    ] {
+        let (status, body) = get(&c, &server.url(&format!("/v1/shops/s/{q}"))).await;
+        assert_eq!(status, 400, "{q}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().starts_with(field),
+            "{q}: {body}"
+        );
+    }
+}

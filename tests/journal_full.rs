@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
+use nrtxn_actors::ports::{AppendDone, HoldPage, HoldQuery, ItemPage, Recovered, RelayPage};
 use nrtxn_actors::ports::{
     ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
 };
@@ -58,6 +58,16 @@ impl ItemReads for FullEveryThird {
         limit: usize,
     ) -> Result<ItemPage, StoreError> {
         self.inner.item_page(shop, after, limit)
+    }
+
+    fn hold_page(
+        &self,
+        shop: &str,
+        query: &HoldQuery,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<HoldPage, StoreError> {
+        self.inner.hold_page(shop, query, after, limit)
     }
 
     fn holds(&self, shop: &str, ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {

@@ -232,6 +232,26 @@ async fn holds_through_kafka_and_mongo_expire_through_the_log() {
     let (_, short) = hold(&c, &server, "s", "short", "a", 3, 300).await;
     assert_eq!(short["status"], "held", "{short}");
     assert_eq!(item_state(&c, &server, "s", "a").await, (7, 3));
+    // Listed from MongoDB: the released one and the pending one, by state.
+    let (_, listed) = get(&c, &holds_url(&server, "s", "?item=a")).await;
+    let states: Vec<(&str, &str)> = listed["holds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["hold_id"].as_str().unwrap(),
+                h["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [("kept", "released"), ("short", "held")],
+        "{listed}"
+    );
+    let (_, held) = get(&c, &holds_url(&server, "s", "?state=held")).await;
+    assert_eq!(held["holds"].as_array().map(Vec::len), Some(1), "{held}");
     // A load travels through the log too, and its answer shows the stock still held.
     let reload = c
         .put(server.url("/v1/shops/s/items"))

@@ -745,6 +745,29 @@ impl Engine {
         Ok(found.into_iter().next().flatten())
     }
 
+    /// A page of the shop's holds (or orders' records) as durable, those `query` asks
+    /// for, in id order after `after`: at most `limit`, and the id to ask after for the
+    /// next page (`None` at the end).
+    pub async fn hold_page(
+        &self,
+        shop: &Arc<str>,
+        query: crate::HoldQuery,
+        after: Option<Arc<str>>,
+        limit: usize,
+    ) -> Result<(Vec<HoldView>, Option<Arc<str>>), EngineError> {
+        let (journal, shop) = (self.journal.clone(), shop.clone());
+        let page = self
+            .read_for_caller("a shop's holds", move || {
+                journal.hold_page(&shop, &query, after.as_deref(), limit)
+            })
+            .await?;
+        let next = match page.more {
+            true => page.holds.last().map(|h| h.hold_id.clone()),
+            false => None,
+        };
+        Ok((page.holds, next))
+    }
+
     /// An item's durable events after `after`, in seq order, at most `limit`.
     pub async fn events(
         &self,

@@ -33,9 +33,10 @@ pub use engine::{Dispatcher, Engine, EngineBuilder, EngineConfig, EngineError};
 pub use hold_end::HoldEnd;
 pub use metrics::Metrics;
 pub use ports::{
-    AppendDone, EventFeed, FeedError, FeedReader, ItemPage, ItemReads, Journal, JournalWrite,
-    JournaledHook, Leases, Lifecycle, LogHooks, Logged, Outbox, OutboxReader, Outcomes, Recovered,
-    RelayPage, RemoteReplies, RequestLog, ShardJournal, Sharing, StoreError,
+    AppendDone, EventFeed, FeedError, FeedReader, HoldPage, HoldQuery, ItemPage, ItemReads,
+    Journal, JournalWrite, JournaledHook, Leases, Lifecycle, LogHooks, Logged, Outbox,
+    OutboxReader, Outcomes, Recovered, RelayPage, RemoteReplies, RequestLog, ShardJournal, Sharing,
+    StoreError,
 };
 pub use reply::{Answers, Reply};
 pub use secret::Secret;

@@ -177,6 +177,18 @@ pub trait ItemReads: Send + Sync + 'static {
         limit: usize,
     ) -> Result<ItemPage, StoreError>;
 
+    /// A page of the shop's holds as durable, in hold id order (bytewise): at most
+    /// `limit` of those `query` asks for, with ids after `after` (from the first when
+    /// `None`); `more` tells whether any come after the page. Ended holds are listed
+    /// while the journal keeps their entries.
+    fn hold_page(
+        &self,
+        shop: &str,
+        query: &HoldQuery,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<HoldPage, StoreError>;
+
     /// The item's durable events with `seq > after`, in seq order, at most `limit`.
     fn events(
         &self,
@@ -297,6 +309,25 @@ pub struct ItemPage {
     /// `(item, state)`, in name order.
     pub items: Vec<(Arc<str>, ItemState)>,
     /// Whether the shop has items after the last one of the page.
+    pub more: bool,
+}
+
+/// Which of a shop's holds a listing asks for ([`ItemReads::hold_page`]): each filter
+/// when set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HoldQuery {
+    pub item: Option<Arc<str>>,
+    pub buyer: Option<Arc<str>>,
+    pub status: Option<crate::types::HoldStatus>,
+    /// Orders' records (holds of the shop's order items) instead of holds of items.
+    pub orders: bool,
+}
+
+/// A page of a shop's holds ([`ItemReads::hold_page`]).
+#[derive(Debug, Default)]
+pub struct HoldPage {
+    pub holds: Vec<HoldView>,
+    /// Whether the shop has holds the query asks for after the last one of the page.
     pub more: bool,
 }
 

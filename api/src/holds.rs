@@ -14,7 +14,7 @@ use nrtxn_actors::{
     hold_end_key, now_ms, HoldEnd, HoldStatus, HoldView, Op, Outcome, Reply, Request, Status,
     HOLD_TTL_MAX_MS, QTY_MAX,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::validate::{integer, json_object, name, path_segment, request_id};
@@ -37,6 +37,9 @@ struct HoldBody<'a> {
     seq: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
+    /// The buyer the hold was made for (listings only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    buyer: Option<&'a str>,
 }
 
 /// Submits one request that waits for its outcome; 504 if none comes in time.
@@ -94,6 +97,7 @@ pub async fn post_hold(
         expires_at: o.expires_at,
         seq: o.seq,
         reason: o.reason.as_deref(),
+        buyer: None,
     }))
 }
 
@@ -159,6 +163,7 @@ async fn end_hold(
         expires_at: Some(expires_at),
         seq: o.seq,
         reason: None,
+        buyer: None,
     };
     if o.op == op {
         // This ending, or the same ending asked for again.
@@ -226,7 +231,110 @@ fn view(h: &HoldView) -> HoldBody<'_> {
         expires_at: Some(h.expires_at),
         seq: Some(h.seq),
         reason: None,
+        buyer: None,
     }
+}
+
+/// Most holds (and orders) a listing answers at once.
+pub const HOLDS_LIMIT_MAX: usize = 1_000;
+/// Holds a listing answers when it names no `limit`.
+pub const HOLDS_LIMIT_DEFAULT: usize = 100;
+
+/// What a listing of holds or orders asks: its filters, where it starts, how many, and
+/// the state it keeps (`checking` and `held` are both pending in the store: told apart
+/// by the shop's check-back, after the read).
+pub(crate) struct Listing {
+    pub query: nrtxn_actors::HoldQuery,
+    pub after: Option<Arc<str>>,
+    pub limit: usize,
+    pub state: Option<String>,
+}
+
+/// The query of `GET .../holds` (`orders`: of `GET .../orders`, which takes no `item`):
+/// every parameter checked, an unknown one refused by name.
+pub(crate) fn listing(
+    params: Vec<(String, String)>,
+    orders: bool,
+    limit_max: usize,
+) -> Result<Listing, ApiError> {
+    let mut l = Listing {
+        query: nrtxn_actors::HoldQuery {
+            orders,
+            ..Default::default()
+        },
+        after: None,
+        limit: HOLDS_LIMIT_DEFAULT.min(limit_max),
+        state: None,
+    };
+    let known = if orders {
+        "buyer, state, after, limit"
+    } else {
+        "item, buyer, state, after, limit"
+    };
+    for (k, v) in params {
+        match k.as_str() {
+            "item" if !orders => l.query.item = Some(path_segment(&v, "item")?),
+            "buyer" => l.query.buyer = Some(path_segment(&v, "buyer")?),
+            "after" if v.is_empty() => l.after = None,
+            "after" => l.after = Some(path_segment(&v, "after")?),
+            "state" => {
+                let status = match v.as_str() {
+                    "checking" => HoldStatus::Held,
+                    s => HoldStatus::parse(s).ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "state: must be held, confirmed, released, expired or checking, \
+                             got {v:?}"
+                        ))
+                    })?,
+                };
+                l.query.status = Some(status);
+                l.state = Some(v);
+            }
+            "limit" => {
+                let n = v.parse::<i64>().map_err(|_| {
+                    ApiError::invalid(format!("limit: must be an integer, got {v:?}"))
+                })?;
+                let params = serde_json::Map::from_iter([("limit".to_string(), n.into())]);
+                l.limit = integer(&params, "limit", "", 1, limit_max as i64)? as usize;
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "{other}: unknown parameter ({known})"
+                )))
+            }
+        }
+    }
+    Ok(l)
+}
+
+/// `GET /v1/shops/{shop}/holds?item=&buyer=&state=&after=&limit=`: the shop's holds, in
+/// hold id order, paged (`next` is the `after` of the next page, `null` at the end).
+/// Orders' lines are holds of their items and are listed; orders' records are not (see
+/// `GET .../orders`).
+pub async fn list_holds(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<Vec<(String, String)>>,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let l = listing(query.into_inner(), false, HOLDS_LIMIT_MAX)?;
+    let (holds, next) = state
+        .engine
+        .hold_page(&shop, l.query, l.after, l.limit)
+        .await?;
+    let bodies: Vec<HoldBody<'_>> = holds
+        .iter()
+        .map(|h| {
+            let mut body = view(h);
+            body.buyer = h.buyer.as_deref();
+            if h.status == HoldStatus::Held && state.engine.checking(&shop, h.expires_at) {
+                body.status = "checking";
+            }
+            body
+        })
+        .filter(|b| l.state.as_deref().is_none_or(|s| s == b.status))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "holds": bodies, "next": next })))
 }
 
 /// The `ttl_ms` of an extension's body (1 ms to a week).

@@ -99,11 +99,13 @@ routes! {
     get "/v1/shops/{shop}/items/{item}/events" => events::get_events, "getEvents", "An item's events in seq order (operators)";
     get "/v1/shops/{shop}/events/stream" => stream::get_stream, "streamEvents", "The shop's events as server-sent events (operators)";
     post "/v1/shops/{shop}/holds" => holds::post_hold, "placeHold", "Reserve stock until confirmed, cancelled or expired";
+    get "/v1/shops/{shop}/holds" => holds::list_holds, "listHolds", "The shop's holds, by item, buyer and state, paged";
     get "/v1/shops/{shop}/holds/{hold_id}" => holds::get_hold, "getHold", "A hold's state";
     post "/v1/shops/{shop}/holds/{hold_id}/confirm" => holds::confirm_hold, "confirmHold", "Sell a held quantity";
     post "/v1/shops/{shop}/holds/{hold_id}/cancel" => holds::cancel_hold, "cancelHold", "Release a held quantity";
     post "/v1/shops/{shop}/holds/{hold_id}/extend" => holds::extend_hold, "extendHold", "Give a pending hold a new expiry, now + ttl_ms";
     post "/v1/shops/{shop}/orders" => orders::post_order, "placeOrder", "Reserve every line of an order, or none";
+    get "/v1/shops/{shop}/orders" => orders::list_orders, "listOrders", "The shop's orders, by buyer and state, paged";
     get "/v1/shops/{shop}/orders/{order_id}" => orders::get_order, "getOrder", "An order's state and lines";
     post "/v1/shops/{shop}/orders/{order_id}/confirm" => orders::confirm_order, "confirmOrder", "Sell every line of an order";
     post "/v1/shops/{shop}/orders/{order_id}/cancel" => orders::cancel_order, "cancelOrder", "Release every line of an order";

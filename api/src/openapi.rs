@@ -221,6 +221,8 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
         "getOrder" | "confirmOrder" | "cancelOrder" => (None, r("Order")),
         "putSettings" => (Some("Settings"), r("SettingsAnswer")),
         "getSettings" => (None, r("SettingsAnswer")),
+        "listHolds" => (None, r("HoldPage")),
+        "listOrders" => (None, r("OrderPage")),
         "getDeadLetters" => (None, r("DeadLetters")),
         "getNotifications" => (None, r("Notifications")),
         "retryDeadLetter" => (None, r("DeadLetterAnswer")),
@@ -260,6 +262,28 @@ fn query(id: &str) -> Vec<Value> {
                 "events per page",
             ),
         ],
+        "listHolds" | "listOrders" => {
+            let name = json!({ "type": "string", "maxLength": 128 });
+            let mut params = vec![
+                q("buyer", name.clone(), "only this buyer's"),
+                q(
+                    "state",
+                    json!({ "type": "string", "enum": ["held", "confirmed", "released", "expired", "checking"] }),
+                    "only those in this state",
+                ),
+                q("after", name.clone(), "the id to list after (the `next` of the page before)"),
+                q(
+                    "limit",
+                    json!({"type": "integer", "minimum": 1,
+                           "maximum": if id == "listHolds" { 1000 } else { 100 }, "default": 100}),
+                    "per page",
+                ),
+            ];
+            if id == "listHolds" {
+                params.insert(0, q("item", name, "only this item's"));
+            }
+            params
+        }
         "streamEvents" => vec![q(
             "after",
             json!({"type": "string"}),
@@ -491,7 +515,8 @@ fn schemas() -> Value {
             "status": { "type": "string", "enum": ["held", "checking", "confirmed", "released", "expired",
                 "insufficient_stock", "unknown_item", "buyer_limit", "limit_exceeded", "not_open", "closed"] },
             "item": s("string"), "qty": s("integer"), "qty_taken": s("integer"), "expires_at": { "type": "integer", "nullable": true },
-            "seq": { "type": "integer", "nullable": true }, "reason": s("string") } },
+            "seq": { "type": "integer", "nullable": true }, "reason": s("string"),
+            "buyer": { "type": "string", "description": "listings only: the buyer the hold was made for" } } },
         "OrderRequest": { "type": "object", "additionalProperties": false, "required": ["order_id", "lines", "ttl_ms"], "properties": {
             "order_id": key_schema(), "ttl_ms": ttl(), "buyer": name(),
             "lines": { "type": "array", "minItems": 1, "maxItems": 100, "items": {
@@ -567,6 +592,12 @@ fn check_schemas() -> Map<String, Value> {
                 "items": { "type": "object", "properties": {
                     "alert": schema_ref("Alert"), "error": s("string"),
                     "attempts": s("integer"), "at": s("integer") } } } } },
+        "HoldPage": { "type": "object", "properties": {
+            "holds": { "type": "array", "items": schema_ref("Hold") },
+            "next": { "type": "string", "nullable": true, "description": "the after of the next page; null at the end" } } },
+        "OrderPage": { "type": "object", "properties": {
+            "orders": { "type": "array", "items": schema_ref("Order") },
+            "next": { "type": "string", "nullable": true, "description": "the after of the next page; null at the end" } } },
         "Resolve": { "type": "object", "additionalProperties": false, "required": ["action"], "properties": {
             "action": { "type": "string", "enum": ["confirm", "release"] } } },
         "DeadLetterAnswer": { "type": "object", "properties": {

@@ -182,6 +182,34 @@ pub async fn extend_order(
     crate::holds::extension_answer(extended, "order_id", unknown)
 }
 
+/// Most orders a listing answers at once: each is read with its lines.
+pub const ORDERS_LIMIT_MAX: usize = 100;
+
+/// `GET /v1/shops/{shop}/orders?buyer=&state=&after=&limit=`: the shop's orders as
+/// `GET .../orders/{order_id}` shows them, in order id order, paged (`next` is the
+/// `after` of the next page, `null` at the end).
+pub async fn list_orders(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<Vec<(String, String)>>,
+) -> Result<HttpResponse, ApiError> {
+    let shop = path_segment(&path, "shop")?;
+    let l = crate::holds::listing(query.into_inner(), true, ORDERS_LIMIT_MAX)?;
+    let (records, next) = state
+        .engine
+        .hold_page(&shop, l.query, l.after, l.limit)
+        .await?;
+    let mut orders = Vec::with_capacity(records.len());
+    for record in &records {
+        if let Some(view) = state.engine.order(&shop, &record.hold_id).await? {
+            if l.state.as_deref().is_none_or(|s| s == view.status) {
+                orders.push(view);
+            }
+        }
+    }
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "orders": orders, "next": next })))
+}
+
 pub async fn get_order(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,

@@ -30,8 +30,6 @@ pub(crate) struct HoldRow {
 /// What a step of a hold made before this transaction still asks of its row.
 pub(crate) enum Earlier {
     Ended(HoldStatus),
-    /// Ended, and ended holds are read from the log: the row goes.
-    Gone,
     Extended,
 }
 
@@ -40,11 +38,7 @@ type Key = (Arc<str>, Arc<str>);
 /// The rows made in the running transaction, in the order they were made.
 #[derive(Default)]
 pub(crate) struct Pending {
-    /// `None` once ended, when ended holds are not kept ([`Pending::new`]).
     holds: Vec<Option<HoldRow>>,
-    /// Whether an ended hold keeps its row (`false`: the views read ended holds from
-    /// the log, and keep the pending ones only).
-    drop_ended: bool,
     hold_at: HashMap<Key, usize>,
     /// Accepted requests; `None` once decided in this transaction. Their bodies are
     /// encoded only for the rows written.
@@ -61,12 +55,8 @@ fn twice(what: &str, shop: &str, key: &str) -> rusqlite::Error {
 }
 
 impl Pending {
-    /// `drop_ended`: ended holds leave the store (they are read from the log).
-    pub(crate) fn new(drop_ended: bool) -> Pending {
-        Pending {
-            drop_ended,
-            ..Pending::default()
-        }
+    pub(crate) fn new() -> Pending {
+        Pending::default()
     }
 
     /// A hold made by `e` (an ok hold with its id).
@@ -104,17 +94,10 @@ impl Pending {
         let key = (e.shop.clone(), hold_id.clone());
         let Some(&i) = self.hold_at.get(&key) else {
             return Some(match ended {
-                Some(_) if self.drop_ended => Earlier::Gone,
                 Some(status) => Earlier::Ended(status),
                 None => Earlier::Extended,
             });
         };
-        if ended.is_some() && self.drop_ended {
-            self.hold_at.remove(&key);
-            self.holds[i] = None;
-            return None;
-        }
-        // A row ended (and dropped) in this transaction left `hold_at` with it.
         let row = self.holds[i].as_mut()?;
         match ended {
             Some(status) => row.status = status,
@@ -208,31 +191,6 @@ mod tests {
             Some(HoldStatus::Released),
         );
         assert!(matches!(later, Some(Earlier::Ended(HoldStatus::Released))));
-    }
-
-    #[test]
-    fn a_hold_made_and_ended_in_one_transaction_is_never_written_when_ended_holds_are_read_from_the_log(
-    ) {
-        let mut p = Pending::new(true);
-        let id: Arc<str> = "h1".into();
-        p.hold_made(&hold_entry(Op::Hold, 5, 9_000), &id).unwrap();
-        let ended = p.hold_changed(
-            &hold_entry(Op::Confirm, 6, 9_000),
-            &id,
-            Some(HoldStatus::Confirmed),
-        );
-        assert!(ended.is_none());
-        assert!(p.take().0.is_empty());
-        // Made in an earlier transaction: its row is deleted.
-        let later = p.hold_changed(
-            &hold_entry(Op::Release, 7, 9_000),
-            &id,
-            Some(HoldStatus::Released),
-        );
-        assert!(matches!(later, Some(Earlier::Gone)));
-        // An extension still updates a pending hold's row.
-        let ext = p.hold_changed(&hold_entry(Op::Extend, 8, 9_500), &id, None);
-        assert!(matches!(ext, Some(Earlier::Extended)));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nrtxn_actors::ports::{AppendDone, ItemPage, Recovered, RelayPage};
+use nrtxn_actors::ports::{AppendDone, HoldPage, HoldQuery, ItemPage, Recovered, RelayPage};
 use nrtxn_actors::ports::{
     ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
 };
@@ -1048,6 +1048,17 @@ impl ItemReads for LogJournal {
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         self.progress.wait_views()?;
         self.views.holds(shop, hold_ids)
+    }
+
+    fn hold_page(
+        &self,
+        shop: &str,
+        query: &HoldQuery,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<HoldPage, StoreError> {
+        self.progress.wait_views()?;
+        self.views.hold_page(shop, query, after, limit)
     }
 
     fn sales(

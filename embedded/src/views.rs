@@ -36,7 +36,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::ledger::{self, BuyerLedger};
-use nrtxn_actors::ports::{ItemPage, ItemReads, Lifecycle, Outbox, OutboxReader, Outcomes};
+use nrtxn_actors::ports::{
+    HoldPage, HoldQuery, ItemPage, ItemReads, Lifecycle, Outbox, OutboxReader, Outcomes,
+};
 use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::verify::Verifier;
 use nrtxn_actors::{
@@ -186,6 +188,8 @@ CREATE TABLE IF NOT EXISTS holds (
     PRIMARY KEY (shop, hold_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS holds_pending ON holds (shop, item) WHERE status = 'held';
+-- Ended holds are listed until the journal's retention passes their expiry.
+CREATE INDEX IF NOT EXISTS holds_ended ON holds (expires_at) WHERE status != 'held';
 CREATE TABLE IF NOT EXISTS items (
     shop     TEXT    NOT NULL,
     item     TEXT    NOT NULL,
@@ -1219,6 +1223,14 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
     })
 }
 
+/// The page of at most `limit` of `holds` (read one past the limit, to tell if more
+/// follow).
+fn page_of(mut holds: Vec<HoldView>, limit: usize) -> HoldPage {
+    let more = holds.len() > limit;
+    holds.truncate(limit);
+    HoldPage { holds, more }
+}
+
 fn hold_view(row: &rusqlite::Row<'_>) -> Result<HoldView, rusqlite::Error> {
     let status: String = row.get(5)?;
     Ok(HoldView {
@@ -1996,6 +2008,41 @@ impl ItemReads for SqliteStore {
         self.read(|conn| read_sales(conn, self.log.get(), shop, keys))
     }
 
+    fn hold_page(
+        &self,
+        shop: &str,
+        query: &HoldQuery,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<HoldPage, StoreError> {
+        self.read(|conn| {
+            // Order items sort between these two: `~orders/` and the byte after `/`.
+            let mut stmt = conn.prepare_cached(
+                "SELECT shop, hold_id, item, qty, expires_at, status, seq, buyer FROM holds
+                 WHERE shop = ?1 AND hold_id > ?2
+                   AND (?3 IS NULL OR item = ?3) AND (?4 IS NULL OR buyer = ?4)
+                   AND (?5 IS NULL OR status = ?5)
+                   AND (item >= '~orders/' AND item < '~orders0') = ?6
+                 ORDER BY hold_id LIMIT ?7",
+            )?;
+            let holds = stmt
+                .query_map(
+                    params![
+                        shop,
+                        after.unwrap_or(""),
+                        query.item.as_deref(),
+                        query.buyer.as_deref(),
+                        query.status.map(HoldStatus::as_str),
+                        query.orders,
+                        limit as i64 + 1
+                    ],
+                    hold_view,
+                )?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(page_of(holds, limit))
+        })
+    }
+
     fn ledgers(
         &self,
         items: &[(Arc<str>, Arc<str>)],
@@ -2626,7 +2673,7 @@ impl Writer {
     ) -> Result<u64, rusqlite::Error> {
         let tx = self.conn.transaction()?;
         {
-            let mut st = TxnStatements::prepare(&tx, self.log.get().is_some())?;
+            let mut st = TxnStatements::prepare(&tx)?;
             let mut offsets: HashMap<i32, i64> = HashMap::new();
             let mut mark: Option<Chain> = None;
             for cmd in cmds {
@@ -2717,15 +2764,11 @@ struct TxnStatements<'t> {
     /// Holds and requests made in this transaction, written when it ends
     /// ([`TxnStatements::write_pending`]).
     pending: Pending,
-    hold_gone: rusqlite::CachedStatement<'t>,
 }
 
 impl<'t> TxnStatements<'t> {
-    /// `drop_ended`: ended holds leave `holds` (they are read from the log).
-    fn prepare(
-        tx: &'t rusqlite::Transaction<'_>,
-        drop_ended: bool,
-    ) -> Result<Self, rusqlite::Error> {
+    /// Ended holds keep their rows (a listing reads them) until [`prune`] drops them.
+    fn prepare(tx: &'t rusqlite::Transaction<'_>) -> Result<Self, rusqlite::Error> {
         Ok(TxnStatements {
             conn: tx,
             insert_many: tx.prepare_cached(&journal_insert(ROWS_PER_INSERT))?,
@@ -2746,8 +2789,7 @@ impl<'t> TxnStatements<'t> {
                 "INSERT OR FAIL INTO requests (shop, request_key, body) VALUES (?1, ?2, ?3)",
             )?,
             ledgers: LedgerStatements::prepare(tx)?,
-            pending: Pending::new(drop_ended),
-            hold_gone: tx.prepare_cached("DELETE FROM holds WHERE shop = ?1 AND hold_id = ?2")?,
+            pending: Pending::new(),
         })
     }
 
@@ -2889,9 +2931,6 @@ impl<'t> TxnStatements<'t> {
                 self.hold_ended
                     .execute(params![&*e.shop, id, status.as_str(), e.seq])?;
             }
-            Some(Earlier::Gone) => {
-                self.hold_gone.execute(params![&*e.shop, id])?;
-            }
             Some(Earlier::Extended) => {
                 self.hold_extended
                     .execute(params![&*e.shop, id, e.expires_at, e.seq])?;
@@ -2946,6 +2985,13 @@ fn prune(
     let pruned = tx
         .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({PRUNED})"))?
         .execute(params![before, max as i64])?;
+    // Ended holds go once their expiry is past the retention (the listing's reach).
+    tx.prepare_cached(
+        "DELETE FROM holds WHERE (shop, hold_id) IN (
+            SELECT shop, hold_id FROM holds WHERE status != 'held' AND expires_at < ?1
+            LIMIT ?2)",
+    )?
+    .execute(params![before, max as i64])?;
     // Sales past the return window, and their counts, go.
     for table in ["sales", "returned"] {
         tx.prepare_cached(&format!(

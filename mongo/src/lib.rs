@@ -55,7 +55,8 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::Database;
 use nrtxn_actors::ledger::BuyerLedger;
 use nrtxn_actors::ports::{
-    ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
+    HoldPage, HoldQuery, ItemPage, ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader,
+    Outcomes, Sharing,
 };
 use nrtxn_actors::returns::SaleRecord;
 use nrtxn_actors::{
@@ -503,6 +504,47 @@ impl ItemReads for MongoJournal {
     ) -> Result<Vec<Option<BuyerLedger>>, StoreError> {
         let (db, items) = (self.db.clone(), items.to_vec());
         self.wait(async move { fold_ledgers(&db, &items).await })
+    }
+
+    fn hold_page(
+        &self,
+        shop: &str,
+        query: &HoldQuery,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<HoldPage, StoreError> {
+        let mut filter = doc! { "shop": shop, "hold_id": { "$gt": after.unwrap_or("") } };
+        // Order items sort between `~orders/` and the byte after `/`.
+        let order_items = doc! { "$gte": nrtxn_actors::ORDER_ITEM_PREFIX, "$lt": "~orders0" };
+        match (&query.item, query.orders) {
+            (Some(item), _) => filter.insert("item", &**item),
+            (None, true) => filter.insert("item", order_items),
+            (None, false) => filter.insert("item", doc! { "$not": order_items }),
+        };
+        if let Some(buyer) = &query.buyer {
+            filter.insert("buyer", &**buyer);
+        }
+        if let Some(status) = query.status {
+            filter.insert("status", status.as_str());
+        }
+        let coll = holds(&self.db);
+        let docs: Vec<Document> = self.wait(async move {
+            coll.find(filter)
+                .sort(doc! { "hold_id": 1 })
+                .limit(limit as i64 + 1)
+                .await
+                .map_err(storage)?
+                .try_collect()
+                .await
+                .map_err(storage)
+        })?;
+        let mut holds = docs
+            .iter()
+            .map(hold_from_doc)
+            .collect::<Result<Vec<_>, _>>()?;
+        let more = holds.len() > limit;
+        holds.truncate(limit);
+        Ok(HoldPage { holds, more })
     }
 
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
