@@ -413,3 +413,113 @@ async fn holds_and_orders_are_listed_by_item_buyer_and_state_in_pages() {
         );
     }
 }
+
+/// An operator releases an item's reservations: its pending holds are released and its
+/// held orders cancelled as a whole, others' are not touched, the release is an event of
+/// the item, and its request_id answers the same counts again, also after a SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_holds_ends_an_items_reservations_once_per_request_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10), ("b", 10)]).await;
+    for (id, item, qty) in [
+        ("h1", "a", 2),
+        ("h2", "a", 1),
+        ("h3", "b", 1),
+        ("h4", "a", 1),
+    ] {
+        let (status, h) = hold(&c, &server, "s", id, item, qty, 60_000).await;
+        assert_eq!(status, 200, "{h}");
+    }
+    assert_eq!(
+        post(&c, &holds_url(&server, "s", "/h4/confirm"), json!({}))
+            .await
+            .0,
+        200
+    );
+    let orders = |rest: &str| server.url(&format!("/v1/shops/s/orders{rest}"));
+    for (id, lines) in [
+        (
+            "o1",
+            json!([{"item": "a", "qty": 1}, {"item": "b", "qty": 1}]),
+        ),
+        ("o2", json!([{"item": "b", "qty": 2}])),
+    ] {
+        let body = json!({"order_id": id, "ttl_ms": 60_000, "lines": lines});
+        let (status, o) = post(&c, &orders(""), body).await;
+        assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
+    }
+    assert_eq!(item_state(&c, &server, "s", "a").await, (5, 4));
+
+    let url = server.url("/v1/shops/s/items/a/release-holds");
+    let (status, first) = post(&c, &url, json!({"request_id": "end-of-sale"})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        (
+            &first["status"],
+            &first["holds_released"],
+            &first["orders_cancelled"]
+        ),
+        (&json!("ok"), &json!(2), &json!(1)),
+        "{first}"
+    );
+    // Item a has nothing reserved; b keeps its own hold and the order without a line on a.
+    assert_eq!(item_state(&c, &server, "s", "a").await, (9, 0));
+    assert_eq!(item_state(&c, &server, "s", "b").await, (7, 3));
+    for (id, want) in [
+        ("h1", "released"),
+        ("h2", "released"),
+        ("h3", "held"),
+        ("h4", "confirmed"),
+    ] {
+        let (_, h) = get(&c, &holds_url(&server, "s", &format!("/{id}"))).await;
+        assert_eq!(h["status"], want, "{id}: {h}");
+    }
+    let (_, o1) = get(&c, &orders("/o1")).await;
+    assert_ne!(o1["status"], "held", "{o1}");
+    assert_eq!(
+        o1["lines"][1]["status"], "released",
+        "the whole order: {o1}"
+    );
+    let (_, o2) = get(&c, &orders("/o2")).await;
+    assert_eq!(o2["status"], "held", "{o2}");
+    let kinds: Vec<Value> = events(&c, &server, "s", "a", 100)
+        .await
+        .iter()
+        .filter(|e| e["seq"] == first["seq"])
+        .map(|e| e["kind"].clone())
+        .collect();
+    assert_eq!(kinds, [json!("release_holds")]);
+
+    // Again, and after a SIGKILL: the same answer, nothing more released.
+    let hold_again = hold(&c, &server, "s", "h5", "a", 1, 60_000).await;
+    assert_eq!(hold_again.0, 200);
+    for round in 0..2 {
+        let url = server.url("/v1/shops/s/items/a/release-holds");
+        let (status, again) = post(&c, &url, json!({"request_id": "end-of-sale"})).await;
+        assert_eq!((status, &again), (200, &first), "round {round}");
+        let (_, h5) = get(&c, &holds_url(&server, "s", "/h5")).await;
+        assert_eq!(h5["status"], "held", "round {round}: {h5}");
+        server.kill();
+        server = Server::start(dir.path(), &[]);
+    }
+    let (status, none) = post(
+        &c,
+        &server.url("/v1/shops/s/items/nope/release-holds"),
+        json!({"request_id": "r-nope"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &none["status"]),
+        (200, &json!("unknown_item")),
+        "{none}"
+    );
+    let url = server.url("/v1/shops/s/items/a/release-holds");
+    let (status, bad) = post(&c, &url, json!({})).await;
+    assert_eq!(status, 400, "{bad}");
+    assert!(
+        bad["detail"].as_str().unwrap().starts_with("request_id:"),
+        "{bad}"
+    );
+}

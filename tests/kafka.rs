@@ -289,6 +289,20 @@ async fn holds_through_kafka_and_mongo_expire_through_the_log() {
     let mut read = read_topic_until(&brokers, &events_topic, &truth).await;
     read.dedup_by_key(|e| e.seq);
     assert_eq!(read, journal);
+
+    // An operator's release of the item's holds, through the log: once per request_id.
+    let (_, long) = hold(&c, &server, "s", "long", "a", 4, 60_000).await;
+    assert_eq!(long["status"], "held", "{long}");
+    let url = server.url("/v1/shops/s/items/a/release-holds");
+    let (status, released) = post(&c, &url, json!({"request_id": "r1"})).await;
+    assert_eq!(
+        (status, &released["holds_released"]),
+        (200, &json!(1)),
+        "{released}"
+    );
+    assert_eq!(item_state(&c, &server, "s", "a").await, (10, 0));
+    let (_, again) = post(&c, &url, json!({"request_id": "r1"})).await;
+    assert_eq!(again, released);
     drop_database(&uri).await;
 }
 

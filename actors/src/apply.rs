@@ -76,7 +76,8 @@ pub fn apply_within(
             | Op::Extend
             | Op::SoldOut
             | Op::LowStock
-            | Op::BackInStock => {
+            | Op::BackInStock
+            | Op::ReleaseHolds => {
                 unreachable!("checked above")
             }
         }
@@ -285,6 +286,21 @@ pub fn apply_extend(state: &mut ItemState, req: &Request, qty: i64, now: Millis)
         ..Entry::of_request(req, now)
     };
     entry.expires_at = Some(req.submitted_at.saturating_add(req.ttl_ms));
+    fill_states(&mut entry, before, after);
+    assert_follows(before, &entry);
+    entry
+}
+
+/// An operator's marker on the item (the end of a release of its holds): the item's next
+/// entry, answering `req`, no stock changes.
+pub fn apply_mark(state: &mut ItemState, req: &Request, now: Millis) -> Entry {
+    let before = *state;
+    let after = ItemState {
+        seq: before.seq + 1,
+        ..before
+    };
+    *state = after;
+    let mut entry = Entry::of_request(req, now);
     fill_states(&mut entry, before, after);
     assert_follows(before, &entry);
     entry

@@ -102,7 +102,8 @@ pub fn delta(e: &Entry) -> Option<(&Arc<str>, i64)> {
         | Op::Extend
         | Op::SoldOut
         | Op::LowStock
-        | Op::BackInStock => None,
+        | Op::BackInStock
+        | Op::ReleaseHolds => None,
     }
 }
 

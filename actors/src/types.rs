@@ -148,11 +148,16 @@ pub enum Op {
     LowStock,
     /// The item's available stock rose from 0. A stock alert, as `SoldOut`.
     BackInStock,
+    /// An operator released every pending hold of the item (and cancelled every held
+    /// order with a line on it) under this entry's key ([`crate::release`]): journaled
+    /// once they are, with their counts (`qty` the holds, `reason` both, as JSON).
+    /// Changes no stock.
+    ReleaseHolds,
 }
 
 impl Op {
     /// Every op, in a fixed order (the journal log's codes are positions in it).
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 15] = [
         Op::Decrement,
         Op::Increment,
         Op::Load,
@@ -167,6 +172,7 @@ impl Op {
         Op::SoldOut,
         Op::LowStock,
         Op::BackInStock,
+        Op::ReleaseHolds,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -185,6 +191,7 @@ impl Op {
             Op::SoldOut => "sold_out",
             Op::LowStock => "low_stock",
             Op::BackInStock => "back_in_stock",
+            Op::ReleaseHolds => "release_holds",
         }
     }
 
@@ -215,6 +222,7 @@ impl Op {
             "sold_out" => Some(Op::SoldOut),
             "low_stock" => Some(Op::LowStock),
             "back_in_stock" => Some(Op::BackInStock),
+            "release_holds" => Some(Op::ReleaseHolds),
             _ => None,
         }
     }

@@ -211,3 +211,55 @@ pub async fn get_item(
         ))),
     }
 }
+
+/// Largest body of a release of an item's holds: its `request_id`.
+pub const RELEASE_BODY_MAX: usize = 1024;
+
+/// `POST /v1/shops/{shop}/items/{item}/release-holds` with `{"request_id"}`: releases
+/// every pending hold of the item and cancels every held order with a line on it
+/// ([`nrtxn_actors::release`]), at most once per `request_id`; answers the counts.
+pub async fn release_holds(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    http: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (shop, item) = path.into_inner();
+    let shop = path_segment(&shop, "shop")?;
+    let item = path_segment(&item, "item")?;
+    let body = json_object(&http, payload, RELEASE_BODY_MAX).await?;
+    crate::openapi::known_fields("ReleaseHolds", &body)?;
+    let Some(id) = request_id(&body, "")? else {
+        return Err(ApiError::invalid(
+            "request_id: required (a release is done at most once per request_id)",
+        ));
+    };
+    crate::trace::record_key(&id);
+    let done = match state.engine.release_holds(&shop, &item, id.clone()).await {
+        Err(EngineError::Timeout) => {
+            return Ok(HttpResponse::GatewayTimeout()
+                .json(json!({ "request_id": &*id, "status": "pending" })))
+        }
+        other => other?,
+    };
+    let o = &done.outcome;
+    if o.op != nrtxn_actors::Op::ReleaseHolds {
+        return Err(ApiError::KeyReused(
+            format!(
+                "request_id: {id} was first used by a {} of item {}",
+                o.op.as_str(),
+                o.item
+            ),
+            json!(o),
+        ));
+    }
+    Ok(HttpResponse::Ok().json(json!({
+        "request_id": &*id,
+        "item": &*o.item,
+        "status": o.status.as_str(),
+        "holds_released": done.holds,
+        "orders_cancelled": done.orders,
+        "seq": o.seq,
+        "completed_at": o.completed_at,
+    })))
+}

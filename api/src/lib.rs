@@ -99,6 +99,7 @@ routes! {
     get "/v1/shops/{shop}/items/{item}/events" => events::get_events, "getEvents", "An item's events in seq order (operators)";
     get "/v1/shops/{shop}/events/stream" => stream::get_stream, "streamEvents", "The shop's events as server-sent events (operators)";
     post "/v1/shops/{shop}/holds" => holds::post_hold, "placeHold", "Reserve stock until confirmed, cancelled or expired";
+    post "/v1/shops/{shop}/items/{item}/release-holds" => items::release_holds, "releaseHolds", "Release every pending hold of an item and cancel its held orders, once per request_id (operators)";
     get "/v1/shops/{shop}/holds" => holds::list_holds, "listHolds", "The shop's holds, by item, buyer and state, paged";
     get "/v1/shops/{shop}/holds/{hold_id}" => holds::get_hold, "getHold", "A hold's state";
     post "/v1/shops/{shop}/holds/{hold_id}/confirm" => holds::confirm_hold, "confirmHold", "Sell a held quantity";

@@ -222,6 +222,7 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
         "putSettings" => (Some("Settings"), r("SettingsAnswer")),
         "getSettings" => (None, r("SettingsAnswer")),
         "listHolds" => (None, r("HoldPage")),
+        "releaseHolds" => (Some("ReleaseHolds"), r("Released")),
         "listOrders" => (None, r("OrderPage")),
         "getDeadLetters" => (None, r("DeadLetters")),
         "getNotifications" => (None, r("Notifications")),
@@ -505,6 +506,14 @@ fn schemas() -> Value {
                 "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string"),
                 "requested_at": s("integer"), "seller": s("string"), "buyer": s("string"),
                 "opens_at": s("integer"), "closes_at": s("integer"), "low_stock_at": s("integer") } } } } },
+        "ReleaseHolds": { "type": "object", "additionalProperties": false, "required": ["request_id"], "properties": {
+            "request_id": key_schema() } },
+        "Released": { "type": "object", "properties": {
+            "request_id": s("string"), "item": s("string"),
+            "status": { "type": "string", "description": "ok, or unknown_item (nothing released)" },
+            "holds_released": s("integer"), "orders_cancelled": s("integer"),
+            "seq": { "type": "integer", "nullable": true, "description": "the release's own entry in the item's sequence" },
+            "completed_at": s("integer") } },
         "Extend": { "type": "object", "additionalProperties": false, "required": ["ttl_ms"], "properties": {
             "ttl_ms": ttl() } },
         "HoldRequest": { "type": "object", "additionalProperties": false, "required": ["item", "qty", "ttl_ms", "request_id"], "properties": {

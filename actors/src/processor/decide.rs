@@ -26,6 +26,7 @@ impl Processor {
             }
             Op::Order => return self.record_order(req, now, touched),
             Op::Extend => return self.extend_hold(req, now, touched),
+            Op::ReleaseHolds => return self.mark(req, now, touched),
             _ => {}
         }
         let line = req.op == Op::Hold && req.key.starts_with(LINE_PREFIX);
@@ -219,6 +220,29 @@ impl Processor {
             let after = Duration::from_millis(self.request_ttl_ms.max(1) as u64);
             ctx.run_later(after, |p, ctx| p.sweep_waiting(ctx));
         }
+    }
+
+    /// An operator's marker on an item ([`Op::ReleaseHolds`]): its next entry, nothing
+    /// moved; an unknown item's is refused as any request on it.
+    fn mark(
+        &mut self,
+        req: &Request,
+        now: Millis,
+        touched: &mut Vec<(Arc<str>, Arc<str>)>,
+    ) -> Decision {
+        let entry = match self.items.get_mut(&req.shop, &req.item) {
+            Some(slot) => {
+                touched.push((req.shop.clone(), req.item.clone()));
+                crate::apply::apply_mark(&mut slot.live, req, now)
+            }
+            None => {
+                let mut entry = Entry::of_request(req, now);
+                entry.status = Status::UnknownItem;
+                entry.reason = Some(format!("item {} is not loaded in this shop", req.item));
+                entry
+            }
+        };
+        Decision::Apply(entry)
     }
 
     /// Journals an order's record on its order item (made on first use): a pending
