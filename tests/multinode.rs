@@ -189,6 +189,29 @@ async fn two_nodes_share_the_items_and_answer_their_own_callers() {
         body["detail"].as_str().unwrap().contains("another node"),
         "{body}"
     );
+
+    // Transfers between items the two nodes own: a ring of ten, asked of both nodes,
+    // each both sides or neither, no unit made or lost.
+    let ring: Vec<(String, i64)> = (0..10).map(|i| (format!("ring-{i}"), 10)).collect();
+    let ring: Vec<(&str, i64)> = ring.iter().map(|(i, s)| (i.as_str(), *s)).collect();
+    load(&c, n0, "shop", &ring).await;
+    for i in 0..10 {
+        let node = [n0, n1][i % 2];
+        let body = json!({"request_id": format!("x{i}"), "from": format!("ring-{i}"),
+                          "to": format!("ring-{}", (i + 1) % 10), "qty": 3});
+        let (status, t) = post(&c, &node.url("/v1/shops/shop/transfers"), body).await;
+        assert_eq!((status, &t["status"]), (200, &json!("ok")), "x{i}: {t}");
+        let other = [n1, n0][i % 2];
+        let (_, read) = get(&c, &other.url(&format!("/v1/shops/shop/transfers/x{i}"))).await;
+        assert_eq!(read, t, "x{i} read on the other node");
+    }
+    let mut total = 0;
+    for (item, _) in &ring {
+        let (_, state) = get(&c, &n1.url(&format!("/v1/shops/shop/items/{item}"))).await;
+        assert_eq!(state["reserved"], 0, "{state}");
+        total += state["stock"].as_i64().unwrap();
+    }
+    assert_eq!(total, 100);
     drop_database(&two.mongo).await;
 }
 

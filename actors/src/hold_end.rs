@@ -48,6 +48,18 @@ impl Engine {
         if hold_id.starts_with('~') {
             return Ok(HoldEnd::OrderLine);
         }
+        self.end_any_hold(shop, hold_id, op, false).await
+    }
+
+    /// Ends hold `hold_id` (one of nrtxn's own, a transfer's, too) by `op`; `firm`: the
+    /// ending stands past the hold's expiry, as a check-back's does.
+    pub(crate) async fn end_any_hold(
+        &self,
+        shop: &Arc<str>,
+        hold_id: &Arc<str>,
+        op: Op,
+        firm: bool,
+    ) -> Result<HoldEnd, EngineError> {
         // The hold's item routes the request to its processor. A hold is answered to
         // its maker only once durable, so the journal has every hold a caller can know.
         let Some((item, qty, expires_at)) = self.hold_of(shop, hold_id).await? else {
@@ -55,6 +67,7 @@ impl Engine {
         };
         let req = Request {
             hold_id: Some(hold_id.clone()),
+            by_check: firm,
             ..Request::new(
                 shop.clone(),
                 item.clone(),

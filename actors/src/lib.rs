@@ -25,6 +25,7 @@ pub mod settling;
 pub mod shop_stats;
 pub mod shrink;
 pub mod topology;
+pub mod transfers;
 pub mod types;
 pub mod verify;
 pub mod wheel;

@@ -584,7 +584,7 @@ impl Engine {
     /// Acts on a processor's nudge, off its thread: one settling per order at a time.
     pub(crate) fn on_nudge(self: &Arc<Self>, nudge: OrderNudge) {
         let key = (nudge.shop.clone(), nudge.id.clone());
-        let check = !matches!(nudge.why, Nudge::Recovered)
+        let check = !matches!(nudge.why, Nudge::Recovered | Nudge::TransferDue)
             && self.checkback().is_some_and(|c| c.enabled(&nudge.shop));
         if !self.settling().take(&key, check) {
             return;
@@ -602,6 +602,7 @@ impl Engine {
         let (shop, order_id) = (&nudge.shop, &nudge.id);
         match nudge.why {
             Nudge::HoldDue => return self.check_hold(shop, order_id).await,
+            Nudge::TransferDue => return self.settle_transfer(shop, order_id).await.map(|_| ()),
             Nudge::Due => return self.order_due(nudge).await,
             Nudge::Recovered => {}
         }

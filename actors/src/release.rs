@@ -85,11 +85,7 @@ impl Engine {
                 now_ms(),
             )
         };
-        let answers = self.submit(shop, vec![(marker, true)]).await?;
-        match answers.replies.into_iter().next() {
-            Some(crate::Reply::Decided(o) | crate::Reply::Repeat(o)) => Ok(Released::of(o)),
-            _ => Err(EngineError::Timeout),
-        }
+        Ok(Released::of(self.decide_one(shop, marker).await?))
     }
 
     /// The item's pending holds (ids) and the orders (ids) of its pending lines.

@@ -53,6 +53,25 @@ pub const ORDER_ITEM_PREFIX: &str = "~orders/";
 pub const ORDER_ITEMS: usize = 16;
 /// Prefix of the hold id of an order's line: `~line:{order_id}:{index}`.
 pub const LINE_PREFIX: &str = "~line:";
+/// Prefix of a transfer's keys ([`crate::transfers`]): its hold on the `from` item is
+/// `~xfer:{id}`, its credit of the `to` item `~xfer:{id}:in`.
+pub const TRANSFER_PREFIX: &str = "~xfer:";
+
+/// The hold id (and request key) of transfer `id`'s hold on its `from` item.
+pub fn transfer_hold_key(id: &str) -> Arc<str> {
+    format!("{TRANSFER_PREFIX}{id}").into()
+}
+
+/// The request key of transfer `id`'s credit of its `to` item.
+pub fn transfer_credit_key(id: &str) -> Arc<str> {
+    format!("{TRANSFER_PREFIX}{id}:in").into()
+}
+
+/// The transfer a key or hold id belongs to, if it is one of a transfer's.
+pub fn transfer_of(key: &str) -> Option<&str> {
+    let rest = key.strip_prefix(TRANSFER_PREFIX)?;
+    Some(rest.strip_suffix(":in").unwrap_or(rest))
+}
 
 /// The shard of an item among `shards`: a fixed hash of shop and item, so one item always
 /// has one writer for the life of the process (also which of the order items keeps an
@@ -819,6 +838,12 @@ impl Entry {
                 self.hold_id.as_deref(),
                 self.request_key.as_deref(),
             ),
+            transfer_id: self
+                .hold_id
+                .as_deref()
+                .or(self.request_key.as_deref())
+                .and_then(transfer_of)
+                .map(Into::into),
             seller: self.seller.clone(),
             buyer: self.buyer.clone(),
             requested_at: self.submitted_at,
@@ -878,6 +903,9 @@ pub struct Event {
     /// The order this change belongs to: the hold or ending of one of its lines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order_id: Option<Arc<str>>,
+    /// The transfer this change is a side of: its hold, credit or ending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_id: Option<Arc<str>>,
     /// The seller and the buyer the change's request named, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seller: Option<Arc<str>>,

@@ -27,6 +27,7 @@ pub mod settings;
 pub mod stats;
 pub mod stream;
 pub mod trace;
+pub mod transfers;
 pub mod txns;
 pub mod validate;
 
@@ -100,6 +101,8 @@ routes! {
     get "/v1/shops/{shop}/events/stream" => stream::get_stream, "streamEvents", "The shop's events as server-sent events (operators)";
     post "/v1/shops/{shop}/holds" => holds::post_hold, "placeHold", "Reserve stock until confirmed, cancelled or expired";
     post "/v1/shops/{shop}/items/{item}/release-holds" => items::release_holds, "releaseHolds", "Release every pending hold of an item and cancel its held orders, once per request_id (operators)";
+    post "/v1/shops/{shop}/transfers" => transfers::post_transfer, "transfer", "Move stock from one item to another, both sides or neither, once per request_id (operators)";
+    get "/v1/shops/{shop}/transfers/{request_id}" => transfers::get_transfer, "getTransfer", "A transfer as it stands (operators)";
     get "/v1/shops/{shop}/holds" => holds::list_holds, "listHolds", "The shop's holds, by item, buyer and state, paged";
     get "/v1/shops/{shop}/holds/{hold_id}" => holds::get_hold, "getHold", "A hold's state";
     post "/v1/shops/{shop}/holds/{hold_id}/confirm" => holds::confirm_hold, "confirmHold", "Sell a held quantity";

@@ -222,6 +222,8 @@ fn bodies(id: &str) -> (Option<&'static str>, Value) {
         "putSettings" => (Some("Settings"), r("SettingsAnswer")),
         "getSettings" => (None, r("SettingsAnswer")),
         "listHolds" => (None, r("HoldPage")),
+        "transfer" => (Some("Transfer"), r("TransferAnswer")),
+        "getTransfer" => (None, r("TransferAnswer")),
         "releaseHolds" => (Some("ReleaseHolds"), r("Released")),
         "listOrders" => (None, r("OrderPage")),
         "getDeadLetters" => (None, r("DeadLetters")),
@@ -506,6 +508,15 @@ fn schemas() -> Value {
                 "at": s("integer"), "hold_id": s("string"), "reason": s("string"), "order_id": s("string"),
                 "requested_at": s("integer"), "seller": s("string"), "buyer": s("string"),
                 "opens_at": s("integer"), "closes_at": s("integer"), "low_stock_at": s("integer") } } } } },
+        "Transfer": { "type": "object", "additionalProperties": false, "required": ["request_id", "from", "to", "qty"], "properties": {
+            "request_id": key_schema(), "from": name(), "to": name(), "qty": qty(),
+            "reason": { "type": "string", "pattern": "^[a-z0-9_-]{1,64}$", "description": "the operator's reason code" } } },
+        "TransferAnswer": { "type": "object", "properties": {
+            "request_id": s("string"), "from": s("string"), "to": s("string"), "qty": s("integer"),
+            "status": { "type": "string", "description": "ok (moved), pending (under way: 202), or why nothing moved: insufficient_stock, unknown_item, ..." },
+            "reason": s("string"),
+            "from_seq": { "type": "integer", "nullable": true }, "to_seq": { "type": "integer", "nullable": true },
+            "requested_at": s("integer") } },
         "ReleaseHolds": { "type": "object", "additionalProperties": false, "required": ["request_id"], "properties": {
             "request_id": key_schema() } },
         "Released": { "type": "object", "properties": {

@@ -249,6 +249,31 @@ pub const ADJUST_REASON_LEN_MAX: usize = 64;
 /// The reason codes every shop has; a shop may use codes of its own as well.
 pub const ADJUST_REASONS: [&str; 4] = ["restock", "damage", "correction", "transfer"];
 
+/// An operator's reason code (`None`: left out or `null`): 1 to
+/// [`ADJUST_REASON_LEN_MAX`] lowercase letters, digits, `_` or `-`.
+pub(crate) fn reason_code<'a>(
+    obj: &'a serde_json::Map<String, Value>,
+    prefix: &str,
+) -> Result<Option<&'a str>, ApiError> {
+    match obj.get("reason") {
+        Some(Value::String(r))
+            if !r.is_empty()
+                && r.len() <= ADJUST_REASON_LEN_MAX
+                && r.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                }) =>
+        {
+            Ok(Some(r.as_str()))
+        }
+        None | Some(Value::Null) => Ok(None),
+        Some(_) => Err(ApiError::invalid(format!(
+            "{prefix}reason: must be a code of 1 to {ADJUST_REASON_LEN_MAX} lowercase \
+             letters, digits, '_' or '-' (one of {}, or the shop's own)",
+            ADJUST_REASONS.join(", ")
+        ))),
+    }
+}
+
 /// One adjustment of `POST .../items/adjust`, validated: a keyed request that adds
 /// `delta` (negative takes stock away) for the reason given.
 fn adjustment(
@@ -270,29 +295,11 @@ fn adjustment(
             "{prefix}delta: must not be 0 (an adjustment changes the stock)"
         )));
     }
-    let reason = match obj.get("reason") {
-        Some(Value::String(r))
-            if !r.is_empty()
-                && r.len() <= ADJUST_REASON_LEN_MAX
-                && r.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
-                }) =>
-        {
-            r.as_str()
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid(format!(
-                "{prefix}reason: required: one of {} or a code of the shop's own",
-                ADJUST_REASONS.join(", ")
-            )))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(format!(
-                "{prefix}reason: must be a code of 1 to {ADJUST_REASON_LEN_MAX} lowercase \
-                 letters, digits, '_' or '-' (one of {}, or the shop's own)",
-                ADJUST_REASONS.join(", ")
-            )))
-        }
+    let Some(reason) = reason_code(obj, prefix)? else {
+        return Err(ApiError::invalid(format!(
+            "{prefix}reason: required: one of {} or a code of the shop's own",
+            ADJUST_REASONS.join(", ")
+        )));
     };
     let Some(key) = request_id(obj, prefix)? else {
         return Err(ApiError::invalid(format!(

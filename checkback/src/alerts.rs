@@ -315,6 +315,7 @@ mod tests {
             hold_id: None,
             reason: None,
             order_id: None,
+            transfer_id: None,
             seller: None,
             buyer: None,
             requested_at: 999,

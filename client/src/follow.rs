@@ -642,6 +642,7 @@ mod tests {
             hold_id: None,
             reason: None,
             order_id: None,
+            transfer_id: None,
             seller: None,
             buyer: None,
             requested_at: 1_700_000_000_000 + seq as i64,

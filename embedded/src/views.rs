@@ -1196,6 +1196,11 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         row.get(13)?,
     )?;
     let order_id = nrtxn_actors::order_id_of(&item, hold_id.as_deref(), request_key.as_deref());
+    let transfer_id = hold_id
+        .as_deref()
+        .or(request_key.as_deref())
+        .and_then(nrtxn_actors::transfer_of)
+        .map(Into::into);
     Ok(Event {
         shop: shop.into(),
         item: item.into(),
@@ -1210,6 +1215,7 @@ fn event_row(row: &rusqlite::Row<'_>) -> Result<Event, rusqlite::Error> {
         reserved_after,
         at: row.get(10)?,
         order_id,
+        transfer_id,
         hold_id: hold_id.map(Into::into),
         reason: row
             .get::<_, Option<String>>(14)?

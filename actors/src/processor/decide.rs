@@ -116,10 +116,13 @@ impl Processor {
         };
         let (slot, ledger) = self.items.slot_and_ledger(&req.shop, &req.item);
         let known = slot.is_some();
+        // A transfer's hold is an operator's change: no window, no buyer's limit.
+        let transfer = req.key.starts_with(crate::types::TRANSFER_PREFIX);
+        let ledger = ledger.filter(|_| !transfer);
         let (cap, over_limit) = buyer_cap(ledger.as_deref(), req);
         // The sale window binds what takes stock: sales, holds, order lines.
         let outside = match (&slot, req.op) {
-            (Some(slot), Op::Decrement | Op::Hold) => slot.live.outside_window(now),
+            (Some(slot), Op::Decrement | Op::Hold) if !transfer => slot.live.outside_window(now),
             _ => None,
         };
         let refused = outside

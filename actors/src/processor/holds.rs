@@ -91,13 +91,18 @@ impl Processor {
                 self.nudge_order(&key, now);
                 continue;
             }
+            if key.1.starts_with(crate::types::TRANSFER_PREFIX) {
+                // Never expired blindly: its credit may be made already.
+                self.nudge_hold(&key, now, Nudge::TransferDue);
+                continue;
+            }
             if self
                 .ports
                 .checkback
                 .as_ref()
                 .is_some_and(|c| c.enabled(&key.0))
             {
-                self.nudge_check(&key, now);
+                self.nudge_hold(&key, now, Nudge::HoldDue);
                 continue;
             }
             match self.expiry_of(key, now, resubmit.is_some()) {
@@ -162,16 +167,16 @@ impl Processor {
         }
     }
 
-    /// A due hold of a shop with a check-back: the engine asks the shop, off this actor.
-    /// Asked again every [`CHECK_RESEND_MS`] while the hold is still pending here (the
-    /// engine asks once at a time per hold).
-    fn nudge_check(&mut self, key: &HoldKey, now: Millis) {
+    /// A due hold the engine settles, off this actor: one of a shop with a check-back
+    /// (the shop is asked), or a transfer's. Nudged again every [`CHECK_RESEND_MS`]
+    /// while the hold is still pending here (the engine settles once at a time per hold).
+    fn nudge_hold(&mut self, key: &HoldKey, now: Millis, why: Nudge) {
         self.holds.rearm(key, now.saturating_add(CHECK_RESEND_MS));
         let taken = (self.ports.order_hook)(OrderNudge {
             shop: key.0.clone(),
             id: key.1.clone(),
             hold: key.1.clone(),
-            why: Nudge::HoldDue,
+            why,
         });
         if !taken {
             tracing::debug!(hold = %key.1, "the engine's queue of nudges is full; asked again later");

@@ -112,6 +112,9 @@ pub enum Nudge {
     /// A hold of a shop with a check-back is past its expiry: the shop is asked first
     /// ([`crate::checkback`]). `id` is the hold's.
     HoldDue,
+    /// A transfer's hold is past its time: its transfer is completed or undone, as its
+    /// credit's outcome says ([`crate::transfers`]). `id` is the hold's.
+    TransferDue,
 }
 
 /// A processor asks the engine to act on an order ([`crate::orders`]).
