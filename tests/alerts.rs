@@ -255,3 +255,37 @@ async fn settings_are_merged_field_by_field_and_bad_ones_name_the_field() {
         .unwrap()
         .starts_with("items[0].low_stock_at:"));
 }
+
+/// A check-back that found no answer is a `dead_letter` alert to a shop that asked for
+/// them, signed like the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_check_back_is_a_dead_letter_alert() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    let shop = Receiver::start();
+    // The check-back's answer is not JSON: no answer, the default applies.
+    let settings = json!({"check_url": format!("{}/check", shop.url), "check_timeout_ms": 300,
+                          "check_retries": 0, "notify_url": shop.url,
+                          "notify_events": ["dead_letter"]});
+    let (code, set) = put(&c, &server, "/settings", settings).await;
+    assert_eq!(code, 200, "{set}");
+    let secret = set["check_secret"].as_str().unwrap().to_string();
+    load(&c, &server, "s", &[("a", 5)]).await;
+    let body = json!({"item": "a", "qty": 1, "ttl_ms": 200, "request_id": "h-late"});
+    let (code, held) = post(&c, &server.url("/v1/shops/s/holds"), body).await;
+    assert_eq!(code, 200, "{held}");
+    let calls = shop
+        .wait_for(Duration::from_secs(15), |calls| {
+            calls.iter().any(|c| c.body.contains("dead_letter"))
+        })
+        .await;
+    let alert = calls.iter().find(|c| c.body.contains("dead_letter")).unwrap();
+    assert_signed(&secret, alert);
+    let body = alert.json();
+    assert_eq!(
+        (&body["shop"], &body["kind"], &body["id"], &body["applied"]),
+        (&json!("s"), &json!("dead_letter"), &json!("h-late"), &json!("release")),
+        "{body}"
+    );
+}
