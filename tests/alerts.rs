@@ -280,12 +280,55 @@ async fn an_unanswered_check_back_is_a_dead_letter_alert() {
             calls.iter().any(|c| c.body.contains("dead_letter"))
         })
         .await;
-    let alert = calls.iter().find(|c| c.body.contains("dead_letter")).unwrap();
+    let alert = calls
+        .iter()
+        .find(|c| c.body.contains("dead_letter"))
+        .unwrap();
     assert_signed(&secret, alert);
     let body = alert.json();
     assert_eq!(
         (&body["shop"], &body["kind"], &body["id"], &body["applied"]),
-        (&json!("s"), &json!("dead_letter"), &json!("h-late"), &json!("release")),
+        (
+            &json!("s"),
+            &json!("dead_letter"),
+            &json!("h-late"),
+            &json!("release")
+        ),
         "{body}"
+    );
+}
+
+/// A shop whose endpoint fails does not hold another shop's alerts up: each shop's
+/// alerts go on their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_shop_does_not_hold_up_another_shops_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    let (failing, fine) = (Receiver::start(), Receiver::start());
+    failing.answer(503);
+    for (shop, r) in [("s", &failing), ("t", &fine)] {
+        let url = server.url(&format!("/v1/shops/{shop}/settings"));
+        let body = json!({"notify_url": r.url}).to_string();
+        assert_eq!(
+            call(&c, reqwest::Method::PUT, &url, Some(body)).await.0,
+            200
+        );
+        load(&c, &server, shop, &[("a", 1)]).await;
+    }
+    // The failing shop's sold_out is read first, and is being retried for seconds.
+    let sale = |key: &str| json!({"seller": "x", "item": "a", "qty": 1, "request_id": key});
+    post(&c, &server.url("/v1/shops/s/txns"), sale("k1")).await;
+    failing
+        .wait_for(Duration::from_secs(5), |c| !c.is_empty())
+        .await;
+    let asked = std::time::Instant::now();
+    post(&c, &server.url("/v1/shops/t/txns"), sale("k2")).await;
+    fine.wait_for(Duration::from_secs(3), |c| !c.is_empty())
+        .await;
+    let took = asked.elapsed();
+    assert!(
+        failing.calls().iter().all(|c| c.status == 503) && took < Duration::from_secs(3),
+        "the other shop's alert took {took:?}"
     );
 }

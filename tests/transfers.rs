@@ -69,6 +69,26 @@ async fn a_transfer_moves_stock_both_sides_or_neither_once_per_request_id() {
         "{reused}"
     );
 
+    // Ids that end like another transfer's keys are transfers of their own.
+    for id in ["y:in", "y"] {
+        let body = json!({"request_id": id, "from": "a", "to": "b", "qty": 1});
+        let (status, t) = transfer(&c, &server, body).await;
+        assert_eq!(
+            (status, &t["status"], &t["to_seq"].is_u64()),
+            (200, &json!("ok"), &true),
+            "{id}: {t}"
+        );
+    }
+    assert_eq!(item_state(&c, &server, "s", "a").await, (4, 0));
+    assert_eq!(item_state(&c, &server, "s", "b").await, (6, 0));
+    let reload = json!({"items": [{"item": "a", "stock": 6}, {"item": "b", "stock": 4}]});
+    assert_eq!(
+        call(&c, reqwest::Method::PUT, &url, Some(reload.to_string()))
+            .await
+            .0,
+        200
+    );
+
     // Too much: nothing moves. An unknown `to`: the hold on `from` is released.
     let (status, short) = transfer(
         &c,

@@ -5,7 +5,7 @@
 //!    hold is when `from` lacks the stock (nothing moved), or reserved. Its `reason`
 //!    names `to` and the operator's reason. Not bound by a sale window or a buyer's
 //!    limit: an operator's change.
-//! 2. **Credit** `to`, keyed `~xfer:{id}:in` ([`transfer_credit_key`]): an increment.
+//! 2. **Credit** `to`, keyed `~xfer-in:{id}` ([`transfer_credit_key`]): an increment.
 //! 3. **End the hold** by the credit's outcome: confirmed (the units leave `from`) when
 //!    the credit was applied, released (they go back) when it was refused. The ending
 //!    stands past the hold's expiry.
@@ -143,7 +143,7 @@ impl Engine {
             reason: Some("transfer".into()),
             ..Request::new(
                 shop.clone(),
-                to,
+                to.clone(),
                 transfer_credit_key(id),
                 Op::Increment,
                 held.qty,
@@ -151,6 +151,11 @@ impl Engine {
             )
         };
         let credited = self.decide_one(shop, credit).await?;
+        if (credited.op, &credited.item, credited.qty) != (Op::Increment, &to, held.qty) {
+            // Its key holds another decision: never taken for the credit.
+            tracing::error!(shop = %shop, transfer = %id, "a transfer's credit key holds another decision; the transfer is left pending");
+            return Ok(false);
+        }
         let ending = match credited.status {
             Status::Ok => Op::Confirm,
             _ => Op::Release,

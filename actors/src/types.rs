@@ -53,9 +53,11 @@ pub const ORDER_ITEM_PREFIX: &str = "~orders/";
 pub const ORDER_ITEMS: usize = 16;
 /// Prefix of the hold id of an order's line: `~line:{order_id}:{index}`.
 pub const LINE_PREFIX: &str = "~line:";
-/// Prefix of a transfer's keys ([`crate::transfers`]): its hold on the `from` item is
-/// `~xfer:{id}`, its credit of the `to` item `~xfer:{id}:in`.
+/// Prefix of a transfer's hold on its `from` item ([`crate::transfers`]): `~xfer:{id}`.
 pub const TRANSFER_PREFIX: &str = "~xfer:";
+/// Prefix of a transfer's credit of its `to` item: `~xfer-in:{id}`. Another prefix, not
+/// a suffix: an id may hold any character a key may, so no suffix tells the two apart.
+pub const TRANSFER_CREDIT_PREFIX: &str = "~xfer-in:";
 
 /// The hold id (and request key) of transfer `id`'s hold on its `from` item.
 pub fn transfer_hold_key(id: &str) -> Arc<str> {
@@ -64,13 +66,13 @@ pub fn transfer_hold_key(id: &str) -> Arc<str> {
 
 /// The request key of transfer `id`'s credit of its `to` item.
 pub fn transfer_credit_key(id: &str) -> Arc<str> {
-    format!("{TRANSFER_PREFIX}{id}:in").into()
+    format!("{TRANSFER_CREDIT_PREFIX}{id}").into()
 }
 
 /// The transfer a key or hold id belongs to, if it is one of a transfer's.
 pub fn transfer_of(key: &str) -> Option<&str> {
-    let rest = key.strip_prefix(TRANSFER_PREFIX)?;
-    Some(rest.strip_suffix(":in").unwrap_or(rest))
+    key.strip_prefix(TRANSFER_PREFIX)
+        .or_else(|| key.strip_prefix(TRANSFER_CREDIT_PREFIX))
 }
 
 /// The shard of an item among `shards`: a fixed hash of shop and item, so one item always

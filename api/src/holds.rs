@@ -276,18 +276,15 @@ pub(crate) fn listing(
             "item" if !orders => l.query.item = Some(path_segment(&v, "item")?),
             "buyer" => l.query.buyer = Some(path_segment(&v, "buyer")?),
             "after" if v.is_empty() => l.after = None,
-            "after" => l.after = Some(path_segment(&v, "after")?),
+            // Any id a page may end on (an order's line's is longer than a name).
+            "after" if v.len() <= AFTER_LEN_MAX => l.after = Some(v.into()),
+            "after" => {
+                return Err(ApiError::invalid(format!(
+                    "after: longer than {AFTER_LEN_MAX} bytes"
+                )))
+            }
             "state" => {
-                let status = match v.as_str() {
-                    "checking" => HoldStatus::Held,
-                    s => HoldStatus::parse(s).ok_or_else(|| {
-                        ApiError::invalid(format!(
-                            "state: must be held, confirmed, released, expired or checking, \
-                             got {v:?}"
-                        ))
-                    })?,
-                };
-                l.query.status = Some(status);
+                l.query.status = Some(state_of(&v, orders)?);
                 l.state = Some(v);
             }
             "limit" => {
@@ -305,6 +302,26 @@ pub(crate) fn listing(
         }
     }
     Ok(l)
+}
+
+/// Longest `after` of a listing: the longest id a hold may have.
+const AFTER_LEN_MAX: usize = 512;
+
+/// The status of the holds (an order's: of its record) a listing's `state` reads; an
+/// order's `cancelled` and `released` are both a released record (told apart after),
+/// and its `reserving` a pending one.
+fn state_of(state: &str, orders: bool) -> Result<HoldStatus, ApiError> {
+    match state {
+        "checking" => Ok(HoldStatus::Held),
+        "reserving" if orders => Ok(HoldStatus::Held),
+        "cancelled" if orders => Ok(HoldStatus::Released),
+        s => HoldStatus::parse(s).ok_or_else(|| {
+            let also = if orders { ", cancelled, reserving" } else { "" };
+            ApiError::invalid(format!(
+                "state: must be held, confirmed, released, expired, checking{also}, got {state:?}"
+            ))
+        }),
+    }
 }
 
 /// `GET /v1/shops/{shop}/holds?item=&buyer=&state=&after=&limit=`: the shop's holds, in

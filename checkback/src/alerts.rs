@@ -4,17 +4,20 @@
 //! when the shop asked for that kind.
 //!
 //! - **Durable and in order.** The reader follows the outbox from a cursor of its own,
-//!   kept in the journal's store ([`OutboxReader::Alerts`]); it saves the cursor after a
-//!   page only once every alert of the page was delivered or failed for good. A crash
-//!   sends the alerts of the unsaved page again: at least once, in seq order per item,
+//!   kept in the journal's store ([`OutboxReader::Alerts`]), and hands each alert to its
+//!   shop's lane, which sends them one at a time in the order read. The cursor saved is
+//!   the start of the oldest page with an alert not yet delivered (or failed for good):
+//!   a crash sends the alerts from there again, at least once, in seq order per item,
 //!   and a receiver drops a repeat by `seq` (the alert's own place in the item's
 //!   sequence).
 //! - **Retried, then kept.** An alert is tried [`ATTEMPTS`] times with growing waits,
 //!   each attempt within [`ATTEMPT_TIMEOUT`]; then it failed for good and is kept among
 //!   the shop's latest [`crate::FAILED_ALERTS_PER_SHOP`] (`GET .../notifications`).
-//! - **One shop cannot hold the others up.** A page's alerts go shop by shop in
-//!   parallel, each shop's in order; a shop whose last alert failed for good is tried
-//!   once per alert for [`DOWN_FOR`], not through every wait.
+//! - **One shop cannot hold the others up.** Each shop's lane runs on its own, so a
+//!   slow or failing endpoint delays only its shop's alerts. A shop whose alert failed
+//!   for good is not called for [`DOWN_FOR`]: its alerts meanwhile are kept as failed at
+//!   once (attempts 0), so its lane keeps up. At most [`OUTSTANDING_MAX`] alerts wait
+//!   for their lanes; past that the reader waits before it reads on.
 //! - The calls are signed and guarded as the check-backs' are (`crate::outbound`), on
 //!   their runtime; the reader itself is one thread.
 
@@ -25,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::checkback::{Alert, FailedAlert};
-use nrtxn_actors::{now_ms, Event, Outbox, OutboxReader};
+use nrtxn_actors::{now_ms, Event, Outbox, OutboxReader, RelayPage};
 
 use crate::{HttpCheckBack, Inner, Kept};
 
@@ -40,6 +43,9 @@ pub const ATTEMPTS: u32 = 5;
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a shop whose alert failed for good gets a single attempt per alert.
 pub const DOWN_FOR: Duration = Duration::from_secs(30);
+/// Most alerts read and not yet delivered (or failed for good): past it the reader
+/// waits for the lanes before it reads on.
+pub const OUTSTANDING_MAX: usize = 10_000;
 /// Pause after a failed read or save of the outbox.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
@@ -140,11 +146,24 @@ impl Reader {
     }
 
     fn run(self) {
-        let Some(mut cursor) = self.cursor() else {
+        let Some(mut saved) = self.cursor() else {
             return;
         };
+        let outstanding = Arc::new(Mutex::new(Outstanding::default()));
+        let mut lanes: HashMap<Arc<str>, tokio::sync::mpsc::UnboundedSender<(u64, Alert)>> =
+            HashMap::new();
+        let mut read_at = saved;
         while !self.stopped() {
-            let page = match self.outbox.relay_read(cursor, PAGE_MAX) {
+            // Bounded: a page more is read only while few alerts wait for their lanes.
+            let waiting = outstanding.lock().map(|o| o.alerts).unwrap_or(0);
+            let page = match waiting < OUTSTANDING_MAX {
+                true => self.outbox.relay_read(read_at, PAGE_MAX),
+                false => Ok(RelayPage {
+                    events: Vec::new(),
+                    next: read_at,
+                }),
+            };
+            let page = match page {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(error = %e, "stock alerts: outbox not read; trying again");
@@ -153,27 +172,100 @@ impl Reader {
                 }
             };
             let due: Vec<Alert> = page.events.iter().filter_map(alert_of).collect();
-            if !due.is_empty() {
-                let (inner, stop) = (self.inner.clone(), self.stop.clone());
-                let done = self.runtime.block_on(inner.deliver_page(due, stop));
-                if !done {
-                    // Stopped: the page is sent again after the restart.
-                    return;
-                }
+            if let Ok(mut o) = outstanding.lock() {
+                o.read(read_at, page.next, due.len());
             }
-            if page.next == cursor {
-                std::thread::sleep(IDLE_POLL);
-                continue;
+            for alert in due {
+                let lane = lanes
+                    .entry(alert.shop.clone())
+                    .or_insert_with(|| self.lane(outstanding.clone()));
+                // A lane's receiver lives as long as the runtime: a send fails only at
+                // the process's end, and the alert is sent again after the restart.
+                let _ = lane.send((read_at, alert));
             }
-            match self.outbox.relay_save(OutboxReader::Alerts, page.next) {
-                Ok(()) => cursor = page.next,
-                Err(e) => {
+            let idle = page.next == read_at;
+            read_at = page.next;
+            let upto = outstanding.lock().map(|o| o.upto()).unwrap_or(saved);
+            if upto != saved {
+                match self.outbox.relay_save(OutboxReader::Alerts, upto) {
+                    Ok(()) => saved = upto,
                     // Sent again at worst: the receiver drops them by seq.
-                    tracing::warn!(error = %e, "stock alerts: cursor not saved; the page is read again");
-                    std::thread::sleep(RETRY_PAUSE);
+                    Err(e) => tracing::warn!(error = %e, "stock alerts: cursor not saved"),
                 }
+            }
+            if idle {
+                std::thread::sleep(IDLE_POLL);
             }
         }
+    }
+
+    /// A shop's lane: its alerts, one at a time in the order read, each marked done in
+    /// `outstanding` once delivered or failed for good.
+    fn lane(
+        &self,
+        outstanding: Arc<Mutex<Outstanding>>,
+    ) -> tokio::sync::mpsc::UnboundedSender<(u64, Alert)> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Alert)>();
+        let (inner, stop) = (self.inner.clone(), self.stop.clone());
+        self.runtime.spawn(async move {
+            while let Some((page, alert)) = rx.recv().await {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                // Read at each alert: the shop's settings may change meanwhile.
+                if let Some(shop) = inner.shop(&alert.shop) {
+                    if let Some(url) = shop.settings.wants(&alert.kind) {
+                        tokio::select! {
+                            () = inner.deliver(url, &shop.secret, alert) => {}
+                            // Left for the next start: its page's cursor is not saved.
+                            () = stopped(&stop) => return,
+                        }
+                    }
+                }
+                if let Ok(mut o) = outstanding.lock() {
+                    o.done(page);
+                }
+            }
+        });
+        tx
+    }
+}
+
+/// The pages read whose alerts are not all delivered (or failed for good) yet, by the
+/// cursor each page was read from: the cursor saved is the oldest of them (its alerts
+/// are sent again after a restart, the newer ones' too), or past every page read.
+#[derive(Default)]
+struct Outstanding {
+    pages: std::collections::BTreeMap<u64, usize>,
+    alerts: usize,
+    /// The cursor after the last page read.
+    read: u64,
+}
+
+impl Outstanding {
+    /// A page read from `from` up to `next`, with `alerts` to deliver.
+    fn read(&mut self, from: u64, next: u64, alerts: usize) {
+        if alerts > 0 {
+            *self.pages.entry(from).or_default() += alerts;
+            self.alerts += alerts;
+        }
+        self.read = next;
+    }
+
+    /// One alert of the page read from `page` is done.
+    fn done(&mut self, page: u64) {
+        if let Some(n) = self.pages.get_mut(&page) {
+            *n -= 1;
+            self.alerts -= 1;
+            if *n == 0 {
+                self.pages.remove(&page);
+            }
+        }
+    }
+
+    /// The cursor every alert before which is done.
+    fn upto(&self) -> u64 {
+        self.pages.keys().next().copied().unwrap_or(self.read)
     }
 }
 
@@ -185,50 +277,21 @@ async fn stopped(stop: &AtomicBool) {
 }
 
 impl Inner {
-    /// Delivers a page's alerts, each shop's in order, the shops in parallel; `false`
-    /// when stopped before all were delivered or failed for good.
-    async fn deliver_page(self: Arc<Self>, due: Vec<Alert>, stop: Arc<AtomicBool>) -> bool {
-        let mut by_shop: HashMap<Arc<str>, Vec<Alert>> = HashMap::new();
-        for alert in due {
-            by_shop.entry(alert.shop.clone()).or_default().push(alert);
-        }
-        let lanes = by_shop.into_values().map(|alerts| {
-            let (inner, stop) = (self.clone(), stop.clone());
-            tokio::spawn(async move {
-                for alert in alerts {
-                    if stop.load(Ordering::Acquire) {
-                        return false;
-                    }
-                    // Read at each alert: the shop's settings may change meanwhile.
-                    let Some(shop) = inner.shop(&alert.shop) else {
-                        continue;
-                    };
-                    if let Some(url) = shop.settings.wants(&alert.kind) {
-                        tokio::select! {
-                            () = inner.deliver(url, &shop.secret, alert) => {}
-                            () = stopped(&stop) => return false,
-                        }
-                    }
-                }
-                true
-            })
-        });
-        let mut all = true;
-        for lane in futures::future::join_all(lanes).await {
-            all &= lane.unwrap_or(false);
-        }
-        all
-    }
-
     /// Sends one alert, retrying; past its attempts it failed for good, and is kept.
     pub(crate) async fn deliver(&self, url: &str, secret: &str, alert: Alert) {
         let body = serde_json::to_vec(&alert).unwrap_or_default();
-        let attempts = if self.shop_down(&alert.shop) {
-            1
-        } else {
-            ATTEMPTS
+        // A shop whose last alert failed for good is not called for a while: its
+        // alerts are kept as failed at once, and the first after the pause tries again.
+        let (attempts, mut error) = match self.shop_down(&alert.shop) {
+            true => (
+                0,
+                format!(
+                    "not tried: an alert of the shop failed for good less than {} s before",
+                    DOWN_FOR.as_secs()
+                ),
+            ),
+            false => (ATTEMPTS, String::new()),
         };
-        let mut error = String::new();
         for attempt in 0..attempts {
             if attempt > 0 {
                 tokio::time::sleep(wait_before(attempt)).await;
@@ -245,7 +308,10 @@ impl Inner {
         }
         self.metrics.alerts.with_label_values(&["failed"]).inc();
         tracing::warn!(shop = %alert.shop, kind = %alert.kind, error = %error, "stock alert failed for good");
-        self.set_down(&alert.shop, Some(Instant::now() + DOWN_FOR));
+        if attempts > 0 {
+            // Skipped ones do not move the pause on: the first after it tries again.
+            self.set_down(&alert.shop, Some(Instant::now() + DOWN_FOR));
+        }
         let id = match (&alert.item, alert.seq, &alert.id) {
             (Some(item), Some(seq), _) => format!("{item}/{seq}"),
             (_, _, Some(id)) => format!("dead_letter/{id}"),

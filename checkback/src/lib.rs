@@ -90,6 +90,18 @@ fn stored_settings(json: &str) -> serde_json::Result<ShopSettings> {
     serde_json::from_value(v)
 }
 
+/// A shop's settings as the store writes them: a check-back alone in the shape of the
+/// versions before alerts (which a node not yet upgraded reads), else [`ShopSettings`].
+fn stored_json(settings: &ShopSettings) -> serde_json::Result<String> {
+    match settings {
+        ShopSettings {
+            check: Some(check),
+            notify: None,
+        } => serde_json::to_string(check),
+        all => serde_json::to_string(all),
+    }
+}
+
 /// What the store keeps a bounded list of, per shop: the latest ones, each under an id
 /// (written again under its id, it replaces itself).
 #[derive(Clone, Copy, Debug)]
@@ -212,7 +224,7 @@ impl Store {
     async fn put(&self, shop: &str, check: Option<&ShopCheck>) -> anyhow::Result<()> {
         match (self, check) {
             (Store::Sqlite(conn, space), Some(c)) => {
-                let settings = serde_json::to_string(&c.settings)?;
+                let settings = stored_json(&c.settings)?;
                 let _room = sqlite_room(space, settings.len() + c.secret.len(), 1)?;
                 let conn = conn
                     .lock()
@@ -235,7 +247,7 @@ impl Store {
                     doc! { "_id": shop },
                     doc! {
                         "_id": shop,
-                        "settings": serde_json::to_string(&c.settings)?,
+                        "settings": stored_json(&c.settings)?,
                         "secret": &c.secret,
                     },
                 )

@@ -2780,8 +2780,15 @@ impl<'t> TxnStatements<'t> {
             insert_many: tx.prepare_cached(&journal_insert(ROWS_PER_INSERT))?,
             insert: tx.prepare_cached(&journal_insert(1))?,
             hold_made: tx.prepare_cached(
-                "INSERT OR FAIL INTO holds (shop, hold_id, item, qty, expires_at, status, seq, buyer)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                // An ended hold's row stays past its key's window: an id used again
+                // after it replaces the row. A pending one's never is (two holds made
+                // under one id fail the transaction, as they always did).
+                "INSERT INTO holds (shop, hold_id, item, qty, expires_at, status, seq, buyer)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (shop, hold_id) DO UPDATE SET
+                    item = excluded.item, qty = excluded.qty, expires_at = excluded.expires_at,
+                    status = excluded.status, seq = excluded.seq, buyer = excluded.buyer
+                 WHERE holds.status != 'held'",
             )?,
             hold_ended: tx.prepare_cached(
                 "UPDATE holds SET status = ?3, seq = ?4 WHERE shop = ?1 AND hold_id = ?2",
@@ -2803,7 +2810,7 @@ impl<'t> TxnStatements<'t> {
     fn write_pending(&mut self) -> Result<(), rusqlite::Error> {
         let (holds, requests) = self.pending.take();
         for h in holds {
-            self.hold_made.execute(params![
+            let written = self.hold_made.execute(params![
                 &*h.shop,
                 &*h.hold_id,
                 &*h.item,
@@ -2813,6 +2820,15 @@ impl<'t> TxnStatements<'t> {
                 h.seq,
                 h.buyer.as_deref()
             ])?;
+            if written == 0 {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    format!(
+                        "hold {:?} of shop {:?} made while one of that id is pending",
+                        h.hold_id, h.shop
+                    )
+                    .into(),
+                ));
+            }
         }
         for r in requests {
             let body = serde_json::to_string(&r)
@@ -2969,7 +2985,8 @@ fn prune(
     returnable_from: i64,
 ) -> Result<usize, rusqlite::Error> {
     // Only entries a snapshot covers (recovery starts after it), and only those the
-    // outbox's readers (the relay, the alerts) have passed, if they run.
+    // outbox's readers (the relay, the alerts) have passed, if they run; never the
+    // newest (the journal's ids would start again at 1, behind the readers' cursors).
     const PRUNED: &str = "SELECT id FROM journal
                 WHERE id <= (SELECT COALESCE(MAX(value), 0) FROM meta
                              WHERE key = 'snapshot_journal_id')
@@ -2977,6 +2994,7 @@ fn prune(
                                       WHERE key IN ('relay_journal_id',
                                                     'alerts_journal_id')),
                                      9223372036854775807)
+                  AND id < (SELECT MAX(id) FROM journal)
                   AND completed_at < ?1
                 ORDER BY id LIMIT ?2";
     // The sales among them that may still be returned stay findable by their key (the

@@ -225,14 +225,13 @@ impl Processor {
                 now,
             );
             entry.per_buyer_max = load.per_buyer_max;
-            views.push((
-                load.index,
-                ItemView::of(shop.clone(), load.item.clone(), slot.live),
-                Status::Ok,
-            ));
             self.items.set_limit(&shop, &load.item, load.per_buyer_max);
-            b.touched.push((shop.clone(), load.item));
             self.push_entry(entry, b);
+            // As the load leaves the item: after the alert it may call for.
+            let live = self.items.get(&shop, &load.item).map(|s| s.live);
+            let view = ItemView::of(shop.clone(), load.item.clone(), live.unwrap_or_default());
+            views.push((load.index, view, Status::Ok));
+            b.touched.push((shop.clone(), load.item));
         }
         b.loads.push((reply, views));
     }
