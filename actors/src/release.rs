@@ -9,15 +9,16 @@
 //! the holds still pending: its counts are then the retry's. Holds made while the
 //! release runs may be left pending (the listing is read once, at the start).
 
-use std::collections::BTreeSet;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::engine::{Engine, EngineError};
-use crate::hold_end::HoldEnd;
 use crate::orders::Ended;
-use crate::types::{now_ms, order_of_line, HoldStatus, Op, Outcome, Request, Status};
+use crate::types::{
+    hold_end_key, now_ms, order_of_line, HoldStatus, HoldView, Op, Outcome, Request, Status,
+};
 use crate::work_manager::PollResult;
-use crate::HoldQuery;
+use crate::{HoldQuery, Reply};
 
 /// Holds read per page of the item's pending holds.
 const PAGE: usize = 1_000;
@@ -57,20 +58,39 @@ impl Engine {
         if let PollResult::Decided(o) = self.poll(shop, key.clone()).await? {
             return Ok(Released::of(o));
         }
-        let (holds, orders) = self.pending_of(shop, item).await?;
-        let mut released = 0;
-        for hold_id in &holds {
-            if let HoldEnd::Decided { outcome, .. } =
-                self.end_hold(shop, hold_id, Op::Release).await?
-            {
-                released += i64::from(outcome.op == Op::Release && outcome.status == Status::Ok);
+        let (mut released, mut cancelled) = (0, 0);
+        // Page by page: what a page ends leaves the listing, so the next page starts
+        // after the last id read. An order is cancelled once, at its first line.
+        let (mut after, mut orders_seen) = (None, HashSet::new());
+        loop {
+            let query = HoldQuery {
+                item: Some(item.clone()),
+                status: Some(HoldStatus::Held),
+                ..HoldQuery::default()
+            };
+            let (page, next) = self.hold_page(shop, query, after, PAGE).await?;
+            // The plain holds of the page in one call; a transfer's (`~`) is its own.
+            let plain: Vec<_> = page
+                .iter()
+                .filter(|h| !h.hold_id.starts_with('~'))
+                .collect();
+            released += self.release_all(shop, &plain).await?;
+            for h in &page {
+                let Some((order, _)) = order_of_line(&h.hold_id) else {
+                    continue;
+                };
+                if orders_seen.insert(order.to_string()) {
+                    let order_id: Arc<str> = order.into();
+                    if let Ended::Order { op, .. } =
+                        self.end_order(shop, &order_id, Op::Release).await?
+                    {
+                        cancelled += i64::from(op == Op::Release);
+                    }
+                }
             }
-        }
-        let mut cancelled = 0;
-        for order_id in &orders {
-            let order_id: Arc<str> = order_id.as_str().into();
-            if let Ended::Order { op, .. } = self.end_order(shop, &order_id, Op::Release).await? {
-                cancelled += i64::from(op == Op::Release);
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
             }
         }
         let counts = serde_json::json!({ "holds": released, "orders": cancelled });
@@ -88,32 +108,42 @@ impl Engine {
         Ok(Released::of(self.decide_one(shop, marker).await?))
     }
 
-    /// The item's pending holds (ids) and the orders (ids) of its pending lines.
-    async fn pending_of(
-        &self,
-        shop: &Arc<str>,
-        item: &Arc<str>,
-    ) -> Result<(Vec<Arc<str>>, BTreeSet<String>), EngineError> {
-        let (mut holds, mut orders, mut after) = (Vec::new(), BTreeSet::new(), None);
-        loop {
-            let query = HoldQuery {
-                item: Some(item.clone()),
-                status: Some(HoldStatus::Held),
-                ..HoldQuery::default()
-            };
-            let (page, next) = self.hold_page(shop, query, after, PAGE).await?;
-            for h in page {
-                match order_of_line(&h.hold_id) {
-                    Some((order, _)) => {
-                        orders.insert(order.to_string());
-                    }
-                    None => holds.push(h.hold_id),
+    /// Releases `holds` (plain holds of one item), each by the ending a caller's cancel
+    /// takes, in one call: how many this or an earlier release ended (one that ended
+    /// otherwise meanwhile keeps its ending).
+    async fn release_all(&self, shop: &Arc<str>, holds: &[&HoldView]) -> Result<i64, EngineError> {
+        if holds.is_empty() {
+            return Ok(0);
+        }
+        let now = now_ms();
+        let reqs = holds
+            .iter()
+            .map(|h| {
+                let req = Request {
+                    hold_id: Some(h.hold_id.clone()),
+                    ..Request::new(
+                        shop.clone(),
+                        h.item.clone(),
+                        hold_end_key(&h.hold_id),
+                        Op::Release,
+                        h.qty,
+                        now,
+                    )
+                };
+                (req, true)
+            })
+            .collect();
+        let answers = self.submit(shop, reqs).await?;
+        let mut released = 0;
+        for reply in answers.replies {
+            match reply {
+                Reply::Decided(o) | Reply::Repeat(o) => {
+                    released += i64::from(o.op == Op::Release && o.status == Status::Ok);
                 }
-            }
-            match next {
-                Some(n) => after = Some(n),
-                None => return Ok((holds, orders)),
+                // Undecided in time: the release is not done; a retry finishes it.
+                _ => return Err(EngineError::Timeout),
             }
         }
+        Ok(released)
     }
 }
