@@ -232,6 +232,20 @@ pub trait Outbox: Send + Sync + 'static {
     /// passes them.
     fn relay_read(&self, cursor: u64, limit: usize) -> Result<RelayPage, StoreError>;
 
+    /// [`Outbox::relay_read`], of the events of `kinds` only: the cursor passes the
+    /// others. A journal that can pick them without reading the others does (the stock
+    /// alerts read only alerts).
+    fn relay_read_kinds(
+        &self,
+        cursor: u64,
+        limit: usize,
+        kinds: &[crate::types::Op],
+    ) -> Result<RelayPage, StoreError> {
+        let mut page = self.relay_read(cursor, limit)?;
+        page.events.retain(|e| kinds.contains(&e.kind));
+        Ok(page)
+    }
+
     /// The cursor after everything committed now: a reader that starts here sees only
     /// what is committed from now on.
     fn relay_end(&self) -> Result<u64, StoreError>;

@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nrtxn_actors::checkback::{Alert, FailedAlert};
-use nrtxn_actors::{now_ms, Event, Outbox, OutboxReader, RelayPage};
+use nrtxn_actors::{now_ms, Event, Op, Outbox, OutboxReader, RelayPage};
 
 use crate::{HttpCheckBack, Inner, Kept};
 
@@ -54,6 +54,9 @@ fn wait_before(attempt: u32) -> Duration {
     const WAITS_MS: [u64; 4] = [200, 1_000, 3_000, 6_000];
     Duration::from_millis(WAITS_MS[(attempt as usize - 1).min(WAITS_MS.len() - 1)])
 }
+
+/// The ops of the stock crossings: the only events the reader reads.
+const ALERT_OPS: [Op; 3] = [Op::SoldOut, Op::LowStock, Op::BackInStock];
 
 /// The alert an event is, when it is a stock crossing.
 pub fn alert_of(e: &Event) -> Option<Alert> {
@@ -157,7 +160,7 @@ impl Reader {
             // Bounded: a page more is read only while few alerts wait for their lanes.
             let waiting = outstanding.lock().map(|o| o.alerts).unwrap_or(0);
             let page = match waiting < OUTSTANDING_MAX {
-                true => self.outbox.relay_read(read_at, PAGE_MAX),
+                true => self.outbox.relay_read_kinds(read_at, PAGE_MAX, &ALERT_OPS),
                 false => Ok(RelayPage {
                     events: Vec::new(),
                     next: read_at,

@@ -30,6 +30,9 @@ pub(crate) struct HoldRow {
 /// What a step of a hold made before this transaction still asks of its row.
 pub(crate) enum Earlier {
     Ended(HoldStatus),
+    /// An order's line ended: its row goes (the line is read from the log, and listed
+    /// with its order).
+    Gone,
     Extended,
 }
 
@@ -92,12 +95,22 @@ impl Pending {
         ended: Option<HoldStatus>,
     ) -> Option<Earlier> {
         let key = (e.shop.clone(), hold_id.clone());
+        // An ended line keeps no row: an order's lines are many, and its record is the
+        // order's row.
+        let line_ended = ended.is_some() && hold_id.starts_with(nrtxn_actors::LINE_PREFIX);
         let Some(&i) = self.hold_at.get(&key) else {
             return Some(match ended {
+                Some(_) if line_ended => Earlier::Gone,
                 Some(status) => Earlier::Ended(status),
                 None => Earlier::Extended,
             });
         };
+        if line_ended {
+            self.hold_at.remove(&key);
+            self.holds[i] = None;
+            return None;
+        }
+        // A line ended (and dropped) in this transaction left `hold_at` with it.
         let row = self.holds[i].as_mut()?;
         match ended {
             Some(status) => row.status = status,
@@ -160,6 +173,32 @@ mod tests {
         e.seq = Some(seq);
         e.expires_at = Some(expires_at);
         e
+    }
+
+    #[test]
+    fn an_orders_line_keeps_no_row_once_ended() {
+        let mut p = Pending::new();
+        let line: Arc<str> = "~line:o1:0".into();
+        p.hold_made(&hold_entry(Op::Hold, 5, 9_000), &line).unwrap();
+        let ended = p.hold_changed(
+            &hold_entry(Op::Confirm, 6, 9_000),
+            &line,
+            Some(HoldStatus::Confirmed),
+        );
+        assert!(ended.is_none());
+        assert!(
+            p.take().0.is_empty(),
+            "made and ended in one transaction: no row"
+        );
+        let later = p.hold_changed(
+            &hold_entry(Op::Release, 7, 9_000),
+            &line,
+            Some(HoldStatus::Released),
+        );
+        assert!(
+            matches!(later, Some(Earlier::Gone)),
+            "made before: its row goes"
+        );
     }
 
     #[test]

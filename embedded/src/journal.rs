@@ -1102,6 +1102,16 @@ impl Outbox for LogJournal {
         self.views.relay_read(cursor, limit)
     }
 
+    fn relay_read_kinds(
+        &self,
+        cursor: u64,
+        limit: usize,
+        kinds: &[nrtxn_actors::Op],
+    ) -> Result<RelayPage, StoreError> {
+        self.progress.wait_views()?;
+        self.views.relay_read_kinds(cursor, limit, kinds)
+    }
+
     fn relay_end(&self) -> Result<u64, StoreError> {
         self.progress.wait_views()?;
         self.views.relay_end()

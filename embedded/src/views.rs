@@ -188,8 +188,8 @@ CREATE TABLE IF NOT EXISTS holds (
     PRIMARY KEY (shop, hold_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS holds_pending ON holds (shop, item) WHERE status = 'held';
--- Ended holds are listed until the journal's retention passes their expiry.
-CREATE INDEX IF NOT EXISTS holds_ended ON holds (expires_at) WHERE status != 'held';
+-- Ended holds are listed until the key window passes their expiry; the prune finds
+-- them by a sweep of the table (`EndedSweep`), not an index (an insert each).
 CREATE TABLE IF NOT EXISTS items (
     shop     TEXT    NOT NULL,
     item     TEXT    NOT NULL,
@@ -1163,6 +1163,9 @@ fn taken(op: &str, status: &str, qty: i64) -> Option<i64> {
     )
 }
 
+/// Most journal ids one [`Outbox::relay_read_kinds`] looks through.
+const KINDS_SCAN_MAX: i64 = 200_000;
+
 /// The columns [`event_row`] reads, in its order (a query may add its own after them).
 const EVENT_COLUMNS: &str = "shop, item, seq, prev_seq, op, status, request_key, qty, \
     stock_after, reserved_after, completed_at, hold_id, stock_before, rowsum, reason, seller, \
@@ -2117,6 +2120,43 @@ impl Outbox for SqliteStore {
         })
     }
 
+    fn relay_read_kinds(
+        &self,
+        cursor: u64,
+        limit: usize,
+        kinds: &[Op],
+    ) -> Result<RelayPage, StoreError> {
+        // Rows are read by id and only those of `kinds` decoded: the others cost a look
+        // at their `op`, a few thousand ids per millisecond.
+        let ops: Vec<String> = kinds.iter().map(|k| format!("'{}'", k.as_str())).collect();
+        self.read(|conn| {
+            let upto: i64 =
+                conn.query_row("SELECT COALESCE(MAX(id), 0) FROM journal", [], |r| r.get(0))?;
+            let upto = upto.min(cursor as i64 + KINDS_SCAN_MAX);
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS}, id FROM journal
+                 WHERE id > ?1 AND id <= ?2 AND op IN ({}) ORDER BY id LIMIT ?3",
+                ops.join(", ")
+            ))?;
+            let mut rows = stmt.query(params![cursor as i64, upto, limit as i64])?;
+            let mut page = RelayPage {
+                events: Vec::new(),
+                next: (upto.max(cursor as i64)) as u64,
+            };
+            while let Some(row) = rows.next()? {
+                if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
+                    page.events.push(event_row(row)?);
+                }
+                if page.events.len() == limit {
+                    // A full page: the next one starts after its last row.
+                    page.next = row.get::<_, i64>(22)? as u64;
+                    break;
+                }
+            }
+            Ok(page)
+        })
+    }
+
     fn relay_end(&self) -> Result<u64, StoreError> {
         self.read(|conn| {
             conn.query_row("SELECT COALESCE(MAX(id), 0) FROM journal", [], |row| {
@@ -2320,6 +2360,8 @@ struct Writer {
     log: Arc<OnceLock<LogReads>>,
     /// Entries the last [`Command::Prune`] deleted.
     pruned: usize,
+    /// Where the prune's sweep of ended holds goes on from.
+    ended_sweep: EndedSweep,
     /// Entries the prunes of the running transaction may still delete: fewer than asked
     /// when the disk's room near the floor holds no more (a prune is asked for again
     /// every 2 s, and deletes what is left then).
@@ -2402,6 +2444,7 @@ impl Writer {
             dirty: Arc::default(),
             log: Arc::default(),
             pruned: 0,
+            ended_sweep: EndedSweep::default(),
             prune_left: usize::MAX,
             txns_since_snapshot: 0,
             last_snapshot: Instant::now(),
@@ -2713,6 +2756,7 @@ impl Writer {
                         let max = (*max).min(self.prune_left);
                         self.prune_left -= max;
                         self.pruned = prune(&tx, *before, max, *returnable_from)?;
+                        self.ended_sweep.step(&tx, *before)?;
                     }
                     Command::RelaySave(reader, id, _) => save_relay_cursor(&tx, *reader, *id)?,
                     Command::Close(_) => {}
@@ -2770,6 +2814,7 @@ struct TxnStatements<'t> {
     /// Holds and requests made in this transaction, written when it ends
     /// ([`TxnStatements::write_pending`]).
     pending: Pending,
+    hold_gone: rusqlite::CachedStatement<'t>,
 }
 
 impl<'t> TxnStatements<'t> {
@@ -2803,6 +2848,7 @@ impl<'t> TxnStatements<'t> {
             )?,
             ledgers: LedgerStatements::prepare(tx)?,
             pending: Pending::new(),
+            hold_gone: tx.prepare_cached("DELETE FROM holds WHERE shop = ?1 AND hold_id = ?2")?,
         })
     }
 
@@ -2953,6 +2999,9 @@ impl<'t> TxnStatements<'t> {
                 self.hold_ended
                     .execute(params![&*e.shop, id, status.as_str(), e.seq])?;
             }
+            Some(Earlier::Gone) => {
+                self.hold_gone.execute(params![&*e.shop, id])?;
+            }
             Some(Earlier::Extended) => {
                 self.hold_extended
                     .execute(params![&*e.shop, id, e.expires_at, e.seq])?;
@@ -3009,13 +3058,6 @@ fn prune(
     let pruned = tx
         .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({PRUNED})"))?
         .execute(params![before, max as i64])?;
-    // Ended holds go once their expiry is past the retention (the listing's reach).
-    tx.prepare_cached(
-        "DELETE FROM holds WHERE (shop, hold_id) IN (
-            SELECT shop, hold_id FROM holds WHERE status != 'held' AND expires_at < ?1
-            LIMIT ?2)",
-    )?
-    .execute(params![before, max as i64])?;
     // Sales past the return window, and their counts, go.
     for table in ["sales", "returned"] {
         tx.prepare_cached(&format!(
@@ -3025,6 +3067,44 @@ fn prune(
         .execute(params![returnable_from, max as i64])?;
     }
     Ok(pruned)
+}
+
+/// Rows of `holds` one prune's sweep looks at.
+const ENDED_SWEEP_ROWS: i64 = 10_000;
+
+/// A sweep of `holds` in key order, a slice per prune, that drops the ended holds whose
+/// expiry is past the key window (the listing's reach). Without an index on the ended
+/// ones (which would cost an insert per hold), each row is looked at once per pass.
+#[derive(Default)]
+struct EndedSweep {
+    /// The last key looked at (`None`: from the first).
+    after: Option<(String, String)>,
+}
+
+impl EndedSweep {
+    fn step(&mut self, tx: &Connection, before: i64) -> Result<(), rusqlite::Error> {
+        let (shop, hold) = self.after.clone().unwrap_or_default();
+        let last: Option<(String, String)> = tx
+            .prepare_cached(
+                "SELECT shop, hold_id FROM holds WHERE (shop, hold_id) > (?1, ?2)
+                 ORDER BY shop, hold_id LIMIT 1 OFFSET ?3",
+            )?
+            .query_row(params![shop, hold, ENDED_SWEEP_ROWS - 1], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let (to_shop, to_hold) = last
+            .clone()
+            .unwrap_or_else(|| ("\u{10FFFF}".into(), String::new()));
+        tx.prepare_cached(
+            "DELETE FROM holds WHERE (shop, hold_id) > (?1, ?2) AND (shop, hold_id) <= (?3, ?4)
+               AND status != 'held' AND expires_at < ?5",
+        )?
+        .execute(params![shop, hold, to_shop, to_hold, before])?;
+        // At the end of the table the next pass starts again from the first key.
+        self.after = last;
+        Ok(())
+    }
 }
 
 /// The key in `meta` of an outbox reader's cursor.
@@ -3110,4 +3190,53 @@ fn write_snapshot(tx: &Connection, dirty: &States) -> Result<(), rusqlite::Error
 /// Whether an SQLite error means the disk has no room (`SQLITE_FULL`).
 pub fn sqlite_no_room(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sweep drops ended holds past the window, a slice at a time, and keeps pending
+    /// ones and recent ended ones; a pass ends at the table's end and starts again.
+    #[test]
+    fn the_sweep_drops_only_ended_holds_past_the_window() {
+        let conn = Connection::open_in_memory().unwrap();
+        prepare_schema(&conn).unwrap();
+        let n = ENDED_SWEEP_ROWS * 2 + 5;
+        for i in 0..n {
+            let (status, expires_at) = match i % 3 {
+                0 => ("held", 10),
+                1 => ("confirmed", 10),
+                _ => ("released", 5_000),
+            };
+            conn.execute(
+                "INSERT INTO holds (shop, hold_id, item, qty, expires_at, status, seq)
+                 VALUES ('s', ?1, 'i', 1, ?2, ?3, 1)",
+                params![format!("h{i:06}"), expires_at, status],
+            )
+            .unwrap();
+        }
+        let count = |status: &str| -> i64 {
+            conn.query_row(
+                "SELECT COUNT(*) FROM holds WHERE status = ?1",
+                [status],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let confirmed = count("confirmed");
+        let mut sweep = EndedSweep::default();
+        sweep.step(&conn, 1_000).unwrap();
+        let left = count("confirmed");
+        assert!(
+            left < confirmed && left > 0,
+            "one slice: {left} of {confirmed} left"
+        );
+        for _ in 0..3 {
+            sweep.step(&conn, 1_000).unwrap();
+        }
+        assert_eq!(count("confirmed"), 0, "past the window: gone");
+        assert_eq!(count("held"), (n + 2) / 3, "pending: kept");
+        assert_eq!(count("released"), n / 3, "within the window: kept");
+    }
 }
