@@ -1989,8 +1989,8 @@ impl ItemReads for SqliteStore {
         })
     }
 
-    /// Pending holds from `holds`; ended ones from the log when the views read there
-    /// (they leave `holds` when they end), else from `holds` too.
+    /// Holds from `holds`; those without a row (an order's ended lines, or rows the
+    /// sweep dropped) from the log when the views read there.
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
         let log = self.log.get();
         self.read(|conn| {
