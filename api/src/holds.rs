@@ -287,13 +287,7 @@ pub(crate) fn listing(
                 l.query.status = Some(state_of(&v, orders)?);
                 l.state = Some(v);
             }
-            "limit" => {
-                let n = v.parse::<i64>().map_err(|_| {
-                    ApiError::invalid(format!("limit: must be an integer, got {v:?}"))
-                })?;
-                let params = serde_json::Map::from_iter([("limit".to_string(), n.into())]);
-                l.limit = integer(&params, "limit", "", 1, limit_max as i64)? as usize;
-            }
+            "limit" => l.limit = crate::validate::limit_param(&v, limit_max)?,
             other => {
                 return Err(ApiError::invalid(format!(
                     "{other}: unknown parameter ({known})"

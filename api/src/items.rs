@@ -161,7 +161,7 @@ pub async fn get_load(
 }
 
 /// Items per page when `limit` is not given.
-const ITEMS_LIMIT_DEFAULT: i64 = 100;
+const ITEMS_LIMIT_DEFAULT: usize = 100;
 
 /// `GET /v1/shops/{shop}/items?after=ITEM&limit=N`: the shop's items as durable, in name
 /// order (bytewise), `limit` (1 to [`ITEMS_LIMIT_MAX`], default 100) after `after`, and
@@ -179,13 +179,7 @@ pub async fn list_items(
             // `?after=` (empty): from the first item, as without it.
             "after" if v.is_empty() => after = None,
             "after" => after = Some(path_segment(&v, "after")?),
-            "limit" => {
-                let n = v.parse::<i64>().map_err(|_| {
-                    ApiError::invalid(format!("limit: must be an integer, got {v:?}"))
-                })?;
-                let params = serde_json::Map::from_iter([("limit".to_string(), Value::from(n))]);
-                limit = integer(&params, "limit", "", 1, ITEMS_LIMIT_MAX as i64)?;
-            }
+            "limit" => limit = crate::validate::limit_param(&v, ITEMS_LIMIT_MAX)?,
             other => {
                 return Err(ApiError::invalid(format!(
                     "{other}: unknown parameter (after, limit)"
@@ -193,7 +187,7 @@ pub async fn list_items(
             }
         }
     }
-    let (items, next) = state.engine.items(&shop, after, limit as usize).await?;
+    let (items, next) = state.engine.items(&shop, after, limit).await?;
     Ok(HttpResponse::Ok().json(json!({ "items": items, "next": next })))
 }
 

@@ -555,6 +555,15 @@ pub fn min_qty(
     }
 }
 
+/// A listing's `limit` query parameter: an integer from 1 to `max`, named in its error.
+pub fn limit_param(v: &str, max: usize) -> Result<usize, ApiError> {
+    let n = v
+        .parse::<i64>()
+        .map_err(|_| ApiError::invalid(format!("limit: must be an integer, got {v:?}")))?;
+    let params = Map::from_iter([("limit".to_string(), Value::from(n))]);
+    Ok(integer(&params, "limit", "", 1, max as i64)? as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
