@@ -241,8 +241,21 @@ pub trait Outbox: Send + Sync + 'static {
         limit: usize,
         kinds: &[crate::types::Op],
     ) -> Result<RelayPage, StoreError> {
+        // Full pages with none of `kinds` are passed at once, up to a bound, so a
+        // reader that waits after a page with none keeps up with a busy journal.
+        const EMPTY_PAGES_MAX: usize = 64;
         let mut page = self.relay_read(cursor, limit)?;
+        let mut full = page.events.len() == limit;
         page.events.retain(|e| kinds.contains(&e.kind));
+        for _ in 1..EMPTY_PAGES_MAX {
+            if !page.events.is_empty() || !full {
+                break;
+            }
+            let from = page.next;
+            page = self.relay_read(from, limit)?;
+            full = page.events.len() == limit && page.next != from;
+            page.events.retain(|e| kinds.contains(&e.kind));
+        }
         Ok(page)
     }
 

@@ -9,7 +9,10 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::error::ApiError;
-use crate::validate::{array, integer, json_object, path_segment, request_id, required_name, txn};
+use crate::validate::{
+    array, decode_object, integer, json_body, json_object, path_segment, request_id, required_name,
+    txn, txn_rules, typed_txn,
+};
 use crate::AppState;
 
 /// Largest body of a single transaction.
@@ -161,13 +164,22 @@ pub async fn post_txn(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let body = json_object(&http, payload, TXN_BODY_MAX).await?;
-    crate::openapi::known_fields("Txn", &body)?;
-    let body = Value::Object(body);
-    let req = txn(&shop, &body, "")?;
+    let body = json_body(&http, payload, TXN_BODY_MAX).await?;
+    // Typed straight from the bytes; a body that cannot be is read as a JSON value,
+    // whose errors name the field. One set of rules decides either way.
+    let (req, key_field) = match typed_txn(&body.bytes) {
+        Some(fields) => (txn_rules(&shop, fields, "")?, fields.key_field()),
+        None => {
+            let obj = decode_object(&body.bytes)?;
+            crate::openapi::known_fields("Txn", &obj)?;
+            let obj = Value::Object(obj);
+            (txn(&shop, &obj, "")?, key_field(&obj))
+        }
+    };
+    drop(body);
     seller_may(&http, &req.0, "")?;
     crate::trace::record_key(&req.0.key);
-    let answers = submit(&state, &shop, vec![req], &[key_field(&body)]).await?;
+    let answers = submit(&state, &shop, vec![req], &[key_field]).await?;
     Ok(answers
         .first()
         .map(Answer::response)

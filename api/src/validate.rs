@@ -50,12 +50,12 @@ impl BodyLimits {
 }
 
 /// Bytes of the body budget taken by one body being read; given back when dropped.
-struct Held<'a> {
-    limits: &'a BodyLimits,
+struct Held {
+    limits: Arc<BodyLimits>,
     bytes: usize,
 }
 
-impl Held<'_> {
+impl Held {
     fn grow(&mut self, n: usize) -> Result<(), ApiError> {
         let prev = self.limits.held_bytes.fetch_add(n, Ordering::AcqRel);
         self.bytes += n;
@@ -69,7 +69,7 @@ impl Held<'_> {
     }
 }
 
-impl Drop for Held<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
         self.limits
             .held_bytes
@@ -77,23 +77,38 @@ impl Drop for Held<'_> {
     }
 }
 
+/// A request body read whole, holding its share of the bodies' budget until dropped.
+pub struct Body {
+    pub bytes: web::BytesMut,
+    _held: Held,
+}
+
 /// Reads a body of at most `limit` bytes and parses it as a JSON object. The body must
 /// be declared `application/json` (so a browser's cross-site form post is refused), be
 /// valid JSON with no key repeated in any object, and arrive within the read timeout.
 pub async fn json_object(
     req: &HttpRequest,
-    mut payload: web::Payload,
+    payload: web::Payload,
     limit: usize,
 ) -> Result<Map<String, Value>, ApiError> {
+    let body = json_body(req, payload, limit).await?;
+    decode_object(&body.bytes)
+}
+
+/// Reads a body declared `application/json` of at most `limit` bytes, within the read
+/// timeout, without parsing it ([`json_object`] parses it).
+pub async fn json_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Body, ApiError> {
     check_content_type(req)?;
     let limits = req
         .app_data::<web::Data<BodyLimits>>()
         .map(|d| d.clone().into_inner())
         .unwrap_or_else(|| Arc::new(BodyLimits::new(Duration::from_secs(10), usize::MAX)));
-    let mut held = Held {
-        limits: &limits,
-        bytes: 0,
-    };
+    let read_timeout = limits.read_timeout;
+    let mut held = Held { limits, bytes: 0 };
     let mut body = web::BytesMut::new();
     let read = async {
         while let Some(chunk) = payload.next().await {
@@ -108,19 +123,19 @@ pub async fn json_object(
         }
         Ok(())
     };
-    match tokio::time::timeout(limits.read_timeout, read).await {
+    match tokio::time::timeout(read_timeout, read).await {
         Ok(result) => result?,
         Err(_) => {
             return Err(ApiError::BodyTimeout(format!(
                 "body: not received whole within {} ms",
-                limits.read_timeout.as_millis()
+                read_timeout.as_millis()
             )))
         }
     }
-    let parsed = decode_object(&body);
-    drop(body);
-    drop(held);
-    parsed
+    Ok(Body {
+        bytes: body,
+        _held: held,
+    })
 }
 
 /// A body's bytes as a JSON object, or a 400 that says why (`body: ...`): malformed or
@@ -314,22 +329,80 @@ pub fn path_segment(s: &str, field: &str) -> Result<Arc<str>, ApiError> {
     Ok(s.into())
 }
 
-/// A name field (seller, item, request id...): a string of 1 to 128 bytes.
+/// A field of a body as its JSON type let it be read: what a field's rule checks. The
+/// typed decoder ([`typed_txn`]) yields only `Absent` and `Is`; a body read through its
+/// JSON value may also yield `Wrong`, which the field's rule turns into its own 400.
+#[derive(Clone, Copy)]
+pub enum Got<'a, T> {
+    /// Left out, or `null`.
+    Absent,
+    Is(T),
+    /// Of another type: its kind (`a string`, `an array`...), and the number itself
+    /// when it is one.
+    Wrong(&'static str, Option<&'a serde_json::Number>),
+}
+
+impl<'a, T> Got<'a, T> {
+    fn of(v: Option<&'a Value>, typed: impl FnOnce(&'a Value) -> Option<T>) -> Self {
+        match v {
+            None | Some(Value::Null) => Got::Absent,
+            Some(v) => match typed(v) {
+                Some(t) => Got::Is(t),
+                None => Got::Wrong(
+                    kind(v),
+                    match v {
+                        Value::Number(n) => Some(n),
+                        _ => None,
+                    },
+                ),
+            },
+        }
+    }
+
+    fn present(self) -> bool {
+        !matches!(self, Got::Absent)
+    }
+}
+
+impl<'a> Got<'a, &'a str> {
+    /// A string field of `obj`.
+    pub fn text(obj: &'a Map<String, Value>, field: &str) -> Self {
+        Got::of(obj.get(field), Value::as_str)
+    }
+}
+
+impl<'a> Got<'a, i64> {
+    /// An integer field of `obj`.
+    pub fn int(obj: &'a Map<String, Value>, field: &str) -> Self {
+        Got::of(obj.get(field), Value::as_i64)
+    }
+}
+
+/// A name (seller, item, request id...): a string of 1 to 128 bytes.
+fn name_rule(got: Got<&str>, field: &str, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
+    match got {
+        Got::Absent => Ok(None),
+        Got::Is(s) => {
+            check_name(s, &format!("{prefix}{field}"), NAME_LEN_MAX)?;
+            Ok(Some(s.into()))
+        }
+        Got::Wrong(..) => Err(ApiError::invalid(format!(
+            "{prefix}{field}: must be a string"
+        ))),
+    }
+}
+
+/// A name field of `obj` (seller, item, request id...): a string of 1 to 128 bytes.
 pub fn name(
     obj: &Map<String, Value>,
     field: &str,
     prefix: &str,
 ) -> Result<Option<Arc<str>>, ApiError> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => {
-            check_name(s, &format!("{prefix}{field}"), NAME_LEN_MAX)?;
-            Ok(Some(s.as_str().into()))
-        }
-        Some(_) => Err(ApiError::invalid(format!(
-            "{prefix}{field}: must be a string"
-        ))),
-    }
+    name_rule(Got::text(obj, field), field, prefix)
+}
+
+fn required(name: Option<Arc<str>>, field: &str, prefix: &str) -> Result<Arc<str>, ApiError> {
+    name.ok_or_else(|| ApiError::invalid(format!("{prefix}{field}: required")))
 }
 
 pub fn required_name(
@@ -337,11 +410,42 @@ pub fn required_name(
     field: &str,
     prefix: &str,
 ) -> Result<Arc<str>, ApiError> {
-    name(obj, field, prefix)?.ok_or_else(|| ApiError::invalid(format!("{prefix}{field}: required")))
+    required(name(obj, field, prefix)?, field, prefix)
 }
 
-/// An integer field within `min..=max`; fractions, strings and out-of-range numbers are
+/// An integer within `min..=max`; fractions, strings and out-of-range numbers are
 /// refused with the reason.
+fn integer_rule(
+    got: Got<i64>,
+    field: &str,
+    prefix: &str,
+    min: i64,
+    max: i64,
+) -> Result<i64, ApiError> {
+    let f = format!("{prefix}{field}");
+    match got {
+        Got::Absent => Err(ApiError::invalid(format!("{f}: required"))),
+        Got::Is(v) if v < min => Err(ApiError::invalid(format!(
+            "{f}: must be at least {min}, got {v}"
+        ))),
+        Got::Is(v) if v > max => Err(ApiError::invalid(format!(
+            "{f}: must be at most {max}, got {v}"
+        ))),
+        Got::Is(v) => Ok(v),
+        Got::Wrong(_, Some(n)) if n.is_u64() => Err(ApiError::invalid(format!(
+            "{f}: must be at most {max}, got {n}"
+        ))),
+        Got::Wrong(_, Some(n)) => Err(ApiError::invalid(format!(
+            "{f}: must be an integer, got {n}"
+        ))),
+        Got::Wrong(kind, None) => Err(ApiError::invalid(format!(
+            "{f}: must be an integer, got {kind}"
+        ))),
+    }
+}
+
+/// An integer field of `obj` within `min..=max`; fractions, strings and out-of-range
+/// numbers are refused with the reason.
 pub fn integer(
     obj: &Map<String, Value>,
     field: &str,
@@ -349,37 +453,7 @@ pub fn integer(
     min: i64,
     max: i64,
 ) -> Result<i64, ApiError> {
-    let f = format!("{prefix}{field}");
-    match obj.get(field) {
-        None | Some(Value::Null) => Err(ApiError::invalid(format!("{f}: required"))),
-        Some(Value::Number(n)) => {
-            if let Some(v) = n.as_i64() {
-                if v < min {
-                    Err(ApiError::invalid(format!(
-                        "{f}: must be at least {min}, got {v}"
-                    )))
-                } else if v > max {
-                    Err(ApiError::invalid(format!(
-                        "{f}: must be at most {max}, got {v}"
-                    )))
-                } else {
-                    Ok(v)
-                }
-            } else if n.is_u64() {
-                Err(ApiError::invalid(format!(
-                    "{f}: must be at most {max}, got {n}"
-                )))
-            } else {
-                Err(ApiError::invalid(format!(
-                    "{f}: must be an integer, got {n}"
-                )))
-            }
-        }
-        Some(other) => Err(ApiError::invalid(format!(
-            "{f}: must be an integer, got {}",
-            kind(other)
-        ))),
-    }
+    integer_rule(Got::int(obj, field), field, prefix, min, max)
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -418,14 +492,86 @@ pub fn array<'a>(
 
 /// A caller's `request_id`: a name that does not start with `~`, which marks the keys
 /// nrtxn makes itself (loads, the endings of holds).
-pub fn request_id(obj: &Map<String, Value>, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
-    let id = name(obj, "request_id", prefix)?;
+fn request_id_rule(got: Got<&str>, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
+    let id = name_rule(got, "request_id", prefix)?;
     if id.as_deref().is_some_and(|id| id.starts_with('~')) {
         return Err(ApiError::invalid(format!(
             "{prefix}request_id: must not start with '~' (reserved)"
         )));
     }
     Ok(id)
+}
+
+/// A caller's `request_id` in `obj` ([`request_id_rule`]).
+pub fn request_id(obj: &Map<String, Value>, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
+    request_id_rule(Got::text(obj, "request_id"), prefix)
+}
+
+/// A transaction's `req_time`, as sent: text, or an integer (kept as its digits).
+#[derive(Clone, Copy)]
+pub enum ReqTime<'a> {
+    Text(&'a str),
+    Int(i128),
+}
+
+/// A transaction body's fields as their types let them be read, in the order their
+/// rules are checked ([`txn_rules`]).
+#[derive(Clone, Copy)]
+pub struct TxnFields<'a> {
+    seller: Got<'a, &'a str>,
+    item: Got<'a, &'a str>,
+    buyer: Got<'a, &'a str>,
+    qty: Got<'a, i64>,
+    op: Got<'a, &'a str>,
+    respond: Got<'a, bool>,
+    req_time: Got<'a, ReqTime<'a>>,
+    request_id: Got<'a, &'a str>,
+    remarks: Got<'a, &'a str>,
+    return_of: Got<'a, &'a str>,
+    min_qty: Got<'a, i64>,
+}
+
+impl<'a> TxnFields<'a> {
+    /// The fields of a transaction's JSON object.
+    fn of(obj: &'a Map<String, Value>) -> Self {
+        TxnFields {
+            seller: Got::text(obj, "seller"),
+            item: Got::text(obj, "item"),
+            buyer: Got::text(obj, "buyer"),
+            qty: Got::int(obj, "qty"),
+            op: Got::text(obj, "op"),
+            respond: Got::of(obj.get("respond"), |v| match v {
+                Value::Bool(b) => Some(*b),
+                Value::Number(n) => match n.as_u64() {
+                    Some(1) => Some(true),
+                    Some(0) => Some(false),
+                    _ => None,
+                },
+                _ => None,
+            }),
+            req_time: Got::of(obj.get("req_time"), |v| match v {
+                Value::String(s) => Some(ReqTime::Text(s)),
+                Value::Number(n) => n
+                    .as_i64()
+                    .map(i128::from)
+                    .or(n.as_u64().map(i128::from))
+                    .map(ReqTime::Int),
+                _ => None,
+            }),
+            request_id: Got::text(obj, "request_id"),
+            remarks: Got::text(obj, "remarks"),
+            return_of: Got::text(obj, "return_of"),
+            min_qty: Got::int(obj, "min_qty"),
+        }
+    }
+
+    /// Where the transaction's key comes from, named in a `key_reused` error.
+    pub fn key_field(&self) -> &'static str {
+        match self.request_id.present() {
+            true => "request_id",
+            false => "request_key",
+        }
+    }
 }
 
 /// A transaction body, validated: the request and whether the caller waits (`respond`).
@@ -438,62 +584,70 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
             if at.is_empty() { "body" } else { at }
         )));
     };
-    let seller = required_name(obj, "seller", prefix)?;
-    let item = required_name(obj, "item", prefix)?;
-    let buyer = name(obj, "buyer", prefix)?;
-    let qty = integer(obj, "qty", prefix, 1, QTY_MAX)?;
-    let op = match obj.get("op") {
-        None | Some(Value::Null) => Op::Decrement,
-        Some(Value::String(s)) if s == "decrement" => Op::Decrement,
-        Some(Value::String(s)) if s == "increment" => Op::Increment,
-        Some(_) => {
+    txn_rules(shop, TxnFields::of(obj), prefix)
+}
+
+/// The rules of a transaction's fields, checked in order: the request and whether the
+/// caller waits (`respond`). The one place they are written, whichever way the body
+/// was decoded.
+pub fn txn_rules(
+    shop: &Arc<str>,
+    f: TxnFields<'_>,
+    prefix: &str,
+) -> Result<(Request, bool), ApiError> {
+    let seller = required(name_rule(f.seller, "seller", prefix)?, "seller", prefix)?;
+    let item = required(name_rule(f.item, "item", prefix)?, "item", prefix)?;
+    let buyer = name_rule(f.buyer, "buyer", prefix)?;
+    let qty = integer_rule(f.qty, "qty", prefix, 1, QTY_MAX)?;
+    let op = match f.op {
+        Got::Absent | Got::Is("decrement") => Op::Decrement,
+        Got::Is("increment") => Op::Increment,
+        _ => {
             return Err(ApiError::invalid(format!(
                 "{prefix}op: must be \"decrement\" or \"increment\""
             )))
         }
     };
-    let respond = match obj.get("respond") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(Value::Number(n)) if n.as_u64() == Some(1) => true,
-        Some(Value::Number(n)) if n.as_u64() == Some(0) => false,
-        Some(_) => {
+    let respond = match f.respond {
+        Got::Absent => true,
+        Got::Is(b) => b,
+        Got::Wrong(..) => {
             return Err(ApiError::invalid(format!(
                 "{prefix}respond: must be true, false, 1 or 0"
             )))
         }
     };
-    let req_time: Option<String> = match obj.get("req_time") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => {
+    let req_time: Option<String> = match f.req_time {
+        Got::Absent => None,
+        Got::Is(ReqTime::Text(s)) => {
             check_name(s, &format!("{prefix}req_time"), NAME_LEN_MAX)?;
-            Some(s.clone())
+            Some(s.to_owned())
         }
-        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
-        Some(_) => {
+        Got::Is(ReqTime::Int(n)) => Some(n.to_string()),
+        Got::Wrong(..) => {
             return Err(ApiError::invalid(format!(
                 "{prefix}req_time: must be a string or an integer"
             )))
         }
     };
-    let request_id = request_id(obj, prefix)?;
-    let remarks = match obj.get("remarks") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.len() <= REMARKS_LEN_MAX => Some(s.as_str().into()),
-        Some(Value::String(_)) => {
+    let request_id = request_id_rule(f.request_id, prefix)?;
+    let remarks = match f.remarks {
+        Got::Absent => None,
+        Got::Is(s) if s.len() <= REMARKS_LEN_MAX => Some(s.into()),
+        Got::Is(_) => {
             return Err(ApiError::invalid(format!(
                 "{prefix}remarks: longer than {REMARKS_LEN_MAX} bytes"
             )))
         }
-        Some(_) => {
+        Got::Wrong(..) => {
             return Err(ApiError::invalid(format!(
                 "{prefix}remarks: must be a string"
             )))
         }
     };
-    let return_of = match obj.get("return_of") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(k)) => {
+    let return_of = match f.return_of {
+        Got::Absent => None,
+        Got::Is(k) => {
             let field = format!("{prefix}return_of");
             check_name(k, &field, KEY_LEN_MAX)?;
             if k.starts_with('~') {
@@ -507,15 +661,15 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
                      not a decrement"
                 )));
             }
-            Some(Arc::<str>::from(k.as_str()))
+            Some(Arc::<str>::from(k))
         }
-        Some(_) => {
+        Got::Wrong(..) => {
             return Err(ApiError::invalid(format!(
                 "{prefix}return_of: must be a string, the request key of the sale returned"
             )))
         }
     };
-    let min_qty = min_qty(obj, prefix, op, qty)?;
+    let min_qty = min_qty_rule(f.min_qty, prefix, op, qty)?;
     let key: Arc<str> = match (request_id, req_time) {
         (Some(id), _) => id,
         (None, Some(t)) => format!("{seller}:{item}:{t}").into(),
@@ -539,20 +693,125 @@ pub fn txn(shop: &Arc<str>, v: &Value, prefix: &str) -> Result<(Request, bool), 
 }
 
 /// A sale's or hold's `min_qty` (a partial fill, `1 ≤ min_qty ≤ qty`), if it has one.
+fn min_qty_rule(got: Got<i64>, prefix: &str, op: Op, qty: i64) -> Result<Option<i64>, ApiError> {
+    match got {
+        Got::Absent => Ok(None),
+        _ if !matches!(op, Op::Decrement | Op::Hold) => Err(ApiError::invalid(format!(
+            "{prefix}min_qty: only a decrement or a hold may take part of its qty, not an {}",
+            op.as_str()
+        ))),
+        got => integer_rule(got, "min_qty", prefix, 1, qty).map(Some),
+    }
+}
+
+/// A sale's or hold's `min_qty` in `obj` ([`min_qty_rule`]).
 pub fn min_qty(
     obj: &Map<String, Value>,
     prefix: &str,
     op: Op,
     qty: i64,
 ) -> Result<Option<i64>, ApiError> {
-    match obj.get("min_qty") {
-        None | Some(Value::Null) => Ok(None),
-        Some(_) if !matches!(op, Op::Decrement | Op::Hold) => Err(ApiError::invalid(format!(
-            "{prefix}min_qty: only a decrement or a hold may take part of its qty, not an {}",
-            op.as_str()
-        ))),
-        Some(_) => integer(obj, "min_qty", prefix, 1, qty).map(Some),
+    min_qty_rule(Got::int(obj, "min_qty"), prefix, op, qty)
+}
+
+/// A transaction body as it is on the wire, decoded straight into typed, borrowed
+/// fields: no JSON value, no copy of a string. Refuses what it cannot type (an unknown
+/// or repeated field, a field of another type, a string with escapes), and then the
+/// body is read through its JSON value, whose errors name the field.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TxnWire<'a> {
+    #[serde(borrow)]
+    seller: Option<&'a str>,
+    #[serde(borrow)]
+    item: Option<&'a str>,
+    #[serde(borrow)]
+    buyer: Option<&'a str>,
+    qty: Option<i64>,
+    #[serde(borrow)]
+    op: Option<&'a str>,
+    respond: Option<RespondWire>,
+    #[serde(borrow)]
+    req_time: Option<ReqTimeWire<'a>>,
+    #[serde(borrow)]
+    request_id: Option<&'a str>,
+    #[serde(borrow)]
+    remarks: Option<&'a str>,
+    #[serde(borrow)]
+    return_of: Option<&'a str>,
+    min_qty: Option<i64>,
+}
+
+/// `respond` on the wire: a boolean, or 1 or 0.
+struct RespondWire(bool);
+
+impl<'de> serde::Deserialize<'de> for RespondWire {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RespondWire;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false, 1 or 0")
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<RespondWire, E> {
+                Ok(RespondWire(b))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RespondWire, E> {
+                match n {
+                    0 | 1 => Ok(RespondWire(n == 1)),
+                    _ => Err(E::custom("not 0 or 1")),
+                }
+            }
+        }
+        d.deserialize_any(V)
     }
+}
+
+/// `req_time` on the wire: a string without escapes, or an integer.
+struct ReqTimeWire<'a>(ReqTime<'a>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for ReqTimeWire<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = ReqTimeWire<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an integer")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<ReqTimeWire<'a>, E> {
+                Ok(ReqTimeWire(ReqTime::Text(s)))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<ReqTimeWire<'a>, E> {
+                Ok(ReqTimeWire(ReqTime::Int(n.into())))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<ReqTimeWire<'a>, E> {
+                Ok(ReqTimeWire(ReqTime::Int(n.into())))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// A transaction body's fields decoded straight from its bytes ([`TxnWire`]), or `None`
+/// when they cannot be: then [`decode_object`] and [`txn`] read it, and say why.
+pub fn typed_txn(bytes: &[u8]) -> Option<TxnFields<'_>> {
+    let w: TxnWire = serde_json::from_slice(bytes).ok()?;
+    fn got<'a, T>(o: Option<T>) -> Got<'a, T> {
+        o.map_or(Got::Absent, Got::Is)
+    }
+    Some(TxnFields {
+        seller: got(w.seller),
+        item: got(w.item),
+        buyer: got(w.buyer),
+        qty: got(w.qty),
+        op: got(w.op),
+        respond: got(w.respond.map(|r| r.0)),
+        req_time: got(w.req_time.map(|r| r.0)),
+        request_id: got(w.request_id),
+        remarks: got(w.remarks),
+        return_of: got(w.return_of),
+        min_qty: got(w.min_qty),
+    })
 }
 
 /// A listing's `limit` query parameter: an integer from 1 to `max`, named in its error.
@@ -653,6 +912,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(err, "txns[2]: must be a JSON object");
+    }
+
+    #[test]
+    fn a_plain_body_is_typed_and_one_it_cannot_type_is_left_to_its_json_value() {
+        let typed = |b: &str| typed_txn(b.as_bytes()).is_some();
+        assert!(typed(
+            r#"{"seller":"s","item":"i","qty":2,"req_time":17,"respond":0,"buyer":null}"#
+        ));
+        for body in [
+            r#"{"seller":"s","item":"i","qty":2,"req_time":17,"qyt":1}"#,
+            r#"{"seller":"s","item":"i","qty":2,"qty":3,"req_time":17}"#,
+            r#"{"seller":"s\u0041","item":"i","qty":2,"req_time":17}"#,
+            r#"{"seller":"s","item":"i","qty":"2","req_time":17}"#,
+            r#"{"seller":"s","item":"i","qty":2.5,"req_time":17}"#,
+            r#"{"seller":"s","item":"i","qty":2,"req_time":17,"respond":2}"#,
+            r#"[1]"#,
+        ] {
+            assert!(!typed(body), "{body}");
+        }
+        let fields = typed_txn(br#"{"seller":"s","item":"i","qty":2,"req_time":17}"#).unwrap();
+        let (r, respond) = txn_rules(&"shop".into(), fields, "").unwrap();
+        assert_eq!((&*r.key, r.qty, respond), ("s:i:17", 2, true));
+        assert_eq!(fields.key_field(), "request_key");
     }
 
     #[test]
@@ -788,8 +1070,58 @@ mod fuzz {
         Ok(())
     }
 
+    /// The route's two ways to an answer agree: whenever the typed decoder takes a body,
+    /// the rules give what reading it as a JSON value gives, the request or the error.
+    fn same_either_way(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let Some(fields) = typed_txn(bytes) else {
+            return Ok(());
+        };
+        let shop: Arc<str> = "shop".into();
+        let obj = decode_object(bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(crate::openapi::known_fields("Txn", &obj).is_ok());
+        let value = Value::Object(obj);
+        let field = |v: &Value| match v.get("request_id") {
+            None | Some(Value::Null) => "request_key",
+            Some(_) => "request_id",
+        };
+        prop_assert_eq!(fields.key_field(), field(&value));
+        let shown = |r: Result<(Request, bool), ApiError>| {
+            r.map(|(q, respond)| {
+                format!(
+                    "{:?}",
+                    (
+                        q.shop,
+                        q.item,
+                        q.key,
+                        q.op,
+                        q.qty,
+                        q.seller,
+                        q.buyer,
+                        q.remarks,
+                        q.return_of,
+                        q.min_qty,
+                        respond
+                    )
+                )
+            })
+            .map_err(|e| e.to_string())
+        };
+        prop_assert_eq!(
+            shown(txn_rules(&shop, fields, "")),
+            shown(txn(&shop, &value, ""))
+        );
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_body_typed_from_its_bytes_is_decided_as_its_json_value_is(
+            body in prop_oneof![3 => txn_body(), 1 => value()]
+        ) {
+            same_either_way(&serde_json::to_vec(&body).unwrap_or_default())?;
+        }
 
         #[test]
         fn any_bytes_decode_to_an_object_or_a_400_about_the_body(

@@ -34,9 +34,15 @@ use crate::{HttpCheckBack, Inner, Kept};
 
 /// Journal entries read per page.
 pub const PAGE_MAX: usize = 2_000;
-/// Pause when nothing new was committed: the most an alert waits before it is read, at
-/// idle.
+/// Pause after a page that was not full of alerts: the most an alert waits before it
+/// is read. Reading back to back instead cost a busy node a journal read per few
+/// decisions (0.3 µs of CPU per decision on `hot-sales`, 3 µs per order, measured with
+/// `scripts/thread-cost.sh` at stop 37).
 pub const IDLE_POLL: Duration = Duration::from_millis(50);
+/// Longest the saved cursor lags the journal read past when no alert was done
+/// meanwhile (one done is saved at the next page): a busy node does not write the cursor
+/// at every page.
+pub const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// Attempts of one alert.
 pub const ATTEMPTS: u32 = 5;
 /// Longest one attempt may take (connecting, sending, reading the answer).
@@ -156,6 +162,7 @@ impl Reader {
         let mut lanes: HashMap<Arc<str>, tokio::sync::mpsc::UnboundedSender<(u64, Alert)>> =
             HashMap::new();
         let mut read_at = saved;
+        let mut saved_at = Instant::now();
         while !self.stopped() {
             // Bounded: a page more is read only while few alerts wait for their lanes.
             let waiting = outstanding.lock().map(|o| o.alerts).unwrap_or(0);
@@ -186,18 +193,35 @@ impl Reader {
                 // the process's end, and the alert is sent again after the restart.
                 let _ = lane.send((read_at, alert));
             }
-            let idle = page.next == read_at;
+            let more = page.events.len() >= PAGE_MAX;
             read_at = page.next;
-            let upto = outstanding.lock().map(|o| o.upto()).unwrap_or(saved);
-            if upto != saved {
-                match self.outbox.relay_save(OutboxReader::Alerts, upto) {
-                    Ok(()) => saved = upto,
-                    // Sent again at worst: the receiver drops them by seq.
-                    Err(e) => tracing::warn!(error = %e, "stock alerts: cursor not saved"),
-                }
+            let done = outstanding
+                .lock()
+                .map(|mut o| std::mem::take(&mut o.done_unsaved))
+                .unwrap_or(false);
+            if done || saved_at.elapsed() >= SAVE_EVERY {
+                saved = self.save(&outstanding, saved);
+                saved_at = Instant::now();
             }
-            if idle {
+            if !more {
                 std::thread::sleep(IDLE_POLL);
+            }
+        }
+        self.save(&outstanding, saved);
+    }
+
+    /// Saves the cursor of the alerts done, if it moved past `saved`; the cursor saved.
+    fn save(&self, outstanding: &Mutex<Outstanding>, saved: u64) -> u64 {
+        let upto = outstanding.lock().map(|o| o.upto()).unwrap_or(saved);
+        if upto == saved {
+            return saved;
+        }
+        match self.outbox.relay_save(OutboxReader::Alerts, upto) {
+            Ok(()) => upto,
+            // Sent again at worst: the receiver drops them by seq.
+            Err(e) => {
+                tracing::warn!(error = %e, "stock alerts: cursor not saved");
+                saved
             }
         }
     }
@@ -243,6 +267,9 @@ struct Outstanding {
     alerts: usize,
     /// The cursor after the last page read.
     read: u64,
+    /// A page's alerts were all done since the cursor was last saved: it is saved at
+    /// once, so a restart sends them again only if the crash came first.
+    done_unsaved: bool,
 }
 
 impl Outstanding {
@@ -262,6 +289,7 @@ impl Outstanding {
             self.alerts -= 1;
             if *n == 0 {
                 self.pages.remove(&page);
+                self.done_unsaved = true;
             }
         }
     }
