@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::error::ApiError;
 use crate::validate::{
-    array, decode_object, integer, json_body, json_object, path_segment, request_id, required_name,
-    txn, txn_rules, typed_txn,
+    array, decode_object, integer, json_body, path_segment, request_id, required_name, txn,
+    txn_rules, typed_batch, typed_txn, TxnFields,
 };
 use crate::AppState;
 
@@ -192,7 +192,26 @@ pub async fn post_batch(
     http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    post_entries(&state, &path, &http, payload, "txns", batch_txn, key_field).await
+    let shop = path_segment(&path, "shop")?;
+    let body = json_body(&http, payload, BATCH_BODY_MAX).await?;
+    // Typed straight from the bytes as a single transaction is ([`post_txn`]); a body
+    // that cannot be is read as a JSON value, whose errors name the entry and field.
+    let (reqs, fields) = match typed_batch(&body.bytes, BATCH_TXNS_MAX) {
+        Some(entries) => {
+            crate::auth::charge_work(&http, &shop, entries.len())?;
+            let mut reqs = Vec::with_capacity(entries.len());
+            for (i, f) in entries.iter().enumerate() {
+                let prefix = format!("txns[{i}].");
+                let req = txn_rules(&shop, *f, &prefix)?;
+                seller_may(&http, &req.0, &prefix)?;
+                reqs.push(req);
+            }
+            (reqs, entries.iter().map(TxnFields::key_field).collect())
+        }
+        None => entries(&http, &shop, &body.bytes, "txns", batch_txn, key_field)?,
+    };
+    drop(body);
+    answer_entries(&state, &shop, reqs, &fields).await
 }
 
 /// Validates one entry of a batch and checks that its caller may make it
@@ -213,22 +232,24 @@ fn batch_txn(
 /// outcome.
 type ParseEntry = fn(&HttpRequest, &Arc<str>, &Value, &str) -> Result<(Request, bool), ApiError>;
 
-/// A call whose body is an array `field` of entries, each a request: every entry is
-/// validated (by `parse`, given its shop, value and place) before any is submitted, so
-/// a bad entry fails the whole call; then they are submitted together and each is
-/// answered in order, as `{"results":[...]}`. `key_field` names where an entry's key
-/// came from, for a `key_reused` answer.
-async fn post_entries(
-    state: &AppState,
-    path: &str,
+/// A call's requests, each with whether its caller waits, and where each one's key came
+/// from.
+type Entries = (Vec<(Request, bool)>, Vec<&'static str>);
+
+/// The entries of a call whose body is an array `field` of them, each a request: every
+/// entry is validated (by `parse`, given its shop, value and place) before any is
+/// submitted, so a bad entry fails the whole call. The requests, with whether each
+/// caller waits, and where each entry's key came from (`key_field`), for a
+/// `key_reused` answer.
+fn entries(
     http: &HttpRequest,
-    payload: web::Payload,
+    shop: &Arc<str>,
+    bytes: &[u8],
     field: &str,
     parse: ParseEntry,
     key_field: fn(&Value) -> &'static str,
-) -> Result<HttpResponse, ApiError> {
-    let shop = path_segment(path, "shop")?;
-    let body = json_object(http, payload, BATCH_BODY_MAX).await?;
+) -> Result<Entries, ApiError> {
+    let body = decode_object(bytes)?;
     // The two bodies of entries: a batch of transactions, a list of adjustments.
     crate::openapi::known_fields(
         if field == "txns" {
@@ -239,14 +260,23 @@ async fn post_entries(
         &body,
     )?;
     let entries = array(&body, field, BATCH_TXNS_MAX)?;
-    crate::auth::charge_work(http, &shop, entries.len())?;
+    crate::auth::charge_work(http, shop, entries.len())?;
     let reqs = entries
         .iter()
         .enumerate()
-        .map(|(i, v)| parse(http, &shop, v, &format!("{field}[{i}].")))
+        .map(|(i, v)| parse(http, shop, v, &format!("{field}[{i}].")))
         .collect::<Result<Vec<_>, _>>()?;
-    let fields: Vec<&'static str> = entries.iter().map(key_field).collect();
-    let answers = submit(state, &shop, reqs, &fields).await?;
+    Ok((reqs, entries.iter().map(key_field).collect()))
+}
+
+/// Submits a call's entries together and answers each in order, as `{"results":[...]}`.
+async fn answer_entries(
+    state: &AppState,
+    shop: &Arc<str>,
+    reqs: Vec<(Request, bool)>,
+    fields: &[&'static str],
+) -> Result<HttpResponse, ApiError> {
+    let answers = submit(state, shop, reqs, fields).await?;
     #[derive(serde::Serialize)]
     struct EntriesBody<'a> {
         results: Vec<AnswerBody<'a>>,
@@ -337,16 +367,13 @@ pub async fn post_adjust(
     http: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    post_entries(
-        &state,
-        &path,
-        &http,
-        payload,
-        "adjustments",
-        adjustment,
-        |_| "request_id",
-    )
-    .await
+    let shop = path_segment(&path, "shop")?;
+    let body = json_body(&http, payload, BATCH_BODY_MAX).await?;
+    let (reqs, fields) = entries(&http, &shop, &body.bytes, "adjustments", adjustment, |_| {
+        "request_id"
+    })?;
+    drop(body);
+    answer_entries(&state, &shop, reqs, &fields).await
 }
 
 pub async fn get_txn(

@@ -795,23 +795,48 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for ReqTimeWire<'a> {
 /// A transaction body's fields decoded straight from its bytes ([`TxnWire`]), or `None`
 /// when they cannot be: then [`decode_object`] and [`txn`] read it, and say why.
 pub fn typed_txn(bytes: &[u8]) -> Option<TxnFields<'_>> {
-    let w: TxnWire = serde_json::from_slice(bytes).ok()?;
-    fn got<'a, T>(o: Option<T>) -> Got<'a, T> {
-        o.map_or(Got::Absent, Got::Is)
+    serde_json::from_slice(bytes).ok().map(TxnWire::fields)
+}
+
+/// A batch body (`{"txns":[...]}`) on the wire: its entries as [`TxnWire`]s.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchWire<'a> {
+    #[serde(borrow)]
+    txns: Option<Vec<TxnWire<'a>>>,
+}
+
+/// A batch body's entries decoded straight from its bytes, when there are 1 to
+/// `entries_max` of them and each can be typed as [`typed_txn`] types a transaction;
+/// else `None`, and the body is read as a JSON value, whose errors say why.
+pub fn typed_batch(bytes: &[u8], entries_max: usize) -> Option<Vec<TxnFields<'_>>> {
+    let txns = serde_json::from_slice::<BatchWire>(bytes).ok()?.txns?;
+    if txns.is_empty() || txns.len() > entries_max {
+        return None;
     }
-    Some(TxnFields {
-        seller: got(w.seller),
-        item: got(w.item),
-        buyer: got(w.buyer),
-        qty: got(w.qty),
-        op: got(w.op),
-        respond: got(w.respond.map(|r| r.0)),
-        req_time: got(w.req_time.map(|r| r.0)),
-        request_id: got(w.request_id),
-        remarks: got(w.remarks),
-        return_of: got(w.return_of),
-        min_qty: got(w.min_qty),
-    })
+    Some(txns.into_iter().map(TxnWire::fields).collect())
+}
+
+impl<'a> TxnWire<'a> {
+    fn fields(self) -> TxnFields<'a> {
+        let w = self;
+        fn got<'a, T>(o: Option<T>) -> Got<'a, T> {
+            o.map_or(Got::Absent, Got::Is)
+        }
+        TxnFields {
+            seller: got(w.seller),
+            item: got(w.item),
+            buyer: got(w.buyer),
+            qty: got(w.qty),
+            op: got(w.op),
+            respond: got(w.respond.map(|r| r.0)),
+            req_time: got(w.req_time.map(|r| r.0)),
+            request_id: got(w.request_id),
+            remarks: got(w.remarks),
+            return_of: got(w.return_of),
+            min_qty: got(w.min_qty),
+        }
+    }
 }
 
 /// A listing's `limit` query parameter: an integer from 1 to `max`, named in its error.
@@ -1121,6 +1146,32 @@ mod fuzz {
             body in prop_oneof![3 => txn_body(), 1 => value()]
         ) {
             same_either_way(&serde_json::to_vec(&body).unwrap_or_default())?;
+        }
+
+        #[test]
+        fn a_batch_typed_from_its_bytes_is_decided_as_its_json_value_is(
+            bodies in prop::collection::vec(txn_body(), 0..4)
+        ) {
+            let bytes = serde_json::to_vec(&json!({ "txns": bodies })).unwrap_or_default();
+            let Some(typed) = typed_batch(&bytes, 3) else {
+                return Ok(());
+            };
+            prop_assert!((1..=3).contains(&typed.len()));
+            let obj = decode_object(&bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(crate::openapi::known_fields("Batch", &obj).is_ok());
+            let entries = array(&obj, "txns", 3).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let shop: Arc<str> = "shop".into();
+            for (i, (fields, v)) in typed.iter().zip(entries).enumerate() {
+                let prefix = format!("txns[{i}].");
+                let shown = |r: Result<(Request, bool), ApiError>| {
+                    r.map(|(q, respond)| format!("{:?}", (q.key, q.item, q.qty, q.op, respond)))
+                        .map_err(|e| e.to_string())
+                };
+                prop_assert_eq!(
+                    shown(txn_rules(&shop, *fields, &prefix)),
+                    shown(txn(&shop, v, &prefix))
+                );
+            }
         }
 
         #[test]
