@@ -270,6 +270,10 @@ pub async fn utf8_paths(
 
 /// Checks that `path` percent-decodes to valid UTF-8.
 fn percent_decoded_utf8(path: &str) -> Result<(), ApiError> {
+    // Without an escape the path is the `&str` it already is: no copy to decode.
+    if !path.contains('%') {
+        return Ok(());
+    }
     std::str::from_utf8(&percent_decoded(path))
         .map(|_| ())
         .map_err(|_| ApiError::invalid("path: a %-escaped name does not decode to UTF-8"))
