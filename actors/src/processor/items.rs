@@ -11,7 +11,7 @@ use std::sync::Arc;
 use prometheus::IntGauge;
 
 use crate::ledger::BuyerLedger;
-use crate::types::{ItemState, ItemView};
+use crate::types::{ItemState, ItemView, KeyHash};
 
 use super::ItemRead;
 
@@ -60,8 +60,9 @@ impl Slot {
 
 pub(super) struct Items {
     /// Items by shop, then by item: a request carries both, and nesting avoids building
-    /// a composite key per lookup. A shop with no item here has no entry.
-    by_shop: HashMap<Arc<str>, HashMap<Arc<str>, Slot>>,
+    /// a composite key per lookup. A shop with no item here has no entry. Two lookups
+    /// per decision, of names callers choose: [`KeyHash`].
+    by_shop: HashMap<Arc<str>, HashMap<Arc<str>, Slot, KeyHash>, KeyHash>,
     /// Items in `by_shop`, and the most kept there ([`super::ShardShared::items_max`]).
     resident: usize,
     max: usize,
@@ -84,7 +85,8 @@ impl Items {
         max: usize,
         gauge: IntGauge,
     ) -> Items {
-        let mut by_shop: HashMap<Arc<str>, HashMap<Arc<str>, Slot>> = HashMap::new();
+        let mut by_shop: HashMap<Arc<str>, HashMap<Arc<str>, Slot, KeyHash>, KeyHash> =
+            HashMap::default();
         let mut resident = 0;
         for (shop, item, state) in initial {
             if by_shop
