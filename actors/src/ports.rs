@@ -241,19 +241,23 @@ pub trait Outbox: Send + Sync + 'static {
         limit: usize,
         kinds: &[crate::types::Op],
     ) -> Result<RelayPage, StoreError> {
-        // Full pages with none of `kinds` are passed at once, up to a bound, so a
-        // reader that waits after a page with none keeps up with a busy journal.
+        // Pages with none of `kinds` are passed at once, up to a bound, so a reader that
+        // waits after a page keeps up with a busy journal. A page is not always `limit`
+        // events long (MongoDB's end at a batch's edge), so the read goes on while the
+        // cursor moves, not while the pages are full.
         const EMPTY_PAGES_MAX: usize = 64;
         let mut page = self.relay_read(cursor, limit)?;
-        let mut full = page.events.len() == limit;
         page.events.retain(|e| kinds.contains(&e.kind));
         for _ in 1..EMPTY_PAGES_MAX {
-            if !page.events.is_empty() || !full {
+            if !page.events.is_empty() || page.next == cursor {
                 break;
             }
             let from = page.next;
-            page = self.relay_read(from, limit)?;
-            full = page.events.len() == limit && page.next != from;
+            let next = self.relay_read(from, limit)?;
+            if next.next == from {
+                break;
+            }
+            page = next;
             page.events.retain(|e| kinds.contains(&e.kind));
         }
         Ok(page)

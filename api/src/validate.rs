@@ -11,7 +11,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, ResponseError};
 use futures_util::StreamExt;
-use nrtxn_actors::{now_ms, Op, Request, NAME_LEN_MAX, QTY_MAX, REMARKS_LEN_MAX};
+use nrtxn_actors::{now_ms, Op, Request, BATCH_TXNS_MAX, NAME_LEN_MAX, QTY_MAX, REMARKS_LEN_MAX};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -796,10 +796,37 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for ReqTimeWire<'a> {
     }
 }
 
+/// A struct decoded from a JSON object only. serde's derived structs also take an
+/// array of their fields in order (`["s","i",null,2,...]`), which the JSON value's
+/// reading refuses as "must be a JSON object": decoded through this, such a body is
+/// not typed, and the value's reading says why.
+struct MapOnly<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+            type Value = MapOnly<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(MapOnly)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
 /// A transaction body's fields decoded straight from its bytes ([`TxnWire`]), or `None`
 /// when they cannot be: then [`decode_object`] and [`txn`] read it, and say why.
 pub fn typed_txn(bytes: &[u8]) -> Option<TxnFields<'_>> {
-    serde_json::from_slice(bytes).ok().map(TxnWire::fields)
+    serde_json::from_slice::<MapOnly<TxnWire>>(bytes)
+        .ok()
+        .map(|w| w.0.fields())
 }
 
 /// A batch body (`{"txns":[...]}`) on the wire: its entries as [`TxnWire`]s.
@@ -807,14 +834,49 @@ pub fn typed_txn(bytes: &[u8]) -> Option<TxnFields<'_>> {
 #[serde(deny_unknown_fields)]
 struct BatchWire<'a> {
     #[serde(borrow)]
-    txns: Option<Vec<TxnWire<'a>>>,
+    txns: Option<EntriesWire<'a>>,
+}
+
+/// A batch's entries on the wire, each an object: at most [`BATCH_TXNS_MAX`] are
+/// decoded (one more is refused at once, not after the rest of a 2 MiB body of tiny
+/// entries was decoded too).
+struct EntriesWire<'a>(Vec<TxnWire<'a>>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for EntriesWire<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = EntriesWire<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of transactions")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(MapOnly(t)) = seq.next_element::<MapOnly<TxnWire<'a>>>()? {
+                    if out.len() == BATCH_TXNS_MAX {
+                        return Err(serde::de::Error::custom("too many entries"));
+                    }
+                    out.push(t);
+                }
+                Ok(EntriesWire(out))
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
 }
 
 /// A batch body's entries decoded straight from its bytes, when there are 1 to
 /// `entries_max` of them and each can be typed as [`typed_txn`] types a transaction;
 /// else `None`, and the body is read as a JSON value, whose errors say why.
 pub fn typed_batch(bytes: &[u8], entries_max: usize) -> Option<Vec<TxnFields<'_>>> {
-    let txns = serde_json::from_slice::<BatchWire>(bytes).ok()?.txns?;
+    let txns = serde_json::from_slice::<MapOnly<BatchWire>>(bytes)
+        .ok()?
+        .0
+        .txns?
+        .0;
     if txns.is_empty() || txns.len() > entries_max {
         return None;
     }
@@ -957,8 +1019,27 @@ mod tests {
             r#"{"seller":"s","item":"i","qty":2.5,"req_time":17}"#,
             r#"{"seller":"s","item":"i","qty":2,"req_time":17,"respond":2}"#,
             r#"[1]"#,
+            r#"["s","i",null,2,null,null,"17",null,null,null,null]"#,
         ] {
             assert!(!typed(body), "{body}");
+        }
+        let one = r#"{"seller":"s","item":"i","qty":1,"req_time":"t"}"#;
+        assert_eq!(
+            typed_batch(format!(r#"{{"txns":[{one},{one}]}}"#).as_bytes(), 3).map(|b| b.len()),
+            Some(2)
+        );
+        let as_array = r#"["s","i",null,1,null,null,"t",null,null,null,null]"#;
+        let many = vec![one; BATCH_TXNS_MAX + 1].join(",");
+        for batch in [
+            format!(r#"[[{one}]]"#),
+            format!(r#"{{"txns":[{as_array}]}}"#),
+            format!(r#"{{"txns":[{many}]}}"#),
+            r#"{"txns":[]}"#.to_string(),
+        ] {
+            assert!(
+                typed_batch(batch.as_bytes(), BATCH_TXNS_MAX).is_none(),
+                "{batch:.80}"
+            );
         }
         let fields = typed_txn(br#"{"seller":"s","item":"i","qty":2,"req_time":17}"#).unwrap();
         let (r, respond) = txn_rules(&"shop".into(), fields, "").unwrap();
