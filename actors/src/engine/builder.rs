@@ -152,7 +152,10 @@ impl EngineBuilder {
                         return_window_ms: cfg.return_window_ms,
                     },
                 );
-                Processor::start_in_arbiter(&arbiters[i % arbiters.len()], move |_| p)
+                Processor::start_in_arbiter(
+                    &arbiters[arbiter_of_shard(i, arbiters.len())],
+                    move |_| p,
+                )
             })
             .collect()
     }
@@ -212,8 +215,9 @@ fn resume(engine: &Arc<Engine>, pending: Vec<Request>) {
         tracing::info!(shops = by_shop.len(), "resuming undecided requests");
     }
     for (shop, reqs) in by_shop {
+        let first = reqs.first().map(|r| r.item.clone());
         engine
-            .work_manager_unbounded(&shop)
+            .work_manager_unbounded(&shop, first.as_deref())
             .addr
             .do_send(Resume(reqs));
     }
