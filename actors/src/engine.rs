@@ -352,10 +352,10 @@ impl Engine {
         !self.is_closing() && self.deps.log.ready()
     }
 
-    /// The shop's WorkManager, started if it has none. At `shops_max`, idle ones make
-    /// room first; a new shop is refused only when every shop in memory is busy.
-    /// The WorkManager of `shop`, made if it has none. A new one lives on the thread of
-    /// the shard of `item` (the item of the call that makes it), see [`Engine::arbiter_for`].
+    /// The shop's WorkManager, started if it has none, on the thread of the shard of
+    /// `item`, the item of the call that starts it ([`Engine::arbiter_for`]). At
+    /// `shops_max`, idle ones make room first; a new shop is refused only when every
+    /// shop in memory is busy.
     async fn work_manager(
         &self,
         shop: &Arc<str>,
@@ -478,8 +478,8 @@ impl Engine {
         // A WorkManager that passivated after it was looked up hands the call back, and it
         // goes to the shop's next one (a few times at most: each is new and busy).
         for _ in 0..3 {
-            let first = reqs.first().map(|(r, _)| r.item.clone());
-            let wm = self.work_manager(shop, first.as_deref()).await?;
+            let first = reqs.first().map(|(r, _)| &*r.item);
+            let wm = self.work_manager(shop, first).await?;
             let deadline = std::time::Instant::now() + self.deps.reply_timeout;
             let (call, answered) = Call::new(reqs.len(), deadline);
             match wm.addr.try_send(Submit { reqs, call }) {
@@ -594,11 +594,8 @@ impl Engine {
         self.deps.log.admit()?;
         // A load makes its shop one of those in memory, like any request, so loads too
         // are held to `shops_max`.
-        let first = items.first().map(|i| i.item.clone());
-        self.work_manager(shop, first.as_deref())
-            .await?
-            .status
-            .touch();
+        let first = items.first().map(|i| &*i.item);
+        self.work_manager(shop, first).await?.status.touch();
         let n = items.len();
         if !self.deps.reserve(n) {
             return Err(EngineError::Overloaded);

@@ -215,9 +215,9 @@ fn resume(engine: &Arc<Engine>, pending: Vec<Request>) {
         tracing::info!(shops = by_shop.len(), "resuming undecided requests");
     }
     for (shop, reqs) in by_shop {
-        let first = reqs.first().map(|r| r.item.clone());
+        let first = reqs.first().map(|r| &*r.item);
         engine
-            .work_manager_unbounded(&shop, first.as_deref())
+            .work_manager_unbounded(&shop, first)
             .addr
             .do_send(Resume(reqs));
     }
