@@ -35,9 +35,9 @@ use crate::{HttpCheckBack, Inner, Kept};
 /// Journal entries read per page.
 pub const PAGE_MAX: usize = 2_000;
 /// Pause after a page that was not full of alerts, unless the journal is more than a
-/// page ahead: the most an alert waits before it is read. Reading back to back instead cost a busy node a journal read per few
-/// decisions (0.3 µs of CPU per decision on `hot-sales`, 3 µs per order, measured with
-/// `scripts/thread-cost.sh` at stop 37).
+/// page ahead: the most an alert waits before it is read. Reading back to back instead
+/// cost a busy node a journal read per few decisions (0.3 µs of CPU per decision on
+/// `hot-sales`, 3 µs per order, measured with `scripts/thread-cost.sh` at stop 37).
 pub const IDLE_POLL: Duration = Duration::from_millis(50);
 /// Longest the saved cursor lags the journal read past when no alert was done
 /// meanwhile (one done is saved at the next page): a busy node does not write the cursor
