@@ -147,6 +147,73 @@ async fn the_item_list_pages_through_every_item_on_mongodb() {
     drop_database(&uri).await;
 }
 
+/// On MongoDB a page reads each item's snapshot (`items`), then the journal's entries
+/// from the snapshot's seq on: the list shows the entries past the snapshots, and an
+/// altered one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_item_list_on_mongodb_reads_past_the_snapshots_and_refuses_altered_entries() {
+    use mongodb::bson::{doc, Document};
+    let Some(uri) = mongo_uri("itemsnap") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--mongo-uri", &uri]);
+    let c = client();
+    load(&c, &server, "shop", &[("a", 10), ("b", 10)]).await;
+    let db = mongodb::Client::with_uri_str(&uri)
+        .await
+        .unwrap()
+        .default_database()
+        .unwrap();
+    let snapshots = db.collection::<Document>("items");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // Both snapshots written: b's is then its last entry, a's is behind the sales below.
+    while snapshots
+        .count_documents(doc! { "shop": "shop", "seq": 1_i64 })
+        .await
+        .unwrap()
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshots of a and b"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for k in ["k1", "k2"] {
+        let body = json!({"seller": "s", "item": "a", "qty": 2, "request_id": k});
+        let (status, res) = post(&c, &server.url("/v1/shops/shop/txns"), body).await;
+        assert_eq!((status, &res["status"]), (200, &json!("ok")), "{res}");
+    }
+    let (status, body) = get(&c, &server.url("/v1/shops/shop/items")).await;
+    assert_eq!(status, 200, "{body}");
+    let got: Vec<(Value, Value, Value)> = body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|it| (it["item"].clone(), it["stock"].clone(), it["seq"].clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (json!("a"), json!(6), json!(3)),
+            (json!("b"), json!(10), json!(1))
+        ]
+    );
+    // The last entry of a, its quantity altered: the page is refused, not served.
+    db.collection::<Document>("journal")
+        .update_one(
+            doc! { "shop": "shop", "item": "a", "seq": 3_i64 },
+            doc! { "$set": { "qty": 5_i64 } },
+        )
+        .await
+        .unwrap();
+    let (status, body) = get(&c, &server.url("/v1/shops/shop/items")).await;
+    assert_eq!(status, 503, "an altered entry was listed: {body}");
+    drop(server);
+    drop_database(&uri).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_limit_or_after_gets_400_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

@@ -13,7 +13,8 @@
 //! - `leases`: `{_id: partition, epoch, node, offset}` per request-log partition: the
 //!   node holding its write lease, under which epoch, and how far the log is applied.
 //! - `items`: the snapshot of each item (`shop, item, stock, reserved, seq`), unique on
-//!   `(shop, item)`, moved forward at most every second.
+//!   `(shop, item)`, moved forward at most every second; the item listing reads the
+//!   journal from each snapshot's seq on.
 //! - `meta`: `{_id: "snapshot:{node}", batch}`: every batch of node `node` up to this
 //!   one is in `items`; `{_id: "relay:{node}", batch}`: the outbox relay of node `node`
 //!   published every event of that node's batches up to this one (`alerts:{node}`: its
@@ -66,7 +67,7 @@ use nrtxn_actors::{
 use nrtxn_log::keyfilter::KeyFilter;
 use tokio::sync::mpsc;
 
-use crate::collections::{find_all, fold_ledgers, holds, journal, leases};
+use crate::collections::{find_all, fold_ledgers, holds, items, journal, leases};
 use crate::documents::{from_doc, hold_from_doc, storage};
 use crate::indexes::create_indexes;
 use crate::sessions::end_writer_session;
@@ -390,50 +391,91 @@ impl ItemReads for MongoJournal {
         after: Option<&str>,
         limit: usize,
     ) -> Result<ItemPage, StoreError> {
-        let coll = journal(&self.db);
+        let (db, coll) = (self.db.clone(), journal(&self.db));
         let shop = shop.to_string();
-        let mut prev = after.unwrap_or("").to_string();
+        let after = after.unwrap_or("").to_string();
         self.wait(async move {
-            let mut page = ItemPage::default();
-            loop {
-                // A loose scan of the unique index on shop, item and seq: the next item's
-                // first sequenced entry (one seek), then its last (its state). Every
-                // item has entries here: this journal is never pruned.
-                let found = coll
-                    .find_one(doc! {
-                        "shop": &shop,
-                        "item": { "$gt": &prev },
-                        "seq": { "$type": "number" },
-                    })
-                    .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
-                    .projection(doc! { "_id": 0, "item": 1 })
-                    .await
-                    .map_err(storage)?;
-                let Some(next) = found.and_then(|d| d.get_str("item").ok().map(String::from))
-                else {
-                    break;
-                };
-                if next.starts_with(INTERNAL_ITEM_PREFIX) {
-                    prev = INTERNAL_ITEMS_END.to_string();
+            // The names: each item's first entry (seq 1; sequences are gapless and this
+            // journal is never pruned), in name order through the unique index on
+            // shop, item and seq, one query per range around the internal items.
+            let mut names = Vec::with_capacity(limit + 1);
+            let end = INTERNAL_ITEMS_END.to_string();
+            let internal = INTERNAL_ITEM_PREFIX.to_string();
+            let ranges = [
+                (after.as_str(), Some(internal.as_str())),
+                (after.as_str().max(end.as_str()), None),
+            ];
+            for (from, below) in ranges {
+                if names.len() > limit || below.is_some_and(|b| from >= b) {
                     continue;
                 }
-                if page.items.len() == limit {
-                    page.more = true;
-                    break;
+                let mut range = doc! { "$gt": from };
+                if let Some(b) = below {
+                    range.insert("$lt", b);
                 }
-                let last = coll
-                    .find_one(doc! { "shop": &shop, "item": &next, "seq": { "$type": "number" } })
-                    .sort(doc! { "shop": 1, "item": 1, "seq": -1 })
+                let first = doc! { "$type": "number", "$eq": 1_i64 };
+                let found: Vec<Document> = coll
+                    .find(doc! { "shop": &shop, "item": range, "seq": first })
+                    .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
+                    .projection(doc! { "_id": 0, "item": 1 })
+                    .limit((limit + 1 - names.len()) as i64)
+                    .await
+                    .map_err(storage)?
+                    .try_collect()
                     .await
                     .map_err(storage)?;
-                if let Some(state) = last
-                    .map(from_doc)
-                    .transpose()?
-                    .and_then(|e| e.state_after())
-                {
-                    page.items.push((next.as_str().into(), state));
+                let found = found.iter().filter_map(|d| d.get_str("item").ok());
+                names.extend(found.map(String::from));
+            }
+            let more = names.len() > limit;
+            names.truncate(limit);
+            // The states: each item's last entry, found from its snapshot's seq on (a
+            // snapshot is at most a few seconds behind), so that only the entries since
+            // are read, in one aggregation for the whole page.
+            let snapshots: Vec<Document> = items(&db)
+                .find(doc! { "shop": &shop, "item": { "$in": &names } })
+                .projection(doc! { "_id": 0, "item": 1, "seq": 1 })
+                .await
+                .map_err(storage)?
+                .try_collect()
+                .await
+                .map_err(storage)?;
+            let from: HashMap<&str, i64> = snapshots
+                .iter()
+                .filter_map(|d| Some((d.get_str("item").ok()?, d.get_i64("seq").ok()?)))
+                .collect();
+            let since: Vec<Document> = names
+                .iter()
+                .map(|n| {
+                    let seq = from.get(n.as_str()).copied().unwrap_or(1);
+                    doc! { "item": n, "seq": { "$type": "number", "$gte": seq } }
+                })
+                .collect();
+            let mut lasts: HashMap<String, Document> = HashMap::with_capacity(names.len());
+            if !since.is_empty() {
+                let mut found = coll
+                    .aggregate([
+                        doc! { "$match": { "shop": &shop, "$or": since } },
+                        doc! { "$sort": { "shop": 1, "item": 1, "seq": -1 } },
+                        doc! { "$group": { "_id": "$item", "last": { "$first": "$$ROOT" } } },
+                    ])
+                    .await
+                    .map_err(storage)?;
+                while let Some(d) = found.try_next().await.map_err(storage)? {
+                    if let (Ok(item), Ok(last)) = (d.get_str("_id"), d.get_document("last")) {
+                        lasts.insert(item.to_string(), last.clone());
+                    }
                 }
-                prev = next;
+            }
+            let mut page = ItemPage {
+                more,
+                ..ItemPage::default()
+            };
+            for name in names {
+                let last = lasts.remove(&name).map(from_doc).transpose()?;
+                if let Some(state) = last.and_then(|e| e.state_after()) {
+                    page.items.push((name.as_str().into(), state));
+                }
             }
             Ok(page)
         })
