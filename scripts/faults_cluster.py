@@ -535,8 +535,24 @@ def settle(nodes, book, seconds):
                 break
             time.sleep(0.1)
         if status != 200:
-            left.append(f"{key}: {status}")
+            left.append(f"{key}: {status} {why_undecided(nodes, key)}")
     return left
+
+
+def why_undecided(nodes, key):
+    """What each node answers for `key` now, and the lines of the nodes' logs that name
+    it: for a note that shows where an accepted request went."""
+    seen = []
+    for n in nodes:
+        status, ans = call(n.port, "GET", f"/v1/shops/{SHOP}/txns/{key}")
+        told = (ans or {}).get("status") or (ans or {}).get("error")
+        seen.append(f"node {n.id} now {status} {told}")
+        try:
+            with open(n.log_path, errors="replace") as f:
+                seen.extend(f"node {n.id} log: {line.strip()[:300]}" for line in f if key in line)
+        except OSError:
+            pass
+    return "(" + "; ".join(seen[:12]) + ")"
 
 
 def run_case(ctx, case, cycles):
