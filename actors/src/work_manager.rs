@@ -840,11 +840,13 @@ impl Handler<Poll> for WorkManager {
         self.status.touch();
         let exact = self.deps.topology.is_shared();
         let mut results: Vec<Option<PollResult>> = Vec::with_capacity(msg.0.len());
-        let mut asked: Vec<(usize, Arc<str>)> = Vec::new();
+        // Each key read from the journal, with whether it was in flight when asked.
+        let mut asked: Vec<(usize, Arc<str>, bool)> = Vec::new();
         for (i, key) in msg.0.into_iter().enumerate() {
             let known = self.known(&key, exact);
             if known.is_none() {
-                asked.push((i, key));
+                let flying = self.in_flight.contains_key(&key);
+                asked.push((i, key, flying));
             }
             results.push(known);
         }
@@ -853,7 +855,7 @@ impl Handler<Poll> for WorkManager {
         }
         // Read off this thread: a store call may take a network round trip.
         let (journal, shop) = (self.deps.outcomes.clone(), self.shop.clone());
-        let keys: Vec<Arc<str>> = asked.iter().map(|(_, k)| k.clone()).collect();
+        let keys: Vec<Arc<str>> = asked.iter().map(|(_, k, _)| k.clone()).collect();
         let read = async move {
             tokio::task::spawn_blocking(move || {
                 let refs: Vec<&str> = keys.iter().map(|k| &**k).collect();
@@ -869,7 +871,7 @@ impl Handler<Poll> for WorkManager {
         Box::pin(read.into_actor(self).map(move |found, wm, _| {
             let found = found?;
             debug_assert_eq!(found.len(), asked.len(), "one outcome or none per key");
-            for ((i, key), o) in asked.into_iter().zip(found) {
+            for ((i, key, flying), o) in asked.into_iter().zip(found) {
                 results[i] = Some(match o.map(Arc::new) {
                     Some(o) => {
                         if wm.in_flight.contains_key(&key) {
@@ -879,8 +881,14 @@ impl Handler<Poll> for WorkManager {
                         }
                         PollResult::Decided(o)
                     }
-                    None if wm.in_flight.contains_key(&key) => PollResult::Pending,
-                    None => PollResult::Unknown,
+                    None => match wm.recent.get(&key) {
+                        // Decided while the journal was read, after the read looked.
+                        Some(o) => PollResult::Decided(o.clone()),
+                        // In flight when asked, so accepted: never answered unknown (its
+                        // outcome may have come and gone while the journal was read).
+                        None if flying || wm.in_flight.contains_key(&key) => PollResult::Pending,
+                        None => PollResult::Unknown,
+                    },
                 });
             }
             Ok(results.into_iter().flatten().collect())
