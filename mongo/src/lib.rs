@@ -391,82 +391,14 @@ impl ItemReads for MongoJournal {
         after: Option<&str>,
         limit: usize,
     ) -> Result<ItemPage, StoreError> {
-        let (db, coll) = (self.db.clone(), journal(&self.db));
+        let db = self.db.clone();
         let shop = shop.to_string();
         let after = after.unwrap_or("").to_string();
         self.wait(async move {
-            // The names: each item's first entry (seq 1; sequences are gapless and this
-            // journal is never pruned), in name order through the unique index on
-            // shop, item and seq, one query per range around the internal items.
-            let mut names = Vec::with_capacity(limit + 1);
-            let end = INTERNAL_ITEMS_END.to_string();
-            let internal = INTERNAL_ITEM_PREFIX.to_string();
-            let ranges = [
-                (after.as_str(), Some(internal.as_str())),
-                (after.as_str().max(end.as_str()), None),
-            ];
-            for (from, below) in ranges {
-                if names.len() > limit || below.is_some_and(|b| from >= b) {
-                    continue;
-                }
-                let mut range = doc! { "$gt": from };
-                if let Some(b) = below {
-                    range.insert("$lt", b);
-                }
-                let first = doc! { "$type": "number", "$eq": 1_i64 };
-                let found: Vec<Document> = coll
-                    .find(doc! { "shop": &shop, "item": range, "seq": first })
-                    .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
-                    .projection(doc! { "_id": 0, "item": 1 })
-                    .limit((limit + 1 - names.len()) as i64)
-                    .await
-                    .map_err(storage)?
-                    .try_collect()
-                    .await
-                    .map_err(storage)?;
-                let found = found.iter().filter_map(|d| d.get_str("item").ok());
-                names.extend(found.map(String::from));
-            }
+            let mut names = page_names(&db, &shop, &after, limit).await?;
             let more = names.len() > limit;
             names.truncate(limit);
-            // The states: each item's last entry, found from its snapshot's seq on (a
-            // snapshot is at most a few seconds behind), so that only the entries since
-            // are read, in one aggregation for the whole page.
-            let snapshots: Vec<Document> = items(&db)
-                .find(doc! { "shop": &shop, "item": { "$in": &names } })
-                .projection(doc! { "_id": 0, "item": 1, "seq": 1 })
-                .await
-                .map_err(storage)?
-                .try_collect()
-                .await
-                .map_err(storage)?;
-            let from: HashMap<&str, i64> = snapshots
-                .iter()
-                .filter_map(|d| Some((d.get_str("item").ok()?, d.get_i64("seq").ok()?)))
-                .collect();
-            let since: Vec<Document> = names
-                .iter()
-                .map(|n| {
-                    let seq = from.get(n.as_str()).copied().unwrap_or(1);
-                    doc! { "item": n, "seq": { "$type": "number", "$gte": seq } }
-                })
-                .collect();
-            let mut lasts: HashMap<String, Document> = HashMap::with_capacity(names.len());
-            if !since.is_empty() {
-                let mut found = coll
-                    .aggregate([
-                        doc! { "$match": { "shop": &shop, "$or": since } },
-                        doc! { "$sort": { "shop": 1, "item": 1, "seq": -1 } },
-                        doc! { "$group": { "_id": "$item", "last": { "$first": "$$ROOT" } } },
-                    ])
-                    .await
-                    .map_err(storage)?;
-                while let Some(d) = found.try_next().await.map_err(storage)? {
-                    if let (Ok(item), Ok(last)) = (d.get_str("_id"), d.get_document("last")) {
-                        lasts.insert(item.to_string(), last.clone());
-                    }
-                }
-            }
+            let mut lasts = last_entries(&db, &shop, &names).await?;
             let mut page = ItemPage {
                 more,
                 ..ItemPage::default()
@@ -626,6 +558,91 @@ impl ItemReads for MongoJournal {
         }
         Ok(out)
     }
+}
+
+/// The names of a page of the shop's items after `after`, at most `limit + 1` (one more
+/// tells that there are more), internal ones left out: each item's first entry (seq 1;
+/// sequences are gapless and this journal is never pruned), in name order through the
+/// unique index on shop, item and seq, one query per range around the internal items.
+async fn page_names(
+    db: &Database,
+    shop: &str,
+    after: &str,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let mut names = Vec::with_capacity(limit + 1);
+    let (end, internal) = (INTERNAL_ITEMS_END, INTERNAL_ITEM_PREFIX.to_string());
+    for (from, below) in [(after, Some(internal.as_str())), (after.max(end), None)] {
+        if names.len() > limit || below.is_some_and(|b| from >= b) {
+            continue;
+        }
+        let mut range = doc! { "$gt": from };
+        if let Some(b) = below {
+            range.insert("$lt", b);
+        }
+        let first = doc! { "$type": "number", "$eq": 1_i64 };
+        let found: Vec<Document> = journal(db)
+            .find(doc! { "shop": shop, "item": range, "seq": first })
+            .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
+            .projection(doc! { "_id": 0, "item": 1 })
+            .limit((limit + 1 - names.len()) as i64)
+            .await
+            .map_err(storage)?
+            .try_collect()
+            .await
+            .map_err(storage)?;
+        let found = found.iter().filter_map(|d| d.get_str("item").ok());
+        names.extend(found.map(String::from));
+    }
+    Ok(names)
+}
+
+/// The last entry of each of `names` (by name): read from its snapshot's seq on
+/// (snapshots trail the journal by about a second), so that only the entries since are
+/// read, in one aggregation for them all. The entry at the snapshot's seq comes from the
+/// journal too, checked like every entry read.
+async fn last_entries(
+    db: &Database,
+    shop: &str,
+    names: &[String],
+) -> Result<HashMap<String, Document>, StoreError> {
+    let mut lasts = HashMap::with_capacity(names.len());
+    if names.is_empty() {
+        return Ok(lasts);
+    }
+    let snapshots: Vec<Document> = items(db)
+        .find(doc! { "shop": shop, "item": { "$in": names } })
+        .projection(doc! { "_id": 0, "item": 1, "seq": 1 })
+        .await
+        .map_err(storage)?
+        .try_collect()
+        .await
+        .map_err(storage)?;
+    let from: HashMap<&str, i64> = snapshots
+        .iter()
+        .filter_map(|d| Some((d.get_str("item").ok()?, d.get_i64("seq").ok()?)))
+        .collect();
+    let since: Vec<Document> = names
+        .iter()
+        .map(|n| {
+            let seq = from.get(n.as_str()).copied().unwrap_or(1);
+            doc! { "item": n, "seq": { "$type": "number", "$gte": seq } }
+        })
+        .collect();
+    let mut found = journal(db)
+        .aggregate([
+            doc! { "$match": { "shop": shop, "$or": since } },
+            doc! { "$sort": { "shop": 1, "item": 1, "seq": -1 } },
+            doc! { "$group": { "_id": "$item", "last": { "$first": "$$ROOT" } } },
+        ])
+        .await
+        .map_err(storage)?;
+    while let Some(d) = found.try_next().await.map_err(storage)? {
+        if let (Ok(item), Ok(last)) = (d.get_str("_id"), d.get_document("last")) {
+            lasts.insert(item.to_string(), last.clone());
+        }
+    }
+    Ok(lasts)
 }
 
 impl Sharing for MongoJournal {
