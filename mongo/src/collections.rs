@@ -1,12 +1,13 @@
 //! The journal's collections, and the commands that read or update many of their
 //! documents at once.
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
-use mongodb::{ClientSession, Collection, Database};
+use mongodb::{ClientSession, Collection, Cursor, Database};
 use nrtxn_actors::ledger::{self, BuyerLedger};
 use nrtxn_actors::StoreError;
 
@@ -37,7 +38,15 @@ pub(crate) async fn find_all(
     coll: Collection<Document>,
     filter: Document,
 ) -> Result<Vec<Document>, StoreError> {
-    coll.find(filter)
+    collect(coll.find(filter)).await
+}
+
+/// Every document a query (a `find` with its sort, projection or limit, or an
+/// `aggregate`) answers.
+pub(crate) async fn collect(
+    query: impl IntoFuture<Output = mongodb::error::Result<Cursor<Document>>>,
+) -> Result<Vec<Document>, StoreError> {
+    query
         .await
         .map_err(storage)?
         .try_collect()
@@ -63,14 +72,12 @@ pub(crate) async fn fold_ledgers(
                 { "buyer": { "$type": "string" } },
             ],
         };
-        let docs: Vec<Document> = journal(db)
-            .find(filter)
-            .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
-            .await
-            .map_err(storage)?
-            .try_collect()
-            .await
-            .map_err(storage)?;
+        let docs = collect(
+            journal(db)
+                .find(filter)
+                .sort(doc! { "shop": 1, "item": 1, "seq": 1 }),
+        )
+        .await?;
         let entries = docs
             .into_iter()
             .map(from_doc)

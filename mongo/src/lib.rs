@@ -67,7 +67,7 @@ use nrtxn_actors::{
 use nrtxn_log::keyfilter::KeyFilter;
 use tokio::sync::mpsc;
 
-use crate::collections::{find_all, fold_ledgers, holds, items, journal, leases};
+use crate::collections::{collect, find_all, fold_ledgers, holds, items, journal, leases};
 use crate::documents::{from_doc, hold_from_doc, storage};
 use crate::indexes::create_indexes;
 use crate::sessions::end_writer_session;
@@ -502,15 +502,13 @@ impl ItemReads for MongoJournal {
             filter.insert("status", status.as_str());
         }
         let coll = holds(&self.db);
-        let docs: Vec<Document> = self.wait(async move {
-            coll.find(filter)
-                .sort(doc! { "hold_id": 1 })
-                .limit(limit as i64 + 1)
-                .await
-                .map_err(storage)?
-                .try_collect()
-                .await
-                .map_err(storage)
+        let docs = self.wait(async move {
+            collect(
+                coll.find(filter)
+                    .sort(doc! { "hold_id": 1 })
+                    .limit(limit as i64 + 1),
+            )
+            .await
         })?;
         let mut holds = docs
             .iter()
@@ -543,14 +541,10 @@ impl ItemReads for MongoJournal {
         let filter = doc! { "shop": shop, "item": item, "seq": { "$gt": after as i64 } };
         let docs = self.wait(async move {
             // Through the unique index on shop, item and seq.
-            coll.find(filter)
-                .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
-                .limit(limit as i64)
-                .await
-                .map_err(storage)?
-                .try_collect::<Vec<Document>>()
-                .await
-                .map_err(storage)
+            let find = coll
+                .find(filter)
+                .sort(doc! { "shop": 1, "item": 1, "seq": 1 });
+            collect(find.limit(limit as i64)).await
         })?;
         let mut out = Vec::with_capacity(docs.len());
         for d in docs {
@@ -581,16 +575,14 @@ async fn page_names(
             range.insert("$lt", b);
         }
         let first = doc! { "$type": "number", "$eq": 1_i64 };
-        let found: Vec<Document> = journal(db)
-            .find(doc! { "shop": shop, "item": range, "seq": first })
-            .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
-            .projection(doc! { "_id": 0, "item": 1 })
-            .limit((limit + 1 - names.len()) as i64)
-            .await
-            .map_err(storage)?
-            .try_collect()
-            .await
-            .map_err(storage)?;
+        let found = collect(
+            journal(db)
+                .find(doc! { "shop": shop, "item": range, "seq": first })
+                .sort(doc! { "shop": 1, "item": 1, "seq": 1 })
+                .projection(doc! { "_id": 0, "item": 1 })
+                .limit((limit + 1 - names.len()) as i64),
+        )
+        .await?;
         let found = found.iter().filter_map(|d| d.get_str("item").ok());
         names.extend(found.map(String::from));
     }
@@ -610,14 +602,12 @@ async fn last_entries(
     if names.is_empty() {
         return Ok(lasts);
     }
-    let snapshots: Vec<Document> = items(db)
-        .find(doc! { "shop": shop, "item": { "$in": names } })
-        .projection(doc! { "_id": 0, "item": 1, "seq": 1 })
-        .await
-        .map_err(storage)?
-        .try_collect()
-        .await
-        .map_err(storage)?;
+    let snapshots = collect(
+        items(db)
+            .find(doc! { "shop": shop, "item": { "$in": names } })
+            .projection(doc! { "_id": 0, "item": 1, "seq": 1 }),
+    )
+    .await?;
     let from: HashMap<&str, i64> = snapshots
         .iter()
         .filter_map(|d| Some((d.get_str("item").ok()?, d.get_i64("seq").ok()?)))
@@ -779,11 +769,7 @@ async fn relay_docs(
             if let Some(n) = limit {
                 find = find.limit(n);
             }
-            find.await
-                .map_err(storage)?
-                .try_collect::<Vec<Document>>()
-                .await
-                .map_err(storage)
+            collect(find).await
         }
     };
     let mut docs = page(
