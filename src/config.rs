@@ -79,7 +79,8 @@ pub struct ServeArgs {
     /// Threads the shards and WorkManagers run on [default: number of cores].
     #[arg(long, env = "NRTXN_ARBITERS")]
     pub arbiters: Option<usize>,
-    /// HTTP worker threads [default: number of cores].
+    /// HTTP worker threads of their own; unset (the default), the API is served on the
+    /// engine's threads (`arbiters`), beside the shards, with no thread crossed per call.
     #[arg(long, env = "NRTXN_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
     /// Most entries a shard applies and journals as one batch [default: 4096].
@@ -312,7 +313,9 @@ pub struct Settings {
     pub data_dir: PathBuf,
     pub mongo_uri: Option<String>,
     pub kafka: Option<nrtxn_kafka::KafkaSettings>,
-    pub http_workers: usize,
+    /// `None`: the API on the engine's threads (`crate::front`); `Some(n)`: on n
+    /// threads of actix-web's own.
+    pub http_workers: Option<usize>,
     pub body_timeout_ms: u64,
     pub body_bytes_max: usize,
     pub connections_max: usize,
@@ -382,7 +385,10 @@ impl ServeArgs {
             data_dir: pick!(s, file, data_dir, PathBuf::from(defaults::DATA_DIR)),
             mongo_uri: self.mongo_uri.clone().or(file.mongo_uri.clone()),
             kafka: self.kafka(&file, engine.inflight_max)?,
-            http_workers: bound!(s, file, http_workers, cores, 1, 256)?,
+            http_workers: match s.http_workers.or(file.http_workers) {
+                Some(n) => Some(in_range("http_workers", n, 1, 256)?),
+                None => None,
+            },
             body_timeout_ms: bound!(
                 s,
                 file,

@@ -6,6 +6,7 @@
 
 pub mod backup;
 pub mod config;
+mod front;
 pub mod keys;
 pub mod memory;
 pub mod server;

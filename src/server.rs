@@ -427,7 +427,8 @@ async fn serve_api(
     ));
     let gate_data = web::Data::from(front.gate);
     let loopback = front.loopback;
-    let server = HttpServer::new(move || {
+    let arbiters = state.engine.arbiter_handles().to_vec();
+    let make_app = move || {
         App::new()
             .app_data(state.clone())
             .app_data(body_limits.clone())
@@ -446,18 +447,34 @@ async fn serve_api(
             // carries its span.
             .wrap(from_fn(nrtxn_api::trace::request_span))
             .configure(configure)
-    })
-    .workers(settings.http_workers)
-    // A client's EOF ends its connection at once. With half-closed connections allowed
-    // (actix's default) a client that went away was noticed only when a write to it
-    // failed: an idle event stream it closed kept its reader thread, its Kafka consumer
-    // and one of the node's 64 stream slots until the next keep-alive comment (15 s), so a
-    // client reconnecting in a loop ran the node out of streams (tests/stream.rs). HTTP
-    // clients do not half-close a connection to wait for the answer.
-    .h1_allow_half_closed(false)
-    // actix-web's bound is per worker.
-    .max_connections(settings.connections_max.div_ceil(settings.http_workers))
-    .shutdown_timeout(grace_secs);
+    };
+    let Some(workers) = settings.http_workers else {
+        let listeners = crate::front::bind(&front.listen_addrs)?;
+        let scheme = if front.tls.is_some() { "https" } else { "http" };
+        for l in &listeners {
+            // Tests and scripts read the bound port from this line.
+            println!("nrtxn listening on {scheme}://{}", l.local_addr()?);
+        }
+        tracing::info!(data_dir = %settings.data_dir.display(), "serving");
+        let opts = crate::front::Options {
+            tls: front.tls,
+            connections_max: settings.connections_max,
+            grace: Duration::from_secs(grace_secs),
+        };
+        return crate::front::serve(listeners, &arbiters, make_app, opts).await;
+    };
+    let server = HttpServer::new(make_app)
+        .workers(workers)
+        // A client's EOF ends its connection at once. With half-closed connections allowed
+        // (actix's default) a client that went away was noticed only when a write to it
+        // failed: an idle event stream it closed kept its reader thread, its Kafka consumer
+        // and one of the node's 64 stream slots until the next keep-alive comment (15 s), so a
+        // client reconnecting in a loop ran the node out of streams (tests/stream.rs). HTTP
+        // clients do not half-close a connection to wait for the answer.
+        .h1_allow_half_closed(false)
+        // actix-web's bound is per worker.
+        .max_connections(settings.connections_max.div_ceil(workers))
+        .shutdown_timeout(grace_secs);
     let (server, scheme) = match front.tls {
         Some(tls) => (
             server.bind_rustls_0_23(front.listen_addrs.as_slice(), tls),

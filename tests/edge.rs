@@ -747,24 +747,27 @@ fn healthz(base: &str) -> TcpStream {
     s
 }
 
+/// Both fronts: the API on the engine's threads (the default) and on actix-web's own
+/// workers (`--http-workers`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_bound_wait_until_one_closes() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(
-        dir.path(),
-        &["--http-workers", "1", "--connections-max", "2"],
-    );
-    let mut open: Vec<TcpStream> = (0..2).map(|_| healthz(&server.base)).collect();
-    for s in &mut open {
-        let line = status_line(s, Duration::from_secs(5));
-        assert!(line.contains(" 200 "), "{line}");
+    for front in [&[][..], &["--http-workers", "1"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = vec!["--connections-max", "2"];
+        args.extend_from_slice(front);
+        let server = Server::start(dir.path(), &args);
+        let mut open: Vec<TcpStream> = (0..2).map(|_| healthz(&server.base)).collect();
+        for s in &mut open {
+            let line = status_line(s, Duration::from_secs(5));
+            assert!(line.contains(" 200 "), "{front:?}: {line}");
+        }
+        // Both stay open (kept alive): a third connection is not taken in...
+        let mut third = healthz(&server.base);
+        let line = status_line(&mut third, Duration::from_millis(1500));
+        assert_eq!(line, "", "{front:?}: a third connection was served");
+        // ...until one of them closes.
+        drop(open.remove(0));
+        let line = status_line(&mut third, Duration::from_secs(5));
+        assert!(line.contains(" 200 "), "{front:?}: {line}");
     }
-    // Both stay open (kept alive): a third connection is not taken in...
-    let mut third = healthz(&server.base);
-    let line = status_line(&mut third, Duration::from_millis(1500));
-    assert_eq!(line, "", "a third connection was served");
-    // ...until one of them closes.
-    drop(open.remove(0));
-    let line = status_line(&mut third, Duration::from_secs(5));
-    assert!(line.contains(" 200 "), "{line}");
 }

@@ -339,6 +339,12 @@ impl Engine {
         &self.cfg
     }
 
+    /// The threads the shards and WorkManagers run on: the API is served on them too
+    /// (the binary's `front`), so a call meets its shard on the thread that read it.
+    pub fn arbiter_handles(&self) -> &[ArbiterHandle] {
+        &self.arbiters
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.deps.metrics
     }
