@@ -28,6 +28,29 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 /// one over within a permit of `connections_max`, so this is bounded by it.
 type Lane = mpsc::UnboundedSender<(std::net::TcpStream, OwnedSemaphorePermit)>;
 
+/// The service factory an actix-web `App` of this API builds.
+pub(crate) trait AppFactory<B>:
+    ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<B>,
+        Error = actix_web::Error,
+        InitError = (),
+    > + 'static
+{
+}
+
+impl<T, B> AppFactory<B> for T where
+    T: ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<B>,
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static
+{
+}
+
 /// How the API is served on the arbiters.
 pub(crate) struct Options {
     pub(crate) tls: Option<rustls::ServerConfig>,
@@ -63,13 +86,7 @@ pub(crate) async fn serve<F, A, B>(
 ) -> anyhow::Result<()>
 where
     F: Fn() -> App<A> + Clone + Send + 'static,
-    A: ServiceFactory<
-            ServiceRequest,
-            Config = (),
-            Response = ServiceResponse<B>,
-            Error = actix_web::Error,
-            InitError = (),
-        > + 'static,
+    A: AppFactory<B>,
     B: actix_web::body::MessageBody + 'static,
 {
     let (stop_tx, stop) = watch::channel(false);
@@ -155,13 +172,7 @@ async fn lane<F, A, B>(
     rx: mpsc::UnboundedReceiver<(std::net::TcpStream, OwnedSemaphorePermit)>,
 ) where
     F: Fn() -> App<A>,
-    A: ServiceFactory<
-            ServiceRequest,
-            Config = (),
-            Response = ServiceResponse<B>,
-            Error = actix_web::Error,
-            InitError = (),
-        > + 'static,
+    A: AppFactory<B>,
     B: actix_web::body::MessageBody + 'static,
 {
     // One service per kind of stream (its type names the stream), built the same way.
@@ -170,6 +181,9 @@ async fn lane<F, A, B>(
             actix_http::HttpService::build()
                 // As the other front: a client's EOF ends its connection (see server.rs).
                 .h1_allow_half_closed(false)
+                // actix-web's server's: a second for a client to close after the answer
+                // that ends its connection.
+                .client_disconnect_timeout(Duration::from_secs(1))
                 .graceful_shutdown_signal(move || {
                     let mut stop = stop.clone();
                     async move {
