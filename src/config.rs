@@ -385,10 +385,9 @@ impl ServeArgs {
             data_dir: pick!(s, file, data_dir, PathBuf::from(defaults::DATA_DIR)),
             mongo_uri: self.mongo_uri.clone().or(file.mongo_uri.clone()),
             kafka: self.kafka(&file, engine.inflight_max)?,
-            http_workers: match s.http_workers.or(file.http_workers) {
-                Some(n) => Some(in_range("http_workers", n, 1, 256)?),
-                None => None,
-            },
+            http_workers: (s.http_workers.or(file.http_workers))
+                .map(|n| in_range("http_workers", n, 1, 256))
+                .transpose()?,
             body_timeout_ms: bound!(
                 s,
                 file,

@@ -111,8 +111,11 @@ where
             actix_rt::spawn(accept(l, lanes, permits, next))
         })
         .collect();
-    stopped().await?;
-    tracing::info!("stop asked for: no more connections; open ones close after their call");
+    let signal = crate::stop_signal().await?;
+    tracing::info!(
+        signal,
+        "stop asked for: no more connections; open ones close after their call"
+    );
     accepting.iter().for_each(|a| a.abort());
     let _ = stop_tx.send(true);
     let all = u32::try_from(opts.connections_max).unwrap_or(u32::MAX);
@@ -121,18 +124,6 @@ where
         .is_err()
     {
         tracing::warn!(grace = ?opts.grace, "connections still open past the grace; closing them");
-    }
-    Ok(())
-}
-
-/// SIGINT or SIGTERM.
-async fn stopped() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
     Ok(())
 }

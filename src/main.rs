@@ -462,7 +462,7 @@ async fn follow(args: FollowArgs) -> anyhow::Result<()> {
     };
     let stopped_by = tokio::select! {
         result = run.follow(&args, source, &mut follower) => result.map(|()| None),
-        signal = stop_signal() => signal.map(Some),
+        signal = nrtxn::stop_signal() => signal.map(Some),
     };
     // Whatever stopped it, what was read reaches stdout, and the summary says where to
     // resume: after the last event known to have been written.
@@ -630,14 +630,4 @@ fn is_broken_pipe(e: &FollowError) -> bool {
     matches!(e, FollowError::Emit { source }
         if source.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
-}
-
-/// Resolves with the name of the first of SIGINT or SIGTERM to arrive.
-async fn stop_signal() -> anyhow::Result<&'static str> {
-    use actix_rt::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        r = actix_rt::signal::ctrl_c() => r.map(|()| "SIGINT").context("cannot listen for SIGINT"),
-        _ = term.recv() => Ok("SIGTERM"),
-    }
 }
