@@ -166,8 +166,13 @@ impl Drop for Server {
 }
 
 pub fn client() -> reqwest::Client {
+    client_within(Duration::from_secs(30))
+}
+
+/// [`client`], giving up on a call after `timeout`.
+pub fn client_within(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
+        .timeout(timeout)
         // Well inside the server's keep-alive (actix-web's 5 s): a connection idle longer
         // is not reused. Otherwise a test that waits about 5 s between two calls (for a
         // 408, an expiry) can send its next call on a connection the server is closing
