@@ -31,7 +31,7 @@ use nrtxn_actors::{
 };
 
 use crate::log_reads::{index_error, LogReads};
-use crate::views::SqliteStore;
+use crate::views::{ReadersWaiting, SqliteStore};
 use crate::AcceptDone;
 use nrtxn_log::codec;
 use nrtxn_log::index::Index;
@@ -110,6 +110,8 @@ struct Progress {
     /// waiting for them is refused at once (503 `disk_full`) rather than at the end of
     /// [`VIEWS_WAIT`].
     space: Option<Arc<nrtxn_log::space::Space>>,
+    /// Where a read waiting for the views says so: their writer then lingers less.
+    waiting: Arc<ReadersWaiting>,
 }
 
 /// How many entries the views may be behind the log. A read that needs the views (a
@@ -156,6 +158,7 @@ impl Progress {
         let deadline = Instant::now() + most;
         let mut applied = self.applied.lock().map_err(|_| StoreError::Closed)?;
         let mut waited = false;
+        let _counted = (*applied < target).then(|| self.waiting.enter());
         while *applied < target {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -264,6 +267,7 @@ impl LogJournal {
         views.checked()?;
         let progress = Arc::new(Progress {
             space: Some(views.space().clone()),
+            waiting: views.readers_waiting().clone(),
             ..Progress::default()
         });
         let end = bring_views_up(&dir, &views, &progress)?;

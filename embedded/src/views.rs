@@ -30,6 +30,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -286,11 +287,53 @@ impl Command {
     }
 }
 
-/// How long the views' writer gathers entries into one transaction. Nobody waits for a
-/// views commit (the log is the durable record; a read of a key the views do not hold
-/// yet waits for them), so fewer, larger commits cost less per entry: each commit
-/// rewrites every page it touched into the WAL, checksummed.
-const VIEWS_LINGER: std::time::Duration = std::time::Duration::from_millis(20);
+/// How long the views' writer gathers entries into one transaction while no read waits
+/// for the views. Nobody waits for a views commit as such (the log is the durable
+/// record), so fewer, larger commits cost less per entry: each commit rewrites every
+/// page it touched into the WAL, checksummed, and a hold made and ended within one
+/// transaction is never written (measured: `docs/decisions/derived-views.md`).
+const VIEWS_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// [`VIEWS_LINGER`] while a read waits for the views to catch up with the log (an
+/// item's state, a hold, a page of events or of the stream): its wait is no longer
+/// than before the linger grew.
+const VIEWS_LINGER_READ: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The reads waiting for the views to catch up with the log, which the views' writer
+/// looks at while it lingers: while there is one, its transaction ends at
+/// [`VIEWS_LINGER_READ`].
+#[derive(Default)]
+pub(crate) struct ReadersWaiting(AtomicUsize);
+
+impl ReadersWaiting {
+    /// Counts a read as waiting until the guard is dropped.
+    pub(crate) fn enter(&self) -> ReaderWaits<'_> {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        ReaderWaits(self)
+    }
+
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
+    }
+}
+
+/// A read counted in [`ReadersWaiting`] while this lives.
+pub(crate) struct ReaderWaits<'a>(&'a ReadersWaiting);
+
+impl Drop for ReaderWaits<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How long the writer gathers commands into one transaction ([`gather_by_time`]).
+struct Linger {
+    /// While no read waits.
+    alone: Duration,
+    /// While one does.
+    read: Duration,
+    waiting: Arc<ReadersWaiting>,
+}
 
 /// How often the WAL is copied back into the database file, off the writer's thread.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
@@ -325,7 +368,8 @@ const PRUNE_PAGES_PER_ENTRY: u64 = 7;
 pub enum Role {
     /// The views of the embedded journal ([`crate::journal::LogJournal`]), derived from
     /// its log: a commit is not synced by itself (the log is the record, and replays
-    /// what a crash took), the writer lingers ([`VIEWS_LINGER`]) for fewer, larger
+    /// what a crash took), the writer lingers ([`VIEWS_LINGER`], [`VIEWS_LINGER_READ`]
+    /// while a read waits for it) for fewer, larger
     /// commits, and the file is checked before it is read ([`check_views`]).
     Views,
     /// The request log's store beside a MongoDB journal: the fire-and-forget requests
@@ -343,11 +387,17 @@ impl Role {
         }
     }
 
-    /// How long the writer waits for more commands after a transaction's first.
-    fn linger(self) -> std::time::Duration {
-        match self {
-            Role::Views => VIEWS_LINGER,
-            Role::RequestStore => std::time::Duration::ZERO,
+    /// How long the writer waits for more commands after a transaction's first, with no
+    /// read waiting for it and with one.
+    fn linger(self, waiting: Arc<ReadersWaiting>) -> Linger {
+        let (alone, read) = match self {
+            Role::Views => (VIEWS_LINGER, VIEWS_LINGER_READ),
+            Role::RequestStore => (Duration::ZERO, Duration::ZERO),
+        };
+        Linger {
+            alone,
+            read,
+            waiting,
         }
     }
 }
@@ -382,6 +432,9 @@ pub struct SqliteStore {
     /// journal opens the log's index: views that read keys from the log fill no key
     /// filter, so nothing reads them before [`SqliteStore::checked`] waits for it.
     check: Mutex<Check>,
+    /// The reads waiting for the writer to catch up with the log (the embedded
+    /// journal's), which shorten its linger.
+    waiting: Arc<ReadersWaiting>,
 }
 
 /// The pages the WAL holds past the database file's end, which a checkpoint will write
@@ -582,6 +635,11 @@ impl SqliteStore {
         &self.space
     }
 
+    /// Where a read that waits for these views to catch up with the log says so.
+    pub(crate) fn readers_waiting(&self) -> &Arc<ReadersWaiting> {
+        &self.waiting
+    }
+
     /// Opens (or creates) `dir/nrtxn.db` as the request log's store beside a MongoDB
     /// journal ([`Role::RequestStore`]) and starts its writer thread. Every write keeps
     /// the floor of `space` (see [`crate::space`]).
@@ -653,7 +711,9 @@ impl SqliteStore {
             wal_path: dir.join("nrtxn.db-wal"),
         };
         let log = Arc::new(OnceLock::new());
-        let mut writer = Writer::new(conn, metrics, keys.clone(), role.linger(), room);
+        let waiting = Arc::new(ReadersWaiting::default());
+        let linger = role.linger(waiting.clone());
+        let mut writer = Writer::new(conn, metrics, keys.clone(), linger, room);
         writer.log = log.clone();
         let latest = writer.dirty.clone();
         let writer = writer.start(rx)?;
@@ -671,6 +731,7 @@ impl SqliteStore {
             indexed,
             latest,
             check: Mutex::new(check),
+            waiting,
         }))
     }
 
@@ -1272,17 +1333,17 @@ pub fn read_log_mark(conn: &Connection) -> Result<Option<Chain>, rusqlite::Error
     }))
 }
 
-/// Wake-ups of the views' writer while it lingers: it looks at its queue this often
-/// rather than waking for every group the log hands it, so its wake-ups follow the clock,
-/// not the load.
-const LINGER_SLICES: u32 = 5;
+/// Wake-ups of the views' writer while it lingers: it looks at its queue (and at the
+/// reads waiting for it) this often rather than waking for every group the log hands
+/// it, so its wake-ups follow the clock, not the load.
+const LINGER_SLICE: Duration = Duration::from_millis(4);
 
-/// The views' next transaction: the first command, then whatever comes within `linger`,
-/// looked at [`LINGER_SLICES`] times, ended early by a command someone waits for (weight
-/// 0) or by `max` entries.
-fn gather_by_time(rx: &Receiver<Command>, max: usize, linger: Duration) -> Option<Vec<Command>> {
+/// The views' next transaction: the first command, then whatever comes within the
+/// linger (the shorter one while a read waits), looked at every [`LINGER_SLICE`], ended
+/// early by a command someone waits for (weight 0) or by `max` entries.
+fn gather_by_time(rx: &Receiver<Command>, max: usize, linger: &Linger) -> Option<Vec<Command>> {
     let first = rx.recv().ok()?;
-    let until = Instant::now() + linger;
+    let started = Instant::now();
     let mut total = first.weight();
     let mut urgent = total == 0;
     let mut cmds = vec![first];
@@ -1302,11 +1363,16 @@ fn gather_by_time(rx: &Receiver<Command>, max: usize, linger: Duration) -> Optio
                 Err(TryRecvError::Empty) => break,
             }
         }
-        let left = until.saturating_duration_since(Instant::now());
+        let lingered = if linger.waiting.any() {
+            linger.read
+        } else {
+            linger.alone
+        };
+        let left = (started + lingered).saturating_duration_since(Instant::now());
         if urgent || left.is_zero() {
             return Some(cmds);
         }
-        std::thread::sleep(left.min(linger / LINGER_SLICES));
+        std::thread::sleep(left.min(LINGER_SLICE));
     }
 }
 
@@ -2373,7 +2439,7 @@ struct Writer {
     limited: HashSet<(Arc<str>, Arc<str>)>,
     /// How long a transaction waits for more commands after its first
     /// ([`Role::linger`]).
-    linger: std::time::Duration,
+    linger: Linger,
     /// The room on the disk: every transaction asks it first.
     room: Room,
 }
@@ -2434,7 +2500,7 @@ impl Writer {
         conn: Connection,
         metrics: Arc<Metrics>,
         keys: Option<Arc<KeyFilter>>,
-        linger: std::time::Duration,
+        linger: Linger,
         room: Room,
     ) -> Writer {
         Writer {
@@ -2475,7 +2541,7 @@ impl Writer {
     fn run(mut self, rx: Receiver<Command>) {
         let mut closing = None;
         while closing.is_none() {
-            let Some(mut cmds) = gather_by_time(&rx, TXN_ENTRIES_MAX, self.linger) else {
+            let Some(mut cmds) = gather_by_time(&rx, TXN_ENTRIES_MAX, &self.linger) else {
                 break;
             };
             // Near the disk's floor, a group in transactions that each fit in the room.
@@ -3195,6 +3261,55 @@ pub fn sqlite_no_room(e: &rusqlite::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transaction gathers what comes within the linger while no read waits, and
+    /// ends at the shorter linger while one does (here the long one is a minute: a
+    /// writer that missed the read would fail the bound).
+    #[test]
+    fn the_writer_lingers_alone_and_ends_early_while_a_read_waits() {
+        let retire = |k: &str| Command::Retire("s".into(), vec![k.into()]);
+        let keys = |cmds: &[Command]| -> Vec<String> {
+            cmds.iter()
+                .map(|c| match c {
+                    Command::Retire(_, k) => k[0].to_string(),
+                    _ => "?".into(),
+                })
+                .collect()
+        };
+        let waiting = Arc::new(ReadersWaiting::default());
+        let (tx, rx) = mpsc::sync_channel(16);
+        let lingering = Linger {
+            alone: Duration::from_millis(300),
+            read: Duration::ZERO,
+            waiting: waiting.clone(),
+        };
+        tx.send(retire("a")).unwrap();
+        let later = tx.clone();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            later.send(retire("b")).unwrap();
+        });
+        let cmds = gather_by_time(&rx, 100, &lingering).unwrap();
+        sender.join().unwrap();
+        assert_eq!(keys(&cmds), ["a", "b"], "what came within the linger");
+
+        let long = Linger {
+            alone: Duration::from_secs(60),
+            ..lingering
+        };
+        let started = Instant::now();
+        let read = waiting.enter();
+        tx.send(retire("c")).unwrap();
+        let cmds = gather_by_time(&rx, 100, &long).unwrap();
+        assert_eq!(keys(&cmds), ["c"]);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "a read waited, yet the writer lingered {:?}",
+            started.elapsed()
+        );
+        drop(read);
+        assert!(!waiting.any(), "the read no longer counts once it is done");
+    }
 
     /// The sweep drops ended holds past the window, a slice at a time, and keeps pending
     /// ones and recent ended ones; a pass ends at the table's end and starts again.
