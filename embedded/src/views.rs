@@ -292,12 +292,12 @@ impl Command {
 /// record), so fewer, larger commits cost less per entry: each commit rewrites every
 /// page it touched into the WAL, checksummed, and a hold made and ended within one
 /// transaction is never written (measured: `docs/decisions/derived-views.md`).
-const VIEWS_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+const VIEWS_LINGER: Duration = Duration::from_millis(100);
 
 /// [`VIEWS_LINGER`] while a read waits for the views to catch up with the log (an
 /// item's state, a hold, a page of events or of the stream): its wait is no longer
 /// than before the linger grew.
-const VIEWS_LINGER_READ: std::time::Duration = std::time::Duration::from_millis(20);
+const VIEWS_LINGER_READ: Duration = Duration::from_millis(20);
 
 /// The reads waiting for the views to catch up with the log, which the views' writer
 /// looks at while it lingers: while there is one, its transaction ends at
@@ -369,8 +369,8 @@ pub enum Role {
     /// The views of the embedded journal ([`crate::journal::LogJournal`]), derived from
     /// its log: a commit is not synced by itself (the log is the record, and replays
     /// what a crash took), the writer lingers ([`VIEWS_LINGER`], [`VIEWS_LINGER_READ`]
-    /// while a read waits for it) for fewer, larger
-    /// commits, and the file is checked before it is read ([`check_views`]).
+    /// while a read waits for it) for fewer, larger commits, and the file is checked
+    /// before it is read ([`check_views`]).
     Views,
     /// The request log's store beside a MongoDB journal: the fire-and-forget requests
     /// accepted and not yet decided, each commit synced before their `202`, with no
@@ -3262,9 +3262,10 @@ pub fn sqlite_no_room(e: &rusqlite::Error) -> bool {
 mod tests {
     use super::*;
 
-    /// A transaction gathers what comes within the linger while no read waits, and
-    /// ends at the shorter linger while one does (here the long one is a minute: a
-    /// writer that missed the read would fail the bound).
+    /// A transaction gathers what comes within the linger while no read waits (a command
+    /// 50 ms after the first, with 2 s to linger), and ends at the shorter linger while
+    /// one does (here the long one is a minute: a writer that missed the read would fail
+    /// the bound).
     #[test]
     fn the_writer_lingers_alone_and_ends_early_while_a_read_waits() {
         let retire = |k: &str| Command::Retire("s".into(), vec![k.into()]);
@@ -3279,7 +3280,7 @@ mod tests {
         let waiting = Arc::new(ReadersWaiting::default());
         let (tx, rx) = mpsc::sync_channel(16);
         let lingering = Linger {
-            alone: Duration::from_millis(300),
+            alone: Duration::from_secs(2),
             read: Duration::ZERO,
             waiting: waiting.clone(),
         };
