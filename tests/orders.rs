@@ -661,10 +661,10 @@ async fn a_line_taken_only_tentatively_by_another_order_waits_instead_of_being_r
 }
 
 /// Through Kafka with two nodes sharing MongoDB: the callers of 150 orders on a pair of
-/// items of stock 50 alternate between the nodes (the lines travel through the log to their items'
-/// owners). Then orders are ended through the node that did
-/// not place them, and a node is killed in the middle of orders and started again:
-/// recovery settles every order whole.
+/// items of stock 50 alternate between the nodes (the lines travel through the log to
+/// their items' owners). Then orders are ended through the node that did not place
+/// them, and a node is killed in the middle of orders and started again: recovery
+/// settles every order whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orders_through_kafka_with_two_nodes() {
     let Some(mut two) = start_two("orders").await else {
