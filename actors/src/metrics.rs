@@ -52,6 +52,13 @@ pub struct Metrics {
     pub journal_txn_entries: Histogram,
     /// Time of one durable journal transaction, from begin to durable commit.
     pub journal_write_seconds: Histogram,
+    /// Entries per commit of a SQLite store beside the journal, by `store`: `views` (the
+    /// embedded journal's views, derived from its log) or `requests` (the request log
+    /// beside MongoDB). Apart from the journal's own figures, so that those count each
+    /// entry once, in the group commit that made it durable.
+    pub sqlite_commit_entries: HistogramVec,
+    /// Time of one such commit, by `store`.
+    pub sqlite_commit_seconds: HistogramVec,
     /// Decisions by status.
     pub decisions: IntCounterVec,
     /// Requests that reached a processor with a key that already had an outcome (a
@@ -97,6 +104,7 @@ impl Metrics {
         let r = Registrar(&registry);
         let (http_requests, queue_depth, bound_used, memory) = front_metrics(&r);
         let (batch_entries, journal_txn_entries, journal_write_seconds) = batch_metrics(&r);
+        let (sqlite_commit_entries, sqlite_commit_seconds) = sqlite_metrics(&r);
         let (journal_fenced, journal_damaged_segments) = journal_fault_metrics(&r);
         let (decisions, repeats, checks, check_dead_letters, events_relayed, alerts) =
             outcome_metrics(&r);
@@ -108,6 +116,8 @@ impl Metrics {
             batch_entries,
             journal_txn_entries,
             journal_write_seconds,
+            sqlite_commit_entries,
+            sqlite_commit_seconds,
             decisions,
             repeats,
             journal_fenced,
@@ -219,6 +229,31 @@ fn batch_metrics(r: &Registrar<'_>) -> (Histogram, Histogram, Histogram) {
         r.add(journal_txn_entries),
         r.add(journal_write_seconds),
     )
+}
+
+/// The commits of the SQLite stores beside the journal: entries and time, by store.
+fn sqlite_metrics(r: &Registrar<'_>) -> (HistogramVec, HistogramVec) {
+    let entries = HistogramVec::new(
+        HistogramOpts::new(
+            "nrtxn_sqlite_commit_entries",
+            "Entries per commit of a SQLite store beside the journal (store=views: the \
+             embedded journal's views, derived from its log; store=requests: the request \
+             log beside MongoDB)",
+        )
+        .buckets(exponential_buckets(1.0, 4.0, 9).expect("static buckets")),
+        &["store"],
+    )
+    .expect("static metric definition");
+    let seconds = HistogramVec::new(
+        HistogramOpts::new(
+            "nrtxn_sqlite_commit_seconds",
+            "Duration of one commit of a SQLite store beside the journal",
+        )
+        .buckets(exponential_buckets(0.000_05, 2.0, 16).expect("static buckets")),
+        &["store"],
+    )
+    .expect("static metric definition");
+    (r.add(entries), r.add(seconds))
 }
 
 /// What went wrong with the journal: batches fenced, segments found damaged.

@@ -47,6 +47,7 @@ use nrtxn_actors::{
     Outcome, Recovered, RelayPage, Request, Status, StoreError, INTERNAL_ITEMS_END,
     INTERNAL_ITEM_PREFIX,
 };
+use prometheus::Histogram;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::coalesce::{Earlier, Pending};
@@ -379,6 +380,14 @@ pub enum Role {
 }
 
 impl Role {
+    /// The `store` label of this store's commit figures (`nrtxn_sqlite_commit_*`).
+    fn store(self) -> &'static str {
+        match self {
+            Role::Views => "views",
+            Role::RequestStore => "requests",
+        }
+    }
+
     /// SQLite's `synchronous` setting for this role (see [`open`]).
     fn synchronous(self) -> &'static str {
         match self {
@@ -713,7 +722,7 @@ impl SqliteStore {
         let log = Arc::new(OnceLock::new());
         let waiting = Arc::new(ReadersWaiting::default());
         let linger = role.linger(waiting.clone());
-        let mut writer = Writer::new(conn, metrics, keys.clone(), linger, room);
+        let mut writer = Writer::new(conn, &metrics, role, keys.clone(), linger, room);
         writer.log = log.clone();
         let latest = writer.dirty.clone();
         let writer = writer.start(rx)?;
@@ -2417,7 +2426,9 @@ fn tail_entry(row: &rusqlite::Row<'_>) -> Result<Entry, rusqlite::Error> {
 
 struct Writer {
     conn: Connection,
-    metrics: Arc<Metrics>,
+    /// This store's figures: entries per commit, and a commit's time.
+    commit_entries: Histogram,
+    commit_seconds: Histogram,
     keys: Option<Arc<KeyFilter>>,
     /// Latest state of every item written since the last snapshot; shared with the
     /// readers ([`SqliteStore::latest`]), which find every other item's in the snapshot.
@@ -2498,14 +2509,17 @@ fn entry_pages(e: &Entry) -> u64 {
 impl Writer {
     fn new(
         conn: Connection,
-        metrics: Arc<Metrics>,
+        metrics: &Metrics,
+        role: Role,
         keys: Option<Arc<KeyFilter>>,
         linger: Linger,
         room: Room,
     ) -> Writer {
+        let store = [role.store()];
         Writer {
             conn,
-            metrics,
+            commit_entries: metrics.sqlite_commit_entries.with_label_values(&store),
+            commit_seconds: metrics.sqlite_commit_seconds.with_label_values(&store),
             keys,
             dirty: Arc::default(),
             log: Arc::default(),
@@ -2585,10 +2599,8 @@ impl Writer {
                 sqlite_no_room,
             )
             .map_err(storage);
-        self.metrics
-            .journal_write_seconds
-            .observe(started.elapsed().as_secs_f64());
-        self.metrics.journal_txn_entries.observe(weight as f64);
+        self.commit_seconds.observe(started.elapsed().as_secs_f64());
+        self.commit_entries.observe(weight as f64);
         match &result {
             Ok(()) if snapshot => {
                 self.txns_since_snapshot = 0;
