@@ -348,3 +348,40 @@ fn returned_units_are_rebuilt_from_the_log_with_the_views() {
     assert_eq!((sale.sold, sale.returned), (4, 3));
     journal.close();
 }
+
+/// The stock alerts' reader follows the outbox by its cursor, a page at a time, and
+/// finds every crossing once, in order. The embedded log answers it from what its views
+/// hold at the moment, with no wait for them (a wait would end the views' linger early
+/// at every poll): a read may come back short, and the next goes on from its cursor.
+#[test]
+fn the_alerts_reader_follows_every_crossing_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal: Arc<dyn Journal> =
+        LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
+    let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
+    let mut state = ItemState::default();
+    let load = apply_load(&mut state, &shop, &item, 2, LoadTerms::KEEP, NOW);
+    let sale = apply(Some(&mut state), &req("k1", Op::Decrement, 2), NOW, 30_000);
+    let sold_out = nrtxn_actors::apply::crossing(&mut state, &sale).expect("sold out");
+    let back = apply(Some(&mut state), &req("k2", Op::Increment, 1), NOW, 30_000);
+    let in_stock = nrtxn_actors::apply::crossing(&mut state, &back).expect("back in stock");
+    append(&journal, vec![load, sale, sold_out, back, in_stock]);
+    let kinds = [Op::SoldOut, Op::LowStock, Op::BackInStock];
+    let (mut cursor, mut found) = (0, Vec::new());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while found.len() < 2 && std::time::Instant::now() < until {
+        let page = journal.relay_read_kinds(cursor, 1, &kinds).unwrap();
+        assert!(page.next >= cursor, "the cursor went back");
+        cursor = page.next;
+        found.extend(page.events.iter().map(|e| (e.kind.as_str(), e.seq)));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(found, [("sold_out", 3), ("back_in_stock", 5)]);
+    let past = journal.relay_read_kinds(cursor, 1, &kinds).unwrap();
+    assert!(
+        past.events.is_empty(),
+        "read past the end: {:?}",
+        past.events
+    );
+    journal.close();
+}
