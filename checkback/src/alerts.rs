@@ -193,15 +193,14 @@ impl Reader {
                 // the process's end, and the alert is sent again after the restart.
                 let _ = lane.send((read_at, alert));
             }
-            read_at = page.next;
-            // Read on at once while a page was full of alerts or the journal is more than
-            // a page ahead (the reader is behind); else wait: at the rate the journal
-            // grows, a read per `IDLE_POLL` keeps up.
+            // Read on at once while a page was full of alerts or passed a page of the
+            // journal or more (the reader is behind); else wait: at the rate the journal
+            // grows, a read per `IDLE_POLL` keeps up. Judged by the page, not by asking
+            // the journal's end: on the embedded journal that waits for its views, and a
+            // read waiting at every poll would end their linger early.
             let more = page.events.len() >= PAGE_MAX
-                || self
-                    .outbox
-                    .relay_end()
-                    .is_ok_and(|end| end.saturating_sub(read_at) > PAGE_MAX as u64);
+                || page.next.saturating_sub(read_at) >= PAGE_MAX as u64;
+            read_at = page.next;
             let done = outstanding
                 .lock()
                 .map(|mut o| std::mem::take(&mut o.done_unsaved))
