@@ -3,7 +3,8 @@
 //! The log is segment files of checksummed, hash-chained records ([`segment`]) whose
 //! bodies are packed batches of entries ([`codec`]); a sealed segment ends with a footer,
 //! and the durable mark tells an acknowledged record lost from a torn write ([`seal`]);
-//! the next segment is zero-filled ahead by a thread of its own ([`spare`]);
+//! the next segment is zero-filled ahead by a thread of its own ([`spare`]) and then
+//! written with direct I/O, a group's records in one durable write ([`direct`]);
 //! see `docs/decisions/journal-log.md` and `docs/decisions/log-ends.md`. Beside it: the
 //! room on the data dir's disk that every writer asks before it writes ([`space`]), the
 //! fixed-size filter of request keys the journals fill at start ([`keyfilter`]), the
@@ -13,6 +14,7 @@
 //! the group commit that writes this log, and today's views, are in `nrtxn-embedded`.
 
 pub mod codec;
+pub mod direct;
 pub mod faults;
 pub mod index;
 pub mod keyfilter;

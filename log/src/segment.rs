@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_128;
 
+use crate::direct::DirectTail;
 pub use crate::record::{checked_record, Chain, Header, LogError, BODY_MAX, HEADER_LEN, VERSION};
 use crate::seal::{self, Acked, Footer, MarkWriter, Successor};
 use crate::space::Space;
@@ -489,6 +490,9 @@ pub struct LogWriter {
     /// Whether the file holds zeros past `offset` to its size, written and synced ahead
     /// (a spare, see [`crate::spare`]): records then overwrite them.
     preallocated: bool,
+    /// A preallocated segment's records, written directly (`Some`: see [`crate::direct`]);
+    /// `None`: through `file`, synced by `fdatasync`.
+    direct: Option<DirectTail>,
     /// The next segments, prepared ahead (`None`: each segment is created as it comes).
     spares: Option<Spares>,
     buf: Vec<u8>,
@@ -532,6 +536,10 @@ impl LogWriter {
                 false,
             ),
         };
+        let direct = match &end.last {
+            Some(tail) if preallocated => DirectTail::open(&tail.path, offset)?,
+            _ => None,
+        };
         let mut mark = MarkWriter::open(dir)?;
         if chain.next_lsn > 1 {
             mark.write(Acked {
@@ -549,6 +557,7 @@ impl LogWriter {
             epoch,
             segment_bytes: segment_bytes.max(HEADER_LEN as u64 * 2),
             preallocated,
+            direct,
             spares: None,
             buf: Vec::new(),
             mark,
@@ -582,6 +591,8 @@ impl LogWriter {
     /// Ends the segment being written with its footer and makes it durable, then starts
     /// the next one. A footer that finds no room is cut off again, as a record is.
     fn roll(&mut self) -> Result<(), LogError> {
+        // The records written directly go first; the footer through the file.
+        self.leave_direct()?;
         // The footer says where the segment's records end, and a start checks it against
         // the file: the writer's count must be the file's.
         let at = self.file.stream_position()?;
@@ -617,8 +628,21 @@ impl LogWriter {
             Some(f) => f,
             None => create_segment(&self.dir, self.chain.next_lsn)?,
         };
+        if self.preallocated {
+            self.direct = DirectTail::open(&next, 0)?;
+        }
         self.first = self.chain.next_lsn;
         self.offset = 0;
+        Ok(())
+    }
+
+    /// Writes the records gathered for a direct write, if any, and goes on through the
+    /// file from where they end.
+    fn leave_direct(&mut self) -> Result<(), LogError> {
+        if let Some(mut direct) = self.direct.take() {
+            direct.flush()?;
+            self.file.seek(io::SeekFrom::Start(self.offset))?;
+        }
         Ok(())
     }
 
@@ -650,6 +674,11 @@ impl LogWriter {
         if self.offset > 0 && (self.offset + len > self.segment_bytes || spare_waits) {
             self.roll()?;
         }
+        if self.offset + len > self.segment_bytes {
+            // A record larger than a segment on its own passes the spare's end: it is
+            // written through the file, which waits for room if the disk has none.
+            self.leave_direct()?;
+        }
         let header = Header {
             checksum: 0,
             parent: self.chain.parent,
@@ -672,7 +701,13 @@ impl LogWriter {
         buf.clear();
         buf.extend_from_slice(&encoded);
         buf.extend_from_slice(body);
-        let written = self.write_or_cut(&buf);
+        let written = match self.direct.as_mut() {
+            Some(direct) => {
+                direct.push(&buf);
+                Ok(())
+            }
+            None => self.write_or_cut(&buf),
+        };
         self.buf = buf;
         written?;
         self.offset += len;
@@ -697,7 +732,10 @@ impl LogWriter {
 
     /// Makes every record appended so far durable, then says so in the durable mark.
     pub fn sync(&mut self) -> Result<(), LogError> {
-        self.file.sync_data()?;
+        match self.direct.as_mut() {
+            Some(direct) => direct.flush()?,
+            None => self.file.sync_data()?,
+        }
         assert!(self.chain.next_lsn >= 1, "a log's first record is number 1");
         let acked = Acked {
             lsn: self.chain.next_lsn - 1,
@@ -1173,13 +1211,18 @@ mod tests {
     }
     /// Writes `n` records into a log whose segments are spares of `segment_bytes`,
     /// waiting for each spare so that every segment after the first is written into one.
-    fn write_into_spares(dir: &Path, n: u64, segment_bytes: u64) {
+    /// Whether the records of the last spare were written directly ([`crate::direct`]).
+    fn write_into_spares(dir: &Path, n: u64, segment_bytes: u64) -> bool {
         let (_, end) = bodies(dir, Chain::default()).unwrap();
         let mut w = LogWriter::open(dir, &end, 0, segment_bytes, lock(dir).unwrap()).unwrap();
         w.prepare_spares(Space::new(dir, 0), 1).unwrap();
         for i in 0..n {
             w.append(3, i as i64, format!("body {i}").as_bytes())
                 .unwrap();
+            if i % 7 == 0 {
+                // Groups of a few records, as the journal syncs them.
+                w.sync().unwrap();
+            }
             let spares = w.spares.as_mut().unwrap();
             for _ in 0..500 {
                 if w.preallocated && w.offset + 64 < segment_bytes || spares.ready() {
@@ -1189,40 +1232,56 @@ mod tests {
             }
         }
         w.sync().unwrap();
+        w.direct.is_some()
     }
 
-    #[test]
-    fn records_written_into_spare_segments_read_back_and_a_new_writer_goes_on_after_them() {
+    /// Whether files in `dir` take direct I/O (not on tmpfs, say).
+    fn direct_io_here(dir: &Path) -> bool {
+        let probe = dir.join("probe");
+        std::fs::write(&probe, vec![0u8; crate::direct::BLOCK]).unwrap();
+        let direct = crate::direct::DirectTail::open(&probe, 0)
+            .unwrap()
+            .is_some();
+        std::fs::remove_file(probe).unwrap();
+        direct
+    }
+
+    /// Records written into spares of `segment_bytes` (`n` per writer, two writers) read
+    /// back in order, with the zeros after them taken for no torn tail.
+    fn spares_read_back(segment_bytes: u64, n: u64) {
         let dir = tempfile::tempdir().unwrap();
-        write_into_spares(dir.path(), 60, 1_000);
+        let direct = write_into_spares(dir.path(), n, segment_bytes);
+        // Whole blocks are written directly where the file system can; a few bytes not.
+        let whole_blocks = segment_bytes.is_multiple_of(crate::direct::BLOCK as u64);
+        assert_eq!(direct, whole_blocks && direct_io_here(dir.path()));
         let segs = segments(dir.path()).unwrap();
         assert!(segs.len() > 3, "{} segments", segs.len());
         let newest = std::fs::metadata(&segs.last().unwrap().1).unwrap().len();
         assert_eq!(
-            newest, 1_000,
+            newest, segment_bytes,
             "the newest segment is a spare, zeros and all"
         );
         let (got, end) = bodies(dir.path(), Chain::default()).unwrap();
-        assert_eq!(got.len(), 60);
+        assert_eq!(got.len(), n as usize);
         assert_eq!(
             end.torn, None,
             "the zeros after the records are not a torn tail"
         );
         let last = end.last.clone().unwrap();
-        assert!(last.len < 1_000 && !last.sealed);
+        assert!(last.len < segment_bytes && !last.sealed);
         // Sealed spares end at their footer, as any segment does.
         for (_, path) in &segs[1..segs.len() - 1] {
             let data = std::fs::read(path).unwrap();
             assert_ne!(data.last(), Some(&0), "{} ends in zeros", path.display());
         }
-        write_into_spares(dir.path(), 40, 1_000);
+        write_into_spares(dir.path(), n, segment_bytes);
         let (got, end) = bodies(dir.path(), Chain::default()).unwrap();
-        assert_eq!(got.len(), 100);
+        assert_eq!(got.len(), 2 * n as usize);
         assert!(got
             .iter()
             .enumerate()
             .all(|(i, (lsn, _))| *lsn == i as u64 + 1));
-        assert_eq!(got[60].1, b"body 0");
+        assert_eq!(got[n as usize].1, b"body 0");
         assert_eq!(end.torn, None);
         let spares_left = std::fs::read_dir(dir.path())
             .unwrap()
@@ -1235,6 +1294,41 @@ mod tests {
             })
             .count();
         assert!(spares_left <= 1, "{spares_left} spare files");
+    }
+
+    #[test]
+    fn records_written_into_spare_segments_read_back_and_a_new_writer_goes_on_after_them() {
+        spares_read_back(1_000, 60);
+        // Segments of whole blocks: written directly, a block at a time or several.
+        spares_read_back(2 * crate::direct::BLOCK as u64, 400);
+    }
+
+    #[test]
+    fn a_record_larger_than_a_spare_is_written_through_the_file_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = 2 * crate::direct::BLOCK as u64;
+        let (_, end) = bodies(dir.path(), Chain::default()).unwrap();
+        let mut w = LogWriter::open(dir.path(), &end, 0, bytes, lock(dir.path()).unwrap()).unwrap();
+        w.prepare_spares(Space::new(dir.path(), 0), 1).unwrap();
+        w.append(3, 0, b"first").unwrap();
+        for _ in 0..500 {
+            if w.spares.as_mut().unwrap().ready() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // The spare is taken for it, then left for the file: past its end.
+        let big = vec![b'x'; 3 * bytes as usize];
+        w.append(3, 0, &big).unwrap();
+        assert!(w.preallocated, "the large record went into the spare");
+        assert!(w.direct.is_none(), "and leaves direct writes");
+        w.append(3, 0, b"after").unwrap();
+        w.sync().unwrap();
+        drop(w);
+        let (got, end) = bodies(dir.path(), Chain::default()).unwrap();
+        let got: Vec<&[u8]> = got.iter().map(|(_, b)| b.as_slice()).collect();
+        assert_eq!(got, [&b"first"[..], &big[..], &b"after"[..]]);
+        assert_eq!(end.torn, None);
     }
 
     #[test]
