@@ -4,12 +4,13 @@
 
 use super::items::ItemKey;
 use super::*;
+use crate::types::KeyHash;
 
 /// Outcomes of one batch on their way: to this node's WorkManagers by shop, to other
 /// nodes by node id.
 #[derive(Default)]
 struct Routes {
-    by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>>,
+    by_shop: HashMap<Arc<str>, Vec<Arc<Outcome>>, KeyHash>,
     remote: HashMap<u32, Vec<Arc<Outcome>>>,
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use actix::SpawnHandle;
 
-use crate::types::{is_order_item, now_ms, order_of_line, HoldView, Millis, Outcome};
+use crate::types::{is_order_item, now_ms, order_of_line, HoldView, KeyHash, Millis, Outcome};
 use crate::wheel::{TimerId, TimingWheel};
 
 use super::items::ItemKey;
@@ -50,7 +50,7 @@ pub(super) struct HoldBook {
     /// The endings of holds in batches not yet durable: a confirm or cancel that comes
     /// after one is answered with it (the journal does not have it yet). Bounded by the
     /// batches in flight.
-    ended: HashMap<HoldKey, Arc<Outcome>>,
+    ended: HashMap<HoldKey, Arc<Outcome>, KeyHash>,
     /// See [`super::ShardShared::holds_max`].
     max: usize,
     /// See [`super::ShardShared::holds_per_shop_max`].
@@ -63,7 +63,7 @@ impl HoldBook {
             pending: PendingHolds::default(),
             wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
             wake: None,
-            ended: HashMap::new(),
+            ended: HashMap::default(),
             max,
             per_shop_max,
         }
@@ -298,10 +298,10 @@ pub(super) fn due_at(hold_id: &str, expires_at: Millis) -> Millis {
 /// read back, confirmed, cancelled, expired, let go), rather than recounted.
 #[derive(Default)]
 struct PendingHolds {
-    by_key: HashMap<(Arc<str>, Arc<str>), PendingHold>,
+    by_key: HashMap<(Arc<str>, Arc<str>), PendingHold, KeyHash>,
     /// Pending holds per shop; a shop with none has no entry, so the map stays as small
     /// as the shops with holds on this shard.
-    per_shop: HashMap<Arc<str>, usize>,
+    per_shop: HashMap<Arc<str>, usize, KeyHash>,
 }
 
 /// Up to this many pending holds, a debug build recounts the holds per shop at each
