@@ -109,7 +109,7 @@ runuser -u postgres -- "$pg_bin/pg_ctl" -D "$tmp/pg" -l "$tmp/pg/server.log" -w 
 pg_url="host=127.0.0.1 port=$pg_port user=postgres dbname=postgres"
 
 declare -A durability=(
-  [nrtxn]="durable: embedded checksummed log (one fdatasync per group commit), SQLite views derived from it; a 202 only once the request is written"
+  [nrtxn]="durable: embedded checksummed log (one durable write per group commit: O_DIRECT and O_DSYNC, or write + fdatasync), SQLite views derived from it; a 202 only once the request is written"
   [redis-lua]="NOT durable: Redis with appendonly no and no RDB saves; an acknowledged sale is lost if Redis stops"
   [postgres-row]="durable: PostgreSQL 15, fsync=on, synchronous_commit=on (each COMMIT waits for its WAL flush)"
   [ceiling]="no state: parses and answers, stores nothing"

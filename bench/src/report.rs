@@ -234,7 +234,7 @@ pub fn markdown(res: &Results, svg_link: Option<&str>, commands: Option<&str>) -
          check also compares each item's stock with loaded − Σ ok decrements + Σ ok increments and \
          polls and resubmits a sample of keys. Peak RSS is the HTTP server process's (for the peers, not \
          Redis's or PostgreSQL's own). Entries/sync is nrtxn's journal entries per group commit \
-         (one `fdatasync` each on the embedded journal) during the run.\n\n",
+         (one durable write each on the embedded journal) during the run.\n\n",
     );
     md.push_str(
         "| scenario | system | conns | throughput/s | p50 ms | p90 ms | p99 ms | p99.9 ms | ok | rejected | 429 | errors | oversold | check | peak RSS MB | entries/sync |\n",
