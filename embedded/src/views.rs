@@ -3116,7 +3116,14 @@ fn prune(
     // Only entries a snapshot covers (recovery starts after it), and only those the
     // outbox's readers (the relay, the alerts) have passed, if they run; never the
     // newest (the journal's ids would start again at 1, behind the readers' cursors).
-    const PRUNED: &str = "SELECT id FROM journal
+    // Of them, the oldest `max` by id are looked at, and those decided before `before`
+    // go: ids follow the log, whose entries come in the order they were decided, so
+    // the entries past the window are the first ones. Looking further would read the
+    // whole table (no index on `completed_at`) at every prune while nothing is old
+    // enough, as during the key window's first week; an entry out of order by a clock
+    // step waits for the ones before it.
+    const PRUNED: &str = "SELECT id FROM (
+                SELECT id, completed_at FROM journal
                 WHERE id <= (SELECT COALESCE(MAX(value), 0) FROM meta
                              WHERE key = 'snapshot_journal_id')
                   AND id <= COALESCE((SELECT MIN(value) FROM meta
@@ -3124,8 +3131,8 @@ fn prune(
                                                     'alerts_journal_id')),
                                      9223372036854775807)
                   AND id < (SELECT MAX(id) FROM journal)
-                  AND completed_at < ?1
-                ORDER BY id LIMIT ?2";
+                ORDER BY id LIMIT ?2)
+                WHERE completed_at < ?1";
     // The sales among them that may still be returned stay findable by their key (the
     // same rows: same query, same transaction).
     tx.prepare_cached(&format!(
@@ -3395,6 +3402,47 @@ mod tests {
         );
         drop(read);
         assert!(!waiting.any(), "the read no longer counts once it is done");
+    }
+
+    /// A prune looks at the oldest entries only, `max` at a time, and takes those past
+    /// the window among them: it does not read the rest of the table to find none, and
+    /// an entry out of order (here id 3, decided late) stays until it is old enough.
+    #[test]
+    fn a_prune_takes_the_oldest_entries_past_the_window_a_batch_at_a_time() {
+        let conn = Connection::open_in_memory().unwrap();
+        prepare_schema(&conn).unwrap();
+        for id in 1..=20i64 {
+            let at = if id <= 10 && id != 3 { 100 } else { 5_000 };
+            conn.execute(
+                "INSERT INTO journal (id, shop, item, op, qty, status, submitted_at,
+                                      completed_at)
+                 VALUES (?1, 's', 'i', 'decrement', 1, 'ok', ?2, ?2)",
+                params![id, at],
+            )
+            .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('snapshot_journal_id', 20)",
+            [],
+        )
+        .unwrap();
+        let ids = || -> Vec<i64> {
+            let mut stmt = conn.prepare("SELECT id FROM journal ORDER BY id").unwrap();
+            let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+            rows.map(Result::unwrap).collect()
+        };
+        // The oldest 5: ids 1 to 5, of which 3 is too young.
+        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 4);
+        assert_eq!(ids()[..3], [3, 6, 7]);
+        // Then 3 and 6 to 9 (3 still too young): 6 to 9 go.
+        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 4);
+        assert_eq!(ids()[..3], [3, 10, 11]);
+        // 3, 10, 11, 12, 13: only 10 is old enough; then nothing among the oldest.
+        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 1);
+        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 0);
+        // Once the window passes them, the rest go but the newest.
+        assert_eq!(prune(&conn, 10_000, 100, 0).unwrap(), 10);
+        assert_eq!(ids(), [20]);
     }
 
     /// The sweep drops ended holds past the window, a slice at a time, and keeps pending
