@@ -537,7 +537,7 @@ impl LogWriter {
             ),
         };
         let direct = match &end.last {
-            Some(tail) if preallocated => DirectTail::open(&tail.path, offset)?,
+            Some(tail) if preallocated => direct_or_not(&tail.path, offset),
             _ => None,
         };
         let mut mark = MarkWriter::open(dir)?;
@@ -629,7 +629,7 @@ impl LogWriter {
             None => create_segment(&self.dir, self.chain.next_lsn)?,
         };
         if self.preallocated {
-            self.direct = DirectTail::open(&next, 0)?;
+            self.direct = direct_or_not(&next, 0);
         }
         self.first = self.chain.next_lsn;
         self.offset = 0;
@@ -823,6 +823,20 @@ pub fn sync_newest(dir: &Path) -> Result<(), LogError> {
         File::open(path)?.sync_data()?;
     }
     Ok(())
+}
+
+/// The segment `path` opened for direct writes from `offset` ([`DirectTail::open`]);
+/// `None` where that is not taken or fails: the writer then writes through the page
+/// cache, as it can always do.
+fn direct_or_not(path: &Path, offset: u64) -> Option<DirectTail> {
+    DirectTail::open(path, offset).unwrap_or_else(|e| {
+        tracing::warn!(
+            error = %e,
+            segment = %path.display(),
+            "journal: the segment could not be opened for direct writes; writing it through the page cache"
+        );
+        None
+    })
 }
 
 fn create_segment(dir: &Path, first_lsn: u64) -> Result<File, LogError> {
