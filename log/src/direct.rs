@@ -24,6 +24,9 @@ use rustix::fs::OFlags;
 pub const BLOCK: usize = 4096;
 /// The buffer's first size: a group of tens of entries fits; a larger one grows it.
 const FIRST_CAPACITY: usize = 16 * BLOCK;
+/// A buffer grown past this by a large group goes back to its first size once that
+/// group is written, so that memory does not keep the largest group ever seen.
+const SHRINK_ABOVE: usize = 1 << 20;
 
 /// The end of a segment being written directly: the bytes from the block the durable
 /// records end in, then the records appended since the last [`DirectTail::flush`].
@@ -33,6 +36,8 @@ pub struct DirectTail {
     raw: Vec<u8>,
     /// Where the aligned window starts in `raw`.
     align: usize,
+    /// The window's size: whole blocks.
+    cap: usize,
     /// The file offset of the window's first byte: a multiple of [`BLOCK`].
     start: u64,
     /// Bytes of records in the window.
@@ -69,11 +74,12 @@ impl DirectTail {
             file,
             raw: Vec::new(),
             align: 0,
+            cap: 0,
             start,
             len: 0,
             written: 0,
         };
-        tail.reserve(FIRST_CAPACITY);
+        tail.reallocate(FIRST_CAPACITY);
         if len > 0 {
             // The durable bytes of the block the records end in, written again with the
             // next group's: read through the page cache, which direct reads need not be.
@@ -117,22 +123,28 @@ impl DirectTail {
         self.start += keep_from as u64;
         self.len = keep;
         self.written = keep;
+        if self.cap > SHRINK_ABOVE {
+            self.reallocate(FIRST_CAPACITY);
+        }
         Ok(())
     }
 
-    /// Makes the aligned window at least `need` bytes, rounded up to whole blocks, zeros
-    /// past the records.
+    /// Makes the aligned window at least `need` bytes.
     fn reserve(&mut self, need: usize) {
-        let cap = self.raw.len().saturating_sub(self.align + BLOCK);
-        if need <= cap && !self.raw.is_empty() {
-            return;
+        if need > self.cap {
+            self.reallocate(need.div_ceil(BLOCK) * BLOCK);
         }
-        let cap = need.div_ceil(BLOCK).max(1) * BLOCK;
-        let mut raw = vec![0u8; cap + 2 * BLOCK];
+    }
+
+    /// A new aligned window of `cap` bytes (whole blocks, at least the records'), with
+    /// the records copied over and zeros past them.
+    fn reallocate(&mut self, cap: usize) {
+        let mut raw = vec![0u8; cap + BLOCK];
         let align = raw.as_ptr().align_offset(BLOCK);
         raw[align..align + self.len].copy_from_slice(&self.raw[self.align..self.align + self.len]);
         self.raw = raw;
         self.align = align;
+        self.cap = cap;
     }
 }
 
@@ -149,14 +161,16 @@ mod tests {
     #[test]
     fn records_written_directly_read_back_with_zeros_after_them() {
         let dir = tempfile::tempdir().unwrap();
-        let path = zero_filled(dir.path(), 8 * BLOCK);
+        let path = zero_filled(dir.path(), SHRINK_ABOVE + 8 * BLOCK);
         let Some(mut tail) = DirectTail::open(&path, 0).unwrap() else {
             eprintln!("no direct I/O on this file system: nothing to test");
             return;
         };
         let mut expected = Vec::new();
-        // Groups that end inside a block, exactly on one, and span several.
-        for (i, n) in [100usize, 3996, 5000, 1, 9000].into_iter().enumerate() {
+        // Groups that end inside a block, exactly on one, span several, and one past
+        // the buffer's first size (after which it shrinks back).
+        let sizes = [100usize, 3996, 5000, 1, 9000, SHRINK_ABOVE + 3000, 7];
+        for (i, n) in sizes.into_iter().enumerate() {
             let bytes = vec![i as u8 + 1; n];
             tail.push(&bytes);
             expected.extend_from_slice(&bytes);
@@ -169,6 +183,7 @@ mod tests {
                 data[expected.len()..].iter().all(|b| *b == 0),
                 "after group {i}"
             );
+            assert_eq!(tail.cap, FIRST_CAPACITY, "after group {i}");
         }
     }
 
