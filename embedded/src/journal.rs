@@ -493,9 +493,9 @@ fn start_maintainer(
     Ok((stop, maintainer))
 }
 
-/// Writes the index files of segments sealed since, retires the segments no longer
-/// needed, and prunes entries past the key window from the views (a batch at a time, so
-/// the writer is never held for long).
+/// Writes the index files of segments sealed since and the filter over their keys,
+/// retires the segments no longer needed, and prunes entries past the key window from
+/// the views (a batch at a time, so the writer is never held for long).
 fn maintain(
     views: &SqliteStore,
     index: Option<&Index>,
@@ -503,10 +503,24 @@ fn maintain(
     retention: Retention,
     keep_segments: bool,
 ) -> Result<(), StoreError> {
-    if let Some(index) = index.filter(|i| i.has_frozen()) {
+    if let Some(index) = index {
         // A failure leaves the frozen tail read in its place; tried again next time.
-        if let Err(e) = index.write_frozen() {
-            tracing::warn!(error = %e, "journal: a sealed segment's index could not be written");
+        if index.has_frozen() {
+            if let Err(e) = index.write_frozen() {
+                tracing::warn!(error = %e, "journal: a sealed segment's index could not be written");
+            }
+        }
+        // A failure leaves the segments not covered asked one by one, as before.
+        let started = Instant::now();
+        match index.refresh_sealed_keys() {
+            Ok(true) => tracing::debug!(
+                ms = started.elapsed().as_millis() as u64,
+                "journal: the sealed segments' key filter was refreshed"
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "journal: the sealed segments' key filter was not refreshed")
+            }
         }
     }
     let now = now_ms();

@@ -9,6 +9,8 @@
 //!   go first, then its tail is frozen ([`Index::freeze`]), then the new segment's.
 //! - **Its index thread**: [`Index::write_frozen`] after a freeze, off the writer.
 //! - **Its retirement**: [`Index::retire`] for each segment deleted.
+//! - **Its maintenance**, every few seconds: [`Index::refresh_sealed_keys`], which keeps
+//!   one filter over the sealed segments' keys ([`SealedKeys`]).
 //! - **Its readers**: [`Index::lookup`] (polls, repeats, holds' ends) and
 //!   [`Index::events`] (an item's events); both take the lock only to copy what they
 //!   need, then read index blocks and log records without it.
@@ -20,8 +22,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use nrtxn_actors::types::Entry;
 
 use super::format::SegmentSeal;
+use super::keys::SealedKeys;
 use super::segfile::{first_lsn_of, read_segment, write_index};
-use super::{idx_path, item_hash, key_hash, rebuild, IndexError, Pos, SealedIndex};
+use super::{idx_path, item_hash, key_hash, keys, rebuild, IndexError, Pos, SealedIndex};
 use super::{SegmentFile, Tail};
 use crate::seal::{self, FOOTER_LEN};
 use crate::segment;
@@ -64,6 +67,31 @@ struct State {
     /// The segment being written.
     tail: Tail,
     tail_file: Arc<SegmentFile>,
+    /// The filter over the sealed segments' keys, once built.
+    keys: Option<Covered>,
+}
+
+/// The filter over the sealed segments' keys and the segments it covers: every one
+/// whose last lsn is at most `through`.
+#[derive(Clone)]
+struct Covered {
+    filter: Arc<SealedKeys>,
+    through: u64,
+}
+
+impl State {
+    /// False: no sealed segment has this key hash. The filter over them where it covers
+    /// them; each newer segment's own filter for the rest.
+    fn sealed_may_contain(&self, h: u64) -> bool {
+        let through = self.keys.as_ref().map_or(0, |k| k.through);
+        self.keys.as_ref().is_some_and(|k| k.filter.may_contain(h))
+            || self
+                .sealed
+                .iter()
+                .rev()
+                .take_while(|x| x.index.last_lsn() > through)
+                .any(|x| x.index.may_contain(h))
+    }
 }
 
 /// What a reader copies under the lock.
@@ -125,6 +153,7 @@ impl Index {
                 frozen: Vec::new(),
                 tail,
                 tail_file,
+                keys: None,
             }),
             rebuilt_at_open: rebuilt,
         })
@@ -209,9 +238,45 @@ impl Index {
     pub fn may_contain(&self, shop: &str, key: &str) -> bool {
         let h = key_hash(shop, key);
         let s = self.read();
-        s.tail.has_key(h)
-            || s.frozen.iter().any(|f| f.tail.has_key(h))
-            || s.sealed.iter().any(|x| x.index.may_contain(h))
+        s.tail.has_key(h) || s.frozen.iter().any(|f| f.tail.has_key(h)) || s.sealed_may_contain(h)
+    }
+
+    /// Builds the filter over the sealed segments' keys, or extends it to the segments
+    /// sealed since, reading their index files' key blocks; builds it again, sized for
+    /// twice the keys kept, once it has no room for them (retired segments' keys stay in
+    /// it until then) or is more than four times too large. Off the request path: the
+    /// journal's maintenance thread, one caller at a time. Whether it changed.
+    pub fn refresh_sealed_keys(&self) -> Result<bool, IndexError> {
+        let (sealed, covered) = {
+            let s = self.read();
+            (s.sealed.clone(), s.keys.clone())
+        };
+        let Some(newest) = sealed.last().map(|x| x.index.last_lsn()) else {
+            return Ok(false);
+        };
+        let kept: u64 = sealed.iter().map(|x| x.index.keys()).sum();
+        let after = |through: u64| sealed.iter().filter(move |x| x.index.first_lsn() > through);
+        let reused = covered.filter(|c| {
+            let adding: u64 = after(c.through).map(|x| x.index.keys()).sum();
+            c.filter.has_room(adding) && c.filter.capacity() <= 4 * kept.max(keys::CAPACITY_MIN)
+        });
+        let Covered { filter, through } = match reused {
+            Some(c) if c.through >= newest => return Ok(false),
+            Some(c) => c,
+            None => Covered {
+                filter: Arc::new(SealedKeys::with_capacity(2 * kept)),
+                through: 0,
+            },
+        };
+        for x in after(through) {
+            x.index.for_each_key(|h| filter.insert(h))?;
+        }
+        // Covered from now on: every key of theirs is in.
+        self.write().keys = Some(Covered {
+            filter,
+            through: newest,
+        });
+        Ok(true)
     }
 
     /// The newest entry with this shop and request key whose record is durable: the

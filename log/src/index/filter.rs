@@ -10,9 +10,9 @@
 /// Bits of filter per key: about 1% false positives with [`PROBES`] probes.
 pub const BITS_PER_KEY: usize = 10;
 /// Probes per key, each 9 bits of a second hash (7 × 9 = 63 bits).
-const PROBES: u32 = 7;
+pub(super) const PROBES: u32 = 7;
 /// A block is 512 bits, one cache line.
-const BLOCK_BYTES: usize = 64;
+pub(super) const BLOCK_BYTES: usize = 64;
 
 /// The filter's length in bytes for `n` keys (at least one block), so that the index
 /// file's footer need not store it.
@@ -23,13 +23,13 @@ pub fn len_for(n: usize) -> usize {
 
 /// The block and the probe bits: the block from the hash itself, the probes from a
 /// second hash mixed out of it (the key hashes are XXH3, so their bits are independent).
-fn probes(h: u64, blocks: usize) -> (usize, u64) {
+pub(super) fn probes(h: u64, blocks: usize) -> (usize, u64) {
     let block = (h % blocks as u64) as usize;
     let h2 = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     (block, h2)
 }
 
-fn bit(h2: u64, i: u32) -> usize {
+pub(super) fn bit(h2: u64, i: u32) -> usize {
     ((h2 >> (i * 9)) & 511) as usize
 }
 

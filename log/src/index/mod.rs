@@ -20,6 +20,7 @@
 mod facade;
 mod filter;
 pub mod format;
+mod keys;
 mod sealed;
 mod segfile;
 mod tail;

@@ -179,6 +179,18 @@ impl SealedIndex {
         Ok(out)
     }
 
+    /// Calls `f` with every key hash of the segment, reading its key blocks (each
+    /// checked): what the filter over all sealed segments is built from
+    /// ([`super::keys::SealedKeys`]).
+    pub fn for_each_key(&self, mut f: impl FnMut(u64)) -> Result<(), IndexError> {
+        for b in 0..self.layout.key_blocks {
+            let blk = self.block(b)?;
+            let n = u32_at(&blk, COUNT_AT) as usize;
+            (0..n).for_each(|i| f(u64_at(&blk, i * ENTRY_BYTES)));
+        }
+        Ok(())
+    }
+
     /// The events of item hash `ih` from `from_seq` on, in seq order, at most `limit`.
     pub fn item_events(
         &self,

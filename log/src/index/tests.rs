@@ -452,3 +452,54 @@ fn a_newest_segment_not_sealed_is_read_back_into_the_tail_at_open() {
         "the active segment has no index file"
     );
 }
+
+#[test]
+fn one_filter_covers_the_sealed_segments_and_those_sealed_after_it_is_built() {
+    let mut f = Fixture::new(4_096);
+    let grow = |f: &mut Fixture, groups: usize| {
+        for _ in 0..groups {
+            let records = f.make(3, 4, &ITEMS);
+            f.group(&records);
+        }
+    };
+    grow(&mut f, 30);
+    let sealed = f.index.sealed_segments().len();
+    assert!(sealed >= 4, "{sealed} sealed segments");
+    assert!(f.index.refresh_sealed_keys().unwrap(), "built");
+    assert!(
+        !f.index.refresh_sealed_keys().unwrap(),
+        "nothing sealed since"
+    );
+    let found_all = |f: &Fixture| {
+        for e in &f.written {
+            let key = e.request_key.as_deref().unwrap();
+            assert!(f.index.may_contain(&e.shop, key), "{key} said new");
+        }
+        f.all_keys_found();
+    };
+    found_all(&f);
+    // Sealed after the filter was built: each asked by its own filter until covered.
+    grow(&mut f, 20);
+    assert!(f.index.sealed_segments().len() > sealed);
+    found_all(&f);
+    assert!(f.index.refresh_sealed_keys().unwrap(), "extended");
+    found_all(&f);
+    // Keys never sent are new (the filter is sized for a million keys: no false
+    // positive is expected among a thousand).
+    let said_old = (0..1_000)
+        .filter(|i| f.index.may_contain("shop-a", &format!("never-{i}")))
+        .count();
+    assert_eq!(said_old, 0);
+    // A retired segment's keys may stay in the filter; the others are still found.
+    let first = f.index.sealed_segments()[0];
+    f.log.retire_before(f.index.sealed_segments()[1]).unwrap();
+    f.index.retire(first).unwrap();
+    let gone = f.written.iter().take_while(|e| {
+        let key = e.request_key.as_deref().unwrap();
+        f.index.lookup(&e.shop, key).unwrap().is_none()
+    });
+    let gone = gone.count();
+    assert!(gone > 0, "the first segment's keys are gone from lookups");
+    f.written.drain(..gone);
+    found_all(&f);
+}
