@@ -5,7 +5,7 @@
 //! one hot item spends a byte on them. A refusal's standard reason is rebuilt, not
 //! stored. Each entry ends with its request's fingerprint (see [`fingerprint`]).
 //!
-//! An entry is: a flags varint ([`F_SHOP`] ...), the op and status in one byte, `qty`,
+//! An entry is: a flags varint (`F_SHOP` ...), the op and status in one byte, `qty`,
 //! then each field its flag announces, in flag order, then the fingerprint (8 bytes).
 
 use std::sync::Arc;

@@ -11,11 +11,11 @@
 //!   the tail when the segment is sealed, or rebuilt from the segment alone. Its layout
 //!   is in [`mod@format`]. Opened with its footer and the parts kept in memory checked; every
 //!   4 KiB block is checked when it is read.
-//! - [`Index`]: the facade the journal would call: key lookups newest first, an item's
+//! - [`Index`]: the facade the journal calls: key lookups newest first, an item's
 //!   events across segments in seq order (gapless or refused), seals and retirements.
-//!
-//! Not wired into the server yet: see the facade's documentation for what the writer
-//! and the readers would call.
+//!   Its documentation says what the journal's writer, readers and maintenance call.
+//! - `keys::SealedKeys`: one filter over every sealed segment's keys, so that a key
+//!   check costs one memory access however many segments the key window keeps.
 
 mod facade;
 mod filter;

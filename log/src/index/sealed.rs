@@ -181,7 +181,7 @@ impl SealedIndex {
 
     /// Calls `f` with every key hash of the segment, reading its key blocks (each
     /// checked): what the filter over all sealed segments is built from
-    /// ([`super::keys::SealedKeys`]).
+    /// (the filter of `keys.rs`).
     pub fn for_each_key(&self, mut f: impl FnMut(u64)) -> Result<(), IndexError> {
         for b in 0..self.layout.key_blocks {
             let blk = self.block(b)?;
