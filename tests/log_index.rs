@@ -70,6 +70,24 @@ async fn wait_for_indexes(data: &Path) {
     }
 }
 
+/// Waits until the server's log in `dir` says the filter over the sealed segments' keys
+/// was built (the maintenance thread, every 2 s): from then on a key check asks it,
+/// not each segment's own filter.
+async fn wait_for_key_filter(dir: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let built = "filter over the sealed segments' keys was built";
+    while !std::fs::read_to_string(dir.join("server.log"))
+        .unwrap_or_default()
+        .contains(built)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no filter over the sealed segments' keys"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// Keys from every part of the log poll as they were answered, and a resubmission of
 /// each is answered the same, applied once.
 async fn keys_answer_as_before(c: &reqwest::Client, server: &Server, answers: &[Value]) {
@@ -150,6 +168,9 @@ async fn keys_and_events_are_found_across_sealed_segments_and_restarts() {
         "{:?}",
         log_files(&data, "log")
     );
+    // Resubmissions screened through the filter over the sealed segments' keys: each
+    // found there, none applied again.
+    wait_for_key_filter(dir.path()).await;
     keys_answer_as_before(&c, &server, &answers).await;
     // Every event, gapless across the segments: the load, then each sale.
     let (seqs, failed) = walk_events(&c, &server, 0).await;

@@ -34,7 +34,7 @@ use crate::log_reads::{index_error, LogReads};
 use crate::views::{ReadersWaiting, SqliteStore};
 use crate::AcceptDone;
 use nrtxn_log::codec;
-use nrtxn_log::index::Index;
+use nrtxn_log::index::{Index, Refreshed};
 use nrtxn_log::seal;
 use nrtxn_log::segment::{self, scan, Chain, LogError, LogWriter, Unread};
 use nrtxn_log::space::Space;
@@ -512,12 +512,19 @@ fn maintain(
         }
         // A failure leaves the segments not covered asked one by one, as before.
         let started = Instant::now();
+        let ms = || started.elapsed().as_millis() as u64;
         match index.refresh_sealed_keys() {
-            Ok(true) => tracing::debug!(
-                ms = started.elapsed().as_millis() as u64,
-                "journal: the sealed segments' key filter was refreshed"
+            Ok(Refreshed::Built { keys }) => tracing::info!(
+                keys,
+                ms = ms(),
+                "journal: the filter over the sealed segments' keys was built"
             ),
-            Ok(false) => {}
+            Ok(Refreshed::Extended { keys }) => tracing::debug!(
+                keys,
+                ms = ms(),
+                "journal: the filter over the sealed segments' keys was extended"
+            ),
+            Ok(Refreshed::Unchanged) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "journal: the sealed segments' key filter was not refreshed")
             }

@@ -71,6 +71,17 @@ struct State {
     keys: Option<Covered>,
 }
 
+/// What [`Index::refresh_sealed_keys`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refreshed {
+    /// The filter covered every sealed segment already (or there is none).
+    Unchanged,
+    /// Built from scratch, with the keys of every sealed segment.
+    Built { keys: u64 },
+    /// Extended with the keys of the segments sealed since.
+    Extended { keys: u64 },
+}
+
 /// The filter over the sealed segments' keys and the segments it covers: every one
 /// whose last lsn is at most `through`.
 #[derive(Clone)]
@@ -245,14 +256,14 @@ impl Index {
     /// sealed since, reading their index files' key blocks; builds it again, sized for
     /// twice the keys kept, once it has no room for them (retired segments' keys stay in
     /// it until then) or is more than four times too large. Off the request path: the
-    /// journal's maintenance thread, one caller at a time. Whether it changed.
-    pub fn refresh_sealed_keys(&self) -> Result<bool, IndexError> {
+    /// journal's maintenance thread, one caller at a time. What it did.
+    pub fn refresh_sealed_keys(&self) -> Result<Refreshed, IndexError> {
         let (sealed, covered) = {
             let s = self.read();
             (s.sealed.clone(), s.keys.clone())
         };
         let Some(newest) = sealed.last().map(|x| x.index.last_lsn()) else {
-            return Ok(false);
+            return Ok(Refreshed::Unchanged);
         };
         let kept: u64 = sealed.iter().map(|x| x.index.keys()).sum();
         let after = |through: u64| sealed.iter().filter(move |x| x.index.first_lsn() > through);
@@ -261,22 +272,29 @@ impl Index {
             c.filter.has_room(adding) && c.filter.capacity() <= 4 * kept.max(keys::CAPACITY_MIN)
         });
         let Covered { filter, through } = match reused {
-            Some(c) if c.through >= newest => return Ok(false),
+            Some(c) if c.through >= newest => return Ok(Refreshed::Unchanged),
             Some(c) => c,
             None => Covered {
                 filter: Arc::new(SealedKeys::with_capacity(2 * kept)),
                 through: 0,
             },
         };
+        let mut keys = 0;
         for x in after(through) {
             x.index.for_each_key(|h| filter.insert(h))?;
+            keys += x.index.keys();
         }
+        let done = if through == 0 {
+            Refreshed::Built { keys }
+        } else {
+            Refreshed::Extended { keys }
+        };
         // Covered from now on: every key of theirs is in.
         self.write().keys = Some(Covered {
             filter,
             through: newest,
         });
-        Ok(true)
+        Ok(done)
     }
 
     /// The newest entry with this shop and request key whose record is durable: the

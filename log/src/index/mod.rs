@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-pub use facade::{Index, Written, EVENTS_MAX};
+pub use facade::{Index, Refreshed, Written, EVENTS_MAX};
 pub use sealed::SealedIndex;
 pub use segfile::{rebuild, SegmentFile};
 pub use tail::Tail;

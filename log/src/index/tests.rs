@@ -465,11 +465,13 @@ fn one_filter_covers_the_sealed_segments_and_those_sealed_after_it_is_built() {
     grow(&mut f, 30);
     let sealed = f.index.sealed_segments().len();
     assert!(sealed >= 4, "{sealed} sealed segments");
-    assert!(f.index.refresh_sealed_keys().unwrap(), "built");
+    let built = f.index.refresh_sealed_keys().unwrap();
+    let written = f.written.len() as u64;
     assert!(
-        !f.index.refresh_sealed_keys().unwrap(),
-        "nothing sealed since"
+        matches!(built, Refreshed::Built { keys } if keys > 0 && keys < written),
+        "{built:?}: the sealed segments' keys, not the tail's"
     );
+    assert_eq!(f.index.refresh_sealed_keys().unwrap(), Refreshed::Unchanged);
     let found_all = |f: &Fixture| {
         for e in &f.written {
             let key = e.request_key.as_deref().unwrap();
@@ -482,7 +484,11 @@ fn one_filter_covers_the_sealed_segments_and_those_sealed_after_it_is_built() {
     grow(&mut f, 20);
     assert!(f.index.sealed_segments().len() > sealed);
     found_all(&f);
-    assert!(f.index.refresh_sealed_keys().unwrap(), "extended");
+    let extended = f.index.refresh_sealed_keys().unwrap();
+    assert!(
+        matches!(extended, Refreshed::Extended { keys } if keys > 0),
+        "{extended:?}"
+    );
     found_all(&f);
     // Keys never sent are new (the filter is sized for a million keys: no false
     // positive is expected among a thousand).
