@@ -228,19 +228,22 @@ impl ShopStats {
                 continue;
             };
             let shop = first.shop.clone();
+            let mut added = false;
             {
-                let w = self
-                    .shops
-                    .entry(shop.clone())
-                    .or_insert_with(|| Mutex::new(Window::new()));
+                let w = self.shops.entry(shop.clone()).or_insert_with(|| {
+                    added = true;
+                    Mutex::new(Window::new())
+                });
                 let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
                 for o in counted {
                     w.record(o);
                 }
             }
-            // After the insert, not before it: processors record on several threads,
-            // and a check before would let two new shops at once both pass it.
-            while self.shops.len() > SHOPS_TRACKED_MAX {
+            // Only a new shop can take the count past the bound: counting (which locks
+            // every part of the map) is paid once per new shop, not per run. After the
+            // insert, not before it: processors record on several threads, and a check
+            // before would let two new shops at once both pass it.
+            while added && self.shops.len() > SHOPS_TRACKED_MAX {
                 if !self.make_room(&shop) {
                     break;
                 }
