@@ -53,39 +53,48 @@ async fn sell_in_batches(c: &reqwest::Client, server: &Server) -> Vec<Value> {
     answers
 }
 
+/// Checks `done` every 200 ms for up to 20 s; fails with `missing` if it never holds.
+async fn wait_until(done: impl Fn() -> bool, missing: impl Fn() -> String) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{}", missing());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits until the sealed segments have their index files (written off the log's
 /// writer, every 2 s at most).
 async fn wait_for_indexes(data: &Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while log_files(data, "idx").len() + 1 < log_files(data, "log").len()
-        || log_files(data, "idx").is_empty()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sealed segments without an index: {:?} {:?}",
-            log_files(data, "log"),
-            log_files(data, "idx")
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    wait_until(
+        || {
+            log_files(data, "idx").len() + 1 >= log_files(data, "log").len()
+                && !log_files(data, "idx").is_empty()
+        },
+        || {
+            format!(
+                "sealed segments without an index: {:?} {:?}",
+                log_files(data, "log"),
+                log_files(data, "idx")
+            )
+        },
+    )
+    .await;
 }
 
 /// Waits until the server's log in `dir` says the filter over the sealed segments' keys
 /// was built (the maintenance thread, every 2 s): from then on a key check asks it,
 /// not each segment's own filter.
 async fn wait_for_key_filter(dir: &Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let built = "filter over the sealed segments' keys was built";
-    while !std::fs::read_to_string(dir.join("server.log"))
-        .unwrap_or_default()
-        .contains(built)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no filter over the sealed segments' keys"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    wait_until(
+        || {
+            std::fs::read_to_string(dir.join("server.log"))
+                .unwrap_or_default()
+                .contains(built)
+        },
+        || "no filter over the sealed segments' keys".to_string(),
+    )
+    .await;
 }
 
 /// Keys from every part of the log poll as they were answered, and a resubmission of
