@@ -12,8 +12,8 @@ use nrtxn_actors::{
     EngineBuilder, Journal, JournalWriters, Leases, Lifecycle, Metrics, RequestLog, Topology,
 };
 use nrtxn_api::auth::{Gate, KeySet, OpenWhenNoKey, ShopRateLimiter};
-use nrtxn_api::validate::{utf8_paths, BodyLimits};
-use nrtxn_api::{configure, count_requests, AppState};
+use nrtxn_api::validate::BodyLimits;
+use nrtxn_api::{configure, AppState};
 
 use crate::config::{EdgeSettings, Settings};
 use crate::keys::{KeyReloader, KeyReloaderStarting};
@@ -433,19 +433,11 @@ async fn serve_api(
             .app_data(state.clone())
             .app_data(body_limits.clone())
             .app_data(gate_data.clone())
-            // The access check runs inside the counting, so refusals are counted too, and
-            // after the path check, so it reads shop names that decode to UTF-8.
-            .wrap(from_fn(nrtxn_api::auth::check))
-            // Without keys on loopback, only requests for this machine's names.
-            .wrap(Condition::new(
-                loopback,
-                from_fn(nrtxn_api::host::loopback_host_only),
-            ))
-            .wrap(from_fn(utf8_paths))
-            .wrap(from_fn(count_requests))
-            // Outermost: every line logged while a request is served, refusals included,
-            // carries its span.
-            .wrap(from_fn(nrtxn_api::trace::request_span))
+            // The span, the screens before routing (the path's names, the Host of an
+            // open loopback server, the key and its rate) and the count: one layer.
+            .wrap(from_fn(move |req, next| {
+                nrtxn_api::front::serve(req, next, loopback)
+            }))
             .configure(configure)
     };
     let Some(workers) = settings.http_workers else {

@@ -17,11 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ResourceDef, ServiceRequest, ServiceResponse};
+use actix_web::dev::{ResourceDef, ServiceRequest};
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::{Method, StatusCode};
-use actix_web::middleware::Next;
 use actix_web::{web, HttpMessage, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -678,13 +676,11 @@ impl Refusal {
     }
 }
 
-/// Middleware: the access check and the rate limit, before the body is read and before
-/// anything reaches an actor. Needs a `web::Data<Gate>`; without one every request but
-/// the health checks is refused (a wiring mistake must not serve open).
-pub async fn check(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+/// The access check and the rate limit, before the body is read and before anything
+/// reaches an actor ([`crate::front::screen`]): the key's facts are put in the request's
+/// extensions, or the refusal is returned. Needs a `web::Data<Gate>`; without one every
+/// request but the health checks is refused (a wiring mistake must not serve open).
+pub fn admit(req: &ServiceRequest) -> Result<(), HttpResponse> {
     let decision = match req.app_data::<web::Data<Gate>>() {
         Some(gate) => gate.check(
             req.method(),
@@ -694,18 +690,17 @@ pub async fn check(
         None if OPEN_PATHS.contains(&req.path()) => Ok((None, false)),
         None => Err(Refusal::NoGate),
     };
-    match decision {
-        Ok((key, seller)) => {
-            if let Some(key) = key {
-                req.extensions_mut().insert(key);
-            }
-            if seller {
-                req.extensions_mut().insert(SellerKey);
-            }
-            Ok(next.call(req).await?.map_into_left_body())
+    let (key, seller) = decision.map_err(|refusal| refusal.response())?;
+    if key.is_some() || seller {
+        let mut extensions = req.extensions_mut();
+        if let Some(key) = key {
+            extensions.insert(key);
         }
-        Err(refusal) => Ok(req.into_response(refusal.response()).map_into_right_body()),
+        if seller {
+            extensions.insert(SellerKey);
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -59,12 +59,22 @@ pub fn names_loopback(host: &str) -> bool {
     name.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
 }
 
-/// Middleware for a server bound to loopback addresses only: while the [`Gate`] does not
-/// check keys (or there is none), a request whose `Host` does not name loopback is refused with `421`.
+/// Middleware for a server bound to loopback addresses only (the `--metrics-listen`
+/// server's; the API's runs [`misdirected`] in [`crate::front::screen`]).
 pub async fn loopback_host_only(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    match misdirected(&req) {
+        None => Ok(next.call(req).await?.map_into_left_body()),
+        Some(refusal) => Ok(req.into_response(refusal).map_into_right_body()),
+    }
+}
+
+/// For a server bound to loopback addresses only: while the [`Gate`] does not check keys
+/// (or there is none), a request whose `Host` does not name loopback is refused with
+/// `421`, the answer returned here.
+pub fn misdirected(req: &ServiceRequest) -> Option<HttpResponse> {
     // Without a gate (the `--metrics-listen` server) nothing needs a key: always open.
     let open = req
         .app_data::<web::Data<Gate>>()
@@ -80,7 +90,7 @@ pub async fn loopback_host_only(
                 .is_some_and(|a| !names_loopback(a.as_str())),
         };
     if !refused {
-        return Ok(next.call(req).await?.map_into_left_body());
+        return None;
     }
     let host = req
         .headers()
@@ -88,7 +98,7 @@ pub async fn loopback_host_only(
         .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
         .or_else(|| req.uri().authority().map(|a| a.to_string()))
         .unwrap_or_default();
-    let response = HttpResponse::build(StatusCode::MISDIRECTED_REQUEST).json(json!({
+    Some(HttpResponse::build(StatusCode::MISDIRECTED_REQUEST).json(json!({
         "error": "misdirected",
         "detail": format!(
             "this server runs without access keys on a loopback address and answers only \
@@ -97,8 +107,7 @@ pub async fn loopback_host_only(
              to serve other names",
             host.chars().take(100).collect::<String>()
         ),
-    }));
-    Ok(req.into_response(response).map_into_right_body())
+    })))
 }
 
 #[cfg(test)]

@@ -6,9 +6,6 @@
 
 use std::sync::Arc;
 
-use actix_web::body::MessageBody;
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse};
 use nrtxn_actors::Engine;
 use serde_json::json;
@@ -17,6 +14,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod error;
 pub mod events;
+pub mod front;
 pub mod health;
 pub mod holds;
 pub mod host;
@@ -137,7 +135,10 @@ fn traced(
         .expect("the routes' methods are HTTP methods");
     web::resource(path)
         .guard(actix_web::guard::Method(method))
-        .wrap(actix_web::middleware::from_fn(trace::record_route))
+        .wrap(actix_web::middleware::Condition::new(
+            trace::spans_enabled(),
+            actix_web::middleware::from_fn(trace::record_route),
+        ))
         .route(route)
 }
 
@@ -185,24 +186,3 @@ fn path_matches(pattern: &str, path: &str) -> Option<usize> {
     fits.then(|| p.iter().filter(|a| !a.starts_with('{')).count())
 }
 
-/// Middleware: counts every answer by route pattern and status.
-pub async fn count_requests(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let state = req.app_data::<web::Data<AppState>>().cloned();
-    let res = next.call(req).await?;
-    if let Some(state) = state {
-        let route = res
-            .request()
-            .match_pattern()
-            .unwrap_or_else(|| "unmatched".into());
-        state
-            .engine
-            .metrics()
-            .http_requests
-            .with_label_values(&[route.as_str(), res.status().as_str()])
-            .inc();
-    }
-    Ok(res)
-}

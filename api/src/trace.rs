@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use tracing::field::Empty;
-use tracing::Instrument;
 
 use crate::validate::percent_decoded;
 
@@ -26,12 +26,16 @@ pub const TARGET: &str = "nrtxn::http";
 /// (`GET .../txns/{request_key}`, a hold's or an order's id, a load's `request_id`).
 const KEY_PARAMS: [&str; 4] = ["request_key", "request_id", "hold_id", "order_id"];
 
-/// Middleware: serves the request inside its span, and writes the access line.
-pub async fn request_span(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let span = tracing::info_span!(
+/// The request's span, before routing: its method only ([`record_route`] adds the
+/// rest once the router has matched the request).
+pub fn request_span(req: &ServiceRequest) -> tracing::Span {
+    // The route and the path's names are recorded once the router has matched the
+    // request ([`record_route`]): found here, before routing, the pattern cost a second
+    // match of the path against every route, about 4% of the process's CPU under
+    // `bench.sh`'s hot load with the span on (INFO, the default), and 5.5% with it off
+    // until it was skipped then. So the lines of the screens before routing (the
+    // access check, the path check) carry the method only.
+    tracing::info_span!(
         target: TARGET,
         "request",
         method = %req.method(),
@@ -39,26 +43,26 @@ pub async fn request_span(
         shop = Empty,
         item = Empty,
         request_key = Empty,
-    );
-    // The route and the path's names are recorded once the router has matched the
-    // request ([`record_route`]): found here, before routing, the pattern cost a second
-    // match of the path against every route, about 4% of the process's CPU under
-    // `bench.sh`'s hot load with the span on (INFO, the default), and 5.5% with it off
-    // until it was skipped then. So the lines of the middlewares before routing (the
-    // access check, the path check) carry the method only.
-    let started = Instant::now();
-    let res = next.call(req).instrument(span.clone()).await;
-    if let Ok(res) = &res {
-        span.in_scope(|| {
-            tracing::debug!(
-                target: TARGET,
-                status = res.status().as_u16(),
-                elapsed_us = started.elapsed().as_micros() as u64,
-                "answered"
-            );
-        });
-    }
-    res
+    )
+}
+
+/// Whether the request spans are on (the log's filter lets `nrtxn::http` INFO through),
+/// asked once when the routes are built: without them [`record_route`] has nothing to
+/// record, and is left out of the chain.
+pub fn spans_enabled() -> bool {
+    !tracing::info_span!(target: TARGET, "request").is_disabled()
+}
+
+/// The access line of an answer (DEBUG: off unless asked for), in the request's span.
+pub fn answered(span: &tracing::Span, status: StatusCode, started: Instant) {
+    span.in_scope(|| {
+        tracing::debug!(
+            target: TARGET,
+            status = status.as_u16(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "answered"
+        );
+    });
 }
 
 /// Middleware of each route's resource (`traced` in `lib.rs`): records the matched

@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::middleware::Next;
-use actix_web::{web, HttpRequest, ResponseError};
+use actix_web::dev::ServiceRequest;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
 use nrtxn_actors::{now_ms, Op, Request, BATCH_TXNS_MAX, NAME_LEN_MAX, QTY_MAX, REMARKS_LEN_MAX};
 use serde_json::{Map, Value};
@@ -255,17 +253,13 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
     }
 }
 
-/// Middleware: refuses a path whose %-escapes do not decode to UTF-8. The router would
-/// decode them to U+FFFD, so two distinct names would become one shop or item.
-pub async fn utf8_paths(
-    req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    if let Err(e) = percent_decoded_utf8(req.uri().path()) {
-        let res = e.error_response();
-        return Ok(req.into_response(res).map_into_right_body());
-    }
-    Ok(next.call(req).await?.map_into_left_body())
+/// A path whose %-escapes do not decode to UTF-8 is refused (`400`, the answer returned
+/// here): the router would decode them to U+FFFD, so two distinct names would become one
+/// shop or item.
+pub fn undecodable_path(req: &ServiceRequest) -> Option<HttpResponse> {
+    percent_decoded_utf8(req.uri().path())
+        .err()
+        .map(|e| e.error_response())
 }
 
 /// Checks that `path` percent-decodes to valid UTF-8.
