@@ -497,9 +497,19 @@ async fn health_readiness_and_metrics_are_served() {
         txn("s", "sku-1", 1, 1),
     )
     .await;
+    // A request refused before routing (its shop's name does not decode to UTF-8) is
+    // counted too, under the route its path has.
+    let (status, _) = post(
+        &c,
+        &server.url("/v1/shops/%FF/txns"),
+        txn("s", "sku-1", 1, 2),
+    )
+    .await;
+    assert_eq!(status, 400);
     let text = metrics_text(&c, &server).await;
     for needle in [
         "nrtxn_http_requests_total{route=\"/v1/shops/{shop}/txns\",status=\"200\"} 1",
+        "nrtxn_http_requests_total{route=\"/v1/shops/{shop}/txns\",status=\"400\"} 1",
         "nrtxn_queue_depth{queue=\"inflight\"} 0",
         "nrtxn_batch_entries_count",
         "nrtxn_journal_write_seconds_count",

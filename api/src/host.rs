@@ -98,16 +98,18 @@ pub fn misdirected(req: &ServiceRequest) -> Option<HttpResponse> {
         .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
         .or_else(|| req.uri().authority().map(|a| a.to_string()))
         .unwrap_or_default();
-    Some(HttpResponse::build(StatusCode::MISDIRECTED_REQUEST).json(json!({
-        "error": "misdirected",
-        "detail": format!(
-            "this server runs without access keys on a loopback address and answers only \
-             requests for localhost or a loopback address, not for {:?} (a web page elsewhere \
-             must not reach it through DNS rebinding); create a key with `nrtxn keys create` \
-             to serve other names",
-            host.chars().take(100).collect::<String>()
-        ),
-    })))
+    Some(
+        HttpResponse::build(StatusCode::MISDIRECTED_REQUEST).json(json!({
+            "error": "misdirected",
+            "detail": format!(
+                "this server runs without access keys on a loopback address and answers only \
+                 requests for localhost or a loopback address, not for {:?} (a web page elsewhere \
+                 must not reach it through DNS rebinding); create a key with `nrtxn keys create` \
+                 to serve other names",
+                host.chars().take(100).collect::<String>()
+            ),
+        })),
+    )
 }
 
 #[cfg(test)]

@@ -185,4 +185,3 @@ fn path_matches(pattern: &str, path: &str) -> Option<usize> {
             .all(|(a, b)| a == b || (a.starts_with('{') && !b.is_empty()));
     fits.then(|| p.iter().filter(|a| !a.starts_with('{')).count())
 }
-

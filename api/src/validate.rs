@@ -299,7 +299,8 @@ pub fn percent_decoded(s: &str) -> Vec<u8> {
     out
 }
 
-fn check_name(s: &str, field: &str, max: usize) -> Result<(), ApiError> {
+/// `field` is formatted only into an error: a valid name costs no allocation.
+fn check_name(s: &str, field: &dyn std::fmt::Display, max: usize) -> Result<(), ApiError> {
     if s.is_empty() {
         return Err(ApiError::invalid(format!("{field}: must not be empty")));
     }
@@ -323,7 +324,7 @@ pub fn path_segment(s: &str, field: &str) -> Result<Arc<str>, ApiError> {
     } else {
         NAME_LEN_MAX
     };
-    check_name(s, field, max)?;
+    check_name(s, &field, max)?;
     Ok(s.into())
 }
 
@@ -381,7 +382,7 @@ fn name_rule(got: Got<&str>, field: &str, prefix: &str) -> Result<Option<Arc<str
     match got {
         Got::Absent => Ok(None),
         Got::Is(s) => {
-            check_name(s, &format!("{prefix}{field}"), NAME_LEN_MAX)?;
+            check_name(s, &format_args!("{prefix}{field}"), NAME_LEN_MAX)?;
             Ok(Some(s.into()))
         }
         Got::Wrong(..) => Err(ApiError::invalid(format!(
@@ -618,7 +619,7 @@ pub fn txn_rules(
     let req_time: Option<String> = match f.req_time {
         Got::Absent => None,
         Got::Is(ReqTime::Text(s)) => {
-            check_name(s, &format!("{prefix}req_time"), NAME_LEN_MAX)?;
+            check_name(s, &format_args!("{prefix}req_time"), NAME_LEN_MAX)?;
             Some(s.to_owned())
         }
         Got::Is(ReqTime::Int(n)) => Some(n.to_string()),
