@@ -680,7 +680,7 @@ impl Refusal {
 /// reaches an actor ([`crate::front::screen`]): the key's facts are put in the request's
 /// extensions, or the refusal is returned. Needs a `web::Data<Gate>`; without one every
 /// request but the health checks is refused (a wiring mistake must not serve open).
-pub fn admit(req: &ServiceRequest) -> Result<(), HttpResponse> {
+pub fn refused(req: &ServiceRequest) -> Option<HttpResponse> {
     let decision = match req.app_data::<web::Data<Gate>>() {
         Some(gate) => gate.check(
             req.method(),
@@ -690,7 +690,10 @@ pub fn admit(req: &ServiceRequest) -> Result<(), HttpResponse> {
         None if OPEN_PATHS.contains(&req.path()) => Ok((None, false)),
         None => Err(Refusal::NoGate),
     };
-    let (key, seller) = decision.map_err(|refusal| refusal.response())?;
+    let (key, seller) = match decision {
+        Ok(admitted) => admitted,
+        Err(refusal) => return Some(refusal.response()),
+    };
     if key.is_some() || seller {
         let mut extensions = req.extensions_mut();
         if let Some(key) = key {
@@ -700,7 +703,7 @@ pub fn admit(req: &ServiceRequest) -> Result<(), HttpResponse> {
             extensions.insert(SellerKey);
         }
     }
-    Ok(())
+    None
 }
 
 #[cfg(test)]

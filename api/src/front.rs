@@ -54,7 +54,7 @@ pub async fn serve(
 fn screen(req: &ServiceRequest, loopback: bool) -> Option<HttpResponse> {
     validate::undecodable_path(req)
         .or_else(|| loopback.then(|| host::misdirected(req)).flatten())
-        .or_else(|| auth::admit(req).err())
+        .or_else(|| auth::refused(req))
 }
 
 /// Counts an answer by route pattern (`unmatched` for none) and status.
