@@ -677,7 +677,7 @@ impl Refusal {
 }
 
 /// The access check and the rate limit, before the body is read and before anything
-/// reaches an actor ([`crate::front::screen`]): the key's facts are put in the request's
+/// reaches an actor ([`crate::front`]): the key's facts are put in the request's
 /// extensions, or the refusal is returned. Needs a `web::Data<Gate>`; without one every
 /// request but the health checks is refused (a wiring mistake must not serve open).
 pub fn refused(req: &ServiceRequest) -> Option<HttpResponse> {

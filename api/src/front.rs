@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::{auth, host, trace, validate, AppState};
 
 /// Serves `req` inside its span ([`trace::request_span`]): refused by the first
-/// [`screen`] that refuses it, else passed on to the router; either answer is counted by
+/// screen that refuses it, else passed on to the router; either answer is counted by
 /// route pattern and status, and written as the access line. `loopback`: the server
 /// listens on loopback addresses only, so an open server checks the `Host` of each
 /// request ([`host::misdirected`]).

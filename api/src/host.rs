@@ -60,7 +60,7 @@ pub fn names_loopback(host: &str) -> bool {
 }
 
 /// Middleware for a server bound to loopback addresses only (the `--metrics-listen`
-/// server's; the API's runs [`misdirected`] in [`crate::front::screen`]).
+/// server's; the API's runs [`misdirected`] in [`crate::front`]).
 pub async fn loopback_host_only(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
