@@ -587,7 +587,7 @@ fn authenticate<'k>(
 /// `GET /v1/whoami`: the key the request carries (its id, name, shop and role, never its
 /// secret), so that a client such as the dashboard knows what it may show; or that the
 /// server takes requests without keys.
-/// The access check hands it the key only when keys are checked ([`Gate::check`]).
+/// The access check hands it the key only when keys are checked (`Gate::check`).
 pub async fn whoami(key: Option<web::ReqData<AccessKey>>) -> HttpResponse {
     match key {
         Some(key) => HttpResponse::Ok().json(json!({

@@ -57,7 +57,7 @@ macro_rules! routes {
             $( (stringify!($method), $path, $id, $summary), )*
         ];
 
-        /// Registers every route; a shop's under one scope (see [`SHOP_SCOPE`]).
+        /// Registers every route; a shop's under one scope (see `SHOP_SCOPE`).
         pub fn configure(cfg: &mut web::ServiceConfig) {
             let mut shop = web::scope(SHOP_SCOPE);
             $(

@@ -1,7 +1,7 @@
 //! `GET /v1/shops/{shop}/events/stream`: the shop's events as server-sent events, live
 //! (see `docs/decisions/event-stream.md`).
 //!
-//! Each stream has a reader thread of its own that reads the node's [`EventFeed`] and
+//! Each stream has a reader thread of its own that reads the node's [`EventFeed`](nrtxn_actors::EventFeed) and
 //! puts events into a channel of [`STREAM_BUFFER_EVENTS`]; the response takes them out
 //! as the client reads. A client that reads nothing for [`SLOW_CLIENT_GRACE`] while the
 //! channel is full is dropped: it gets what the channel holds, then a final `dropped`

@@ -501,7 +501,7 @@ fn request_id_rule(got: Got<&str>, prefix: &str) -> Result<Option<Arc<str>>, Api
     Ok(id)
 }
 
-/// A caller's `request_id` in `obj` ([`request_id_rule`]).
+/// A caller's `request_id` in `obj` (`request_id_rule`).
 pub fn request_id(obj: &Map<String, Value>, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
     request_id_rule(Got::text(obj, "request_id"), prefix)
 }
@@ -703,7 +703,7 @@ fn min_qty_rule(got: Got<i64>, prefix: &str, op: Op, qty: i64) -> Result<Option<
     }
 }
 
-/// A sale's or hold's `min_qty` in `obj` ([`min_qty_rule`]).
+/// A sale's or hold's `min_qty` in `obj` (`min_qty_rule`).
 pub fn min_qty(
     obj: &Map<String, Value>,
     prefix: &str,
@@ -816,7 +816,7 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     }
 }
 
-/// A transaction body's fields decoded straight from its bytes ([`TxnWire`]), or `None`
+/// A transaction body's fields decoded straight from its bytes (`TxnWire`), or `None`
 /// when they cannot be: then [`decode_object`] and [`txn`] read it, and say why.
 pub fn typed_txn(bytes: &[u8]) -> Option<TxnFields<'_>> {
     serde_json::from_slice::<MapOnly<TxnWire>>(bytes)
