@@ -59,6 +59,9 @@ macro_rules! routes {
 
         /// Registers every route; a shop's under one scope (see `SHOP_SCOPE`).
         pub fn configure(cfg: &mut web::ServiceConfig) {
+            // Whether the request spans are on, asked once for all the routes.
+            let spans = trace::spans_enabled();
+            let traced = |path, method, route| traced(path, method, route, spans);
             let mut shop = web::scope(SHOP_SCOPE);
             $(
                 let route = web::$method().to($handler);
@@ -123,11 +126,12 @@ routes! {
 
 /// One route as a resource of its own, guarded by its method as `cfg.route` would, whose
 /// request span gets the route and the path's names once the router has matched it
-/// ([`trace::record_route`]).
+/// ([`trace::record_route`]) when `spans` are on.
 fn traced(
     path: &'static str,
     method: &str,
     route: actix_web::Route,
+    spans: bool,
 ) -> impl actix_web::dev::HttpServiceFactory {
     let method: actix_web::http::Method = method
         .to_ascii_uppercase()
@@ -136,7 +140,7 @@ fn traced(
     web::resource(path)
         .guard(actix_web::guard::Method(method))
         .wrap(actix_web::middleware::Condition::new(
-            trace::spans_enabled(),
+            spans,
             actix_web::middleware::from_fn(trace::record_route),
         ))
         .route(route)
