@@ -3,7 +3,7 @@
 //! the request log once), in flight (the caller waits on the same decision), or decided
 //! (the recorded outcome is returned, and nothing is applied).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -145,6 +145,16 @@ struct InFlight {
     logged: bool,
     waiters: Vec<Waiter>,
     since: Instant,
+}
+
+/// Where a request of a call goes ([`WorkManager::place_keys`]).
+enum Place {
+    /// Decided recently: answered with that outcome.
+    Known(Arc<Outcome>),
+    /// Its key is in flight, or new and first met earlier in the same call.
+    Waits,
+    /// Its key is new: claimed by this call.
+    New,
 }
 
 /// Keys long in flight looked up in the journal per sweep, at most.
@@ -333,7 +343,13 @@ impl WorkManager {
         taken: Instant,
         ctx: &mut Context<Self>,
     ) -> Result<(), SubmitError> {
-        let unknown = self.unknown_keys(&reqs);
+        let places = self.place_keys(&reqs);
+        let unknown: Vec<Arc<str>> = reqs
+            .iter()
+            .zip(&places)
+            .filter(|(_, p)| matches!(p, Place::New))
+            .map(|((r, _), _)| r.key.clone())
+            .collect();
         // Admission: reserve room for every new key or refuse the whole call.
         let n_new = unknown.len();
         if self.in_flight.len() + n_new > self.deps.shop_pending_max || !self.deps.reserve(n_new) {
@@ -345,38 +361,34 @@ impl WorkManager {
         };
         let mut known = Vec::new();
         let mut new = Vec::with_capacity(n_new);
-        for (index, (req, respond)) in reqs.into_iter().enumerate() {
-            if let Some(outcome) = self.recent.get(&req.key) {
-                known.push((index, Reply::Repeat(outcome.clone())));
-                continue;
-            }
+        for (index, ((req, respond), place)) in reqs.into_iter().zip(places).enumerate() {
             let waiter = Waiter {
                 call: call.clone(),
                 index,
                 taken,
             };
-            if let Some(flight) = self.in_flight.get_mut(&req.key) {
+            match place {
+                Place::Known(outcome) => known.push((index, Reply::Repeat(outcome))),
                 // A repeat of a key in flight waits for the same decision. That is also
                 // how a fire-and-forget repeat gets its 202: this call cannot know
                 // whether the first submission is durable yet, but a journaled outcome
                 // is.
-                flight.waiters.push(waiter);
-                continue;
+                Place::Waits => {
+                    if let Some(flight) = self.in_flight.get_mut(&req.key) {
+                        flight.waiters.push(waiter);
+                    }
+                }
+                Place::New => {
+                    let flight = InFlight {
+                        logged: false,
+                        waiters: if respond { vec![waiter] } else { Vec::new() },
+                        since: taken,
+                    };
+                    self.in_flight.insert(req.key.clone(), flight);
+                    new.push((index, req, respond));
+                }
             }
-            let flight = InFlight {
-                logged: false,
-                waiters: if respond { vec![waiter] } else { Vec::new() },
-                since: taken,
-            };
-            self.in_flight.insert(req.key.clone(), flight);
-            new.push((index, req, respond));
         }
-        // What admission made room for is what went in flight: each new key once.
-        assert_eq!(
-            new.len(),
-            n_new,
-            "keys taken in flight against room reserved"
-        );
         if !screen {
             return self.hand_on(call, known, new);
         }
@@ -396,20 +408,25 @@ impl WorkManager {
         Ok(())
     }
 
-    /// The call's keys neither in flight nor recently decided, each once: the new keys
-    /// admission must make room for.
-    fn unknown_keys(&self, reqs: &[(Request, bool)]) -> Vec<Arc<str>> {
-        let mut unknown: Vec<Arc<str>> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for (r, _) in reqs {
-            if !self.in_flight.contains_key(&r.key)
-                && !self.recent.contains_key(&r.key)
-                && seen.insert(&r.key)
-            {
-                unknown.push(r.key.clone());
-            }
-        }
-        unknown
+    /// Where each of a call's requests goes: answered from a recent outcome, waiting for
+    /// a decision in flight (or for an earlier request of the same call), or new. One
+    /// look at the recent outcomes and one at the keys in flight per request; a call of
+    /// one request (the API's usual) needs no set of the keys it has seen.
+    fn place_keys(&self, reqs: &[(Request, bool)]) -> Vec<Place> {
+        let mut seen: HashSet<&Arc<str>, KeyHash> = HashSet::default();
+        reqs.iter()
+            .map(|(r, _)| {
+                if let Some(outcome) = self.recent.get(&r.key) {
+                    Place::Known(outcome.clone())
+                } else if self.in_flight.contains_key(&r.key)
+                    || (reqs.len() > 1 && !seen.insert(&r.key))
+                {
+                    Place::Waits
+                } else {
+                    Place::New
+                }
+            })
+            .collect()
     }
 
     /// A call's new keys as the journal has them: those it holds are answered with that
@@ -470,10 +487,11 @@ impl WorkManager {
         let mut to_log = Vec::with_capacity(new.len());
         for (index, mut req, respond) in new {
             req.logged = !respond;
-            if let Some(flight) = self.in_flight.get_mut(&req.key) {
-                flight.logged = !respond;
-            }
             if !respond {
+                // Every new flight starts not `logged`: only fire-and-forget marks it.
+                if let Some(flight) = self.in_flight.get_mut(&req.key) {
+                    flight.logged = true;
+                }
                 known.push((index, Reply::Accepted));
             }
             keys.push(req.key.clone());
