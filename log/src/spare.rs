@@ -10,12 +10,16 @@
 //! the disk's room while it is written, and is skipped when the disk has none.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use rustix::fs::OFlags;
+
+use crate::direct::BLOCK;
 use crate::space::Space;
 
 const PREFIX: &str = "spare-";
@@ -171,6 +175,10 @@ fn remove(path: &Path) {
 
 /// Writes `bytes` of zeros to a new file at `path` and syncs it, size and all, within the
 /// disk's room; a spare not finished is removed.
+///
+/// The zeros go with direct I/O where the file system takes it: not copied into the page
+/// cache, dirtied and written back (about 6% of the engine benchmark's CPU went into
+/// that copy), and no cached page left for the log's own direct writes to drop.
 fn prepare(
     path: PathBuf,
     bytes: u64,
@@ -179,19 +187,28 @@ fn prepare(
 ) -> io::Result<PathBuf> {
     let _room = space.room_for(bytes)?;
     let written = (|| {
-        let mut f = OpenOptions::new()
+        let created = OpenOptions::new()
             .create_new(true)
             .write(true)
             .open(&path)?;
-        let zeros = vec![0u8; CHUNK];
-        let mut left = bytes;
-        while left > 0 {
+        // Opened again for direct writes: a failed `O_DIRECT | O_CREAT` open may leave
+        // the file made.
+        let (f, zeros, at) = match open_direct(&path, bytes)? {
+            Some(direct) => {
+                let raw = vec![0u8; CHUNK + BLOCK];
+                let at = raw.as_ptr().align_offset(BLOCK);
+                (direct, raw, at)
+            }
+            None => (created, vec![0u8; CHUNK], 0),
+        };
+        let mut offset = 0;
+        while offset < bytes {
             if stop.load(Ordering::Acquire) {
                 return Err(io::Error::new(io::ErrorKind::Interrupted, "the log closed"));
             }
-            let n = left.min(CHUNK as u64) as usize;
-            f.write_all(&zeros[..n])?;
-            left -= n as u64;
+            let n = (bytes - offset).min(CHUNK as u64) as usize;
+            f.write_all_at(&zeros[at..at + n], offset)?;
+            offset += n as u64;
             // Flushed a chunk at a time, with a pause: one flush of the whole segment
             // at the end held the device for long enough to stall the log's own syncs
             // (p99.9 of `hot-sales` 25 to 35 ms against 21 to 26 without spares).
@@ -206,6 +223,23 @@ fn prepare(
             remove(&path);
             Err(e)
         }
+    }
+}
+
+/// `path` open for direct writes, or `None` where they cannot be used: a file system
+/// without direct I/O (tmpfs, say), or a size that is not whole blocks (as tests use).
+fn open_direct(path: &Path, bytes: u64) -> io::Result<Option<File>> {
+    if !bytes.is_multiple_of(BLOCK as u64) {
+        return Ok(None);
+    }
+    match OpenOptions::new()
+        .write(true)
+        .custom_flags(OFlags::DIRECT.bits() as i32)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
