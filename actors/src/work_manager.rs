@@ -229,23 +229,22 @@ impl WorkManager {
             return;
         }
         let key = outcome.request_key.clone();
-        if let Some(cached) = self.recent.get_mut(&key) {
-            *cached = outcome;
+        // One look at the map: a key cached already has its outcome replaced in place.
+        if self.recent.insert(key.clone(), outcome).is_some() {
             return;
         }
-        // Room in this shop's share and in the total, taking it from this shop's own
-        // oldest outcomes; a shop with none to give caches nothing (the journal has it).
-        while self.recent.len() >= self.deps.outcome_cache_max
-            || self.deps.outcomes_cached.load(Ordering::Relaxed)
-                >= self.deps.outcome_cache_total_max
+        self.recent_order.push_back(key);
+        self.deps.outcomes_cached.fetch_add(1, Ordering::Relaxed);
+        // Back within this shop's share and the total, from this shop's own oldest
+        // outcomes; a shop with no other to give lets this one go too (the journal has
+        // it).
+        while self.recent.len() > self.deps.outcome_cache_max
+            || self.deps.outcomes_cached.load(Ordering::Relaxed) > self.deps.outcome_cache_total_max
         {
             if !self.forget_oldest() {
                 return;
             }
         }
-        self.recent.insert(key.clone(), outcome);
-        self.recent_order.push_back(key);
-        self.deps.outcomes_cached.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Drops the oldest cached outcome; `false` when there is none.
