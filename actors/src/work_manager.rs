@@ -391,7 +391,21 @@ impl WorkManager {
         if !screen {
             return self.hand_on(call, known, new);
         }
-        let (shop, call) = (self.shop.clone(), call.clone());
+        self.screen(call.clone(), known, new, unknown, ctx);
+        Ok(())
+    }
+
+    /// Reads what the journal holds of a call's `unknown` keys off this thread, then goes
+    /// on with the call ([`WorkManager::screened`]).
+    fn screen(
+        &mut self,
+        call: Arc<Call>,
+        known: Vec<(usize, Reply)>,
+        new: Vec<(usize, Request, bool)>,
+        unknown: Vec<Arc<str>>,
+        ctx: &mut Context<Self>,
+    ) {
+        let shop = self.shop.clone();
         self.read_then(
             ctx,
             move |journal| {
@@ -404,7 +418,6 @@ impl WorkManager {
                 wm.publish_in_flight();
             },
         );
-        Ok(())
     }
 
     /// Where each of a call's requests goes: answered from a recent outcome, waiting for
