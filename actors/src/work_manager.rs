@@ -373,7 +373,15 @@ impl WorkManager {
                 // whether the first submission is durable yet, but a journaled outcome
                 // is.
                 Place::Waits => {
-                    if let Some(flight) = self.in_flight.get_mut(&req.key) {
+                    // Placed as waiting only when in flight, or claimed earlier in this
+                    // loop; nothing leaves `in_flight` meanwhile.
+                    let flight = self.in_flight.get_mut(&req.key);
+                    debug_assert!(
+                        flight.is_some(),
+                        "key {} placed waiting, not in flight",
+                        req.key
+                    );
+                    if let Some(flight) = flight {
                         flight.waiters.push(waiter);
                     }
                 }
