@@ -378,7 +378,11 @@ impl<'a> Got<'a, i64> {
 }
 
 /// A name (seller, item, request id...): a string of 1 to 128 bytes.
-fn name_rule(got: Got<&str>, field: &str, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
+pub(crate) fn name_rule(
+    got: Got<&str>,
+    field: &str,
+    prefix: &str,
+) -> Result<Option<Arc<str>>, ApiError> {
     match got {
         Got::Absent => Ok(None),
         Got::Is(s) => {
@@ -400,7 +404,11 @@ pub fn name(
     name_rule(Got::text(obj, field), field, prefix)
 }
 
-fn required(name: Option<Arc<str>>, field: &str, prefix: &str) -> Result<Arc<str>, ApiError> {
+pub(crate) fn required(
+    name: Option<Arc<str>>,
+    field: &str,
+    prefix: &str,
+) -> Result<Arc<str>, ApiError> {
     name.ok_or_else(|| ApiError::invalid(format!("{prefix}{field}: required")))
 }
 
@@ -414,7 +422,7 @@ pub fn required_name(
 
 /// An integer within `min..=max`; fractions, strings and out-of-range numbers are
 /// refused with the reason.
-fn integer_rule(
+pub(crate) fn integer_rule(
     got: Got<i64>,
     field: &str,
     prefix: &str,
@@ -455,7 +463,7 @@ pub fn integer(
     integer_rule(Got::int(obj, field), field, prefix, min, max)
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -795,7 +803,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for ReqTimeWire<'a> {
 /// array of their fields in order (`["s","i",null,2,...]`), which the JSON value's
 /// reading refuses as "must be a JSON object": decoded through this, such a body is
 /// not typed, and the value's reading says why.
-struct MapOnly<T>(T);
+pub(crate) struct MapOnly<T>(pub(crate) T);
 
 impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
