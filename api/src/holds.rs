@@ -14,10 +14,13 @@ use nrtxn_actors::{
     hold_end_key, now_ms, HoldEnd, HoldStatus, HoldView, Op, Outcome, Reply, Request, Status,
     HOLD_TTL_MAX_MS, QTY_MAX,
 };
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::validate::{integer, json_object, name, path_segment, request_id};
+use crate::validate::{
+    decode_object, integer, integer_rule, json_body, json_object, min_qty_rule, name_rule,
+    path_segment, request_id_rule, Got, MapOnly,
+};
 use crate::AppState;
 
 /// Largest body of a hold: four short fields.
@@ -54,6 +57,91 @@ async fn decide(state: &AppState, shop: &Arc<str>, req: Request) -> Result<Arc<O
     }
 }
 
+/// A hold body's fields as their types let them be read, in the order their rules are
+/// checked ([`hold_rules`]).
+struct HoldFields<'a> {
+    item: Got<'a, &'a str>,
+    qty: Got<'a, i64>,
+    ttl_ms: Got<'a, i64>,
+    min_qty: Got<'a, i64>,
+    request_id: Got<'a, &'a str>,
+    seller: Got<'a, &'a str>,
+    buyer: Got<'a, &'a str>,
+}
+
+impl<'a> HoldFields<'a> {
+    /// The fields of a hold's JSON object.
+    fn of(obj: &'a Map<String, Value>) -> Self {
+        HoldFields {
+            item: Got::text(obj, "item"),
+            qty: Got::int(obj, "qty"),
+            ttl_ms: Got::int(obj, "ttl_ms"),
+            min_qty: Got::int(obj, "min_qty"),
+            request_id: Got::text(obj, "request_id"),
+            seller: Got::text(obj, "seller"),
+            buyer: Got::text(obj, "buyer"),
+        }
+    }
+}
+
+/// A hold body as it is on the wire, decoded straight into typed, borrowed fields (as
+/// a transaction's is, `validate::typed_txn`); what it cannot type is read through the
+/// body's JSON value instead, whose errors name the field.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HoldWire<'a> {
+    #[serde(borrow)]
+    item: Option<&'a str>,
+    qty: Option<i64>,
+    ttl_ms: Option<i64>,
+    min_qty: Option<i64>,
+    #[serde(borrow)]
+    request_id: Option<&'a str>,
+    #[serde(borrow)]
+    seller: Option<&'a str>,
+    #[serde(borrow)]
+    buyer: Option<&'a str>,
+}
+
+/// A hold body's fields decoded straight from its bytes, or `None` when they cannot be.
+fn typed_hold(bytes: &[u8]) -> Option<HoldFields<'_>> {
+    fn got<'a, T>(o: Option<T>) -> Got<'a, T> {
+        o.map_or(Got::Absent, Got::Is)
+    }
+    let w = serde_json::from_slice::<MapOnly<HoldWire>>(bytes).ok()?.0;
+    Some(HoldFields {
+        item: got(w.item),
+        qty: got(w.qty),
+        ttl_ms: got(w.ttl_ms),
+        min_qty: got(w.min_qty),
+        request_id: got(w.request_id),
+        seller: got(w.seller),
+        buyer: got(w.buyer),
+    })
+}
+
+/// The rules of a hold's fields, checked in order: the hold's request. The one place
+/// they are written, whichever way the body was decoded.
+fn hold_rules(shop: &Arc<str>, f: HoldFields<'_>) -> Result<Request, ApiError> {
+    let item = name_rule(f.item, "item", "")?.ok_or_else(|| ApiError::invalid("item: required"))?;
+    let qty = integer_rule(f.qty, "qty", "", 1, QTY_MAX)?;
+    let ttl_ms = integer_rule(f.ttl_ms, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)?;
+    let min_qty = min_qty_rule(f.min_qty, "", Op::Hold, qty)?;
+    let key = request_id_rule(f.request_id, "")?.ok_or_else(|| {
+        ApiError::invalid("request_id: required (it makes the hold idempotent and is its id)")
+    })?;
+    crate::trace::record_key(&key);
+    let seller = name_rule(f.seller, "seller", "")?;
+    let buyer = name_rule(f.buyer, "buyer", "")?;
+    Ok(Request {
+        seller,
+        buyer,
+        ttl_ms,
+        min_qty,
+        ..Request::new(shop.clone(), item, key, Op::Hold, qty, now_ms())
+    })
+}
+
 pub async fn post_hold(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -61,25 +149,19 @@ pub async fn post_hold(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
-    let body = json_object(&http, payload, HOLD_BODY_MAX).await?;
-    crate::openapi::known_fields("HoldRequest", &body)?;
-    let item = name(&body, "item", "")?.ok_or_else(|| ApiError::invalid("item: required"))?;
-    let qty = integer(&body, "qty", "", 1, QTY_MAX)?;
-    let ttl_ms = integer(&body, "ttl_ms", "", 1, HOLD_TTL_MAX_MS)?;
-    let min_qty = crate::validate::min_qty(&body, "", Op::Hold, qty)?;
-    let key = request_id(&body, "")?.ok_or_else(|| {
-        ApiError::invalid("request_id: required (it makes the hold idempotent and is its id)")
-    })?;
-    crate::trace::record_key(&key);
-    let seller = name(&body, "seller", "")?;
-    let buyer = name(&body, "buyer", "")?;
-    let req = Request {
-        seller,
-        buyer,
-        ttl_ms,
-        min_qty,
-        ..Request::new(shop.clone(), item, key.clone(), Op::Hold, qty, now_ms())
+    let body = json_body(&http, payload, HOLD_BODY_MAX).await?;
+    // Typed straight from the bytes; a body that cannot be is read as a JSON value,
+    // whose errors name the field. One set of rules decides either way.
+    let req = match typed_hold(&body.bytes) {
+        Some(fields) => hold_rules(&shop, fields)?,
+        None => {
+            let obj = decode_object(&body.bytes)?;
+            crate::openapi::known_fields("HoldRequest", &obj)?;
+            hold_rules(&shop, HoldFields::of(&obj))?
+        }
     };
+    drop(body);
+    let key = req.key.clone();
     let o = decide(&state, &shop, req.clone()).await?;
     if let Some(e) = ApiError::reused(&req, &o, "request_id") {
         return Err(e);
@@ -377,5 +459,95 @@ pub async fn get_hold(
         None => Err(ApiError::NotFound(format!(
             "hold_id: no hold {hold_id} in shop {shop}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What the rules made of a body: the request's fields, or the error's text.
+    fn shown(r: Result<Request, ApiError>) -> Result<String, String> {
+        r.map(|q| {
+            format!(
+                "{:?}",
+                (q.item, q.qty, q.ttl_ms, q.min_qty, q.key, q.seller, q.buyer)
+            )
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    /// The body read through its JSON value, as a body the typed decoder refuses is.
+    fn through_value(shop: &Arc<str>, bytes: &[u8]) -> Result<String, String> {
+        let obj = decode_object(bytes).map_err(|e| e.to_string())?;
+        crate::openapi::known_fields("HoldRequest", &obj).map_err(|e| e.to_string())?;
+        shown(hold_rules(shop, HoldFields::of(&obj)))
+    }
+
+    /// A field's value: mostly one of its good ones, else anything a caller may send.
+    fn field(good: Value) -> impl Strategy<Value = Option<Value>> {
+        prop_oneof![
+            6 => Just(Some(good)),
+            1 => Just(None),
+            1 => prop_oneof![
+                Just(Value::Null),
+                Just(json!("~reserved")),
+                Just(json!("x".repeat(129))),
+                Just(json!("")),
+                Just(json!("esc\"aped")),
+                Just(json!(0)),
+                Just(json!(-1)),
+                Just(json!(2.5)),
+                Just(json!(u64::MAX)),
+                Just(json!(QTY_MAX + 1)),
+                Just(json!([])),
+                Just(json!({})),
+            ]
+            .prop_map(Some),
+        ]
+    }
+
+    fn body() -> impl Strategy<Value = Value> {
+        (
+            field(json!("item-1")),
+            (1i64..20).prop_flat_map(|q| (Just(q), field(json!(q)), field(json!((q + 1) / 2)))),
+            field(json!(60_000)),
+            field(json!("h1")),
+            field(json!("s")),
+            field(json!("b")),
+            prop_oneof![6 => Just(false), 1 => Just(true)],
+        )
+            .prop_map(|(item, (_, qty, min_qty), ttl, id, seller, buyer, extra)| {
+                let mut o = serde_json::Map::new();
+                for (k, v) in [
+                    ("item", item),
+                    ("qty", qty),
+                    ("ttl_ms", ttl),
+                    ("min_qty", min_qty),
+                    ("request_id", id),
+                    ("seller", seller),
+                    ("buyer", buyer),
+                ] {
+                    if let Some(v) = v {
+                        o.insert(k.into(), v);
+                    }
+                }
+                if extra {
+                    o.insert("note".into(), json!(1));
+                }
+                Value::Object(o)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn a_hold_typed_from_its_bytes_is_decided_as_its_json_value_is(body in body()) {
+            let shop: Arc<str> = "shop".into();
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            if let Some(fields) = typed_hold(&bytes) {
+                prop_assert_eq!(shown(hold_rules(&shop, fields)), through_value(&shop, &bytes));
+            }
+        }
     }
 }

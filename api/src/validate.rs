@@ -499,7 +499,7 @@ pub fn array<'a>(
 
 /// A caller's `request_id`: a name that does not start with `~`, which marks the keys
 /// nrtxn makes itself (loads, the endings of holds).
-fn request_id_rule(got: Got<&str>, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
+pub(crate) fn request_id_rule(got: Got<&str>, prefix: &str) -> Result<Option<Arc<str>>, ApiError> {
     let id = name_rule(got, "request_id", prefix)?;
     if id.as_deref().is_some_and(|id| id.starts_with('~')) {
         return Err(ApiError::invalid(format!(
@@ -700,7 +700,12 @@ pub fn txn_rules(
 }
 
 /// A sale's or hold's `min_qty` (a partial fill, `1 ≤ min_qty ≤ qty`), if it has one.
-fn min_qty_rule(got: Got<i64>, prefix: &str, op: Op, qty: i64) -> Result<Option<i64>, ApiError> {
+pub(crate) fn min_qty_rule(
+    got: Got<i64>,
+    prefix: &str,
+    op: Op,
+    qty: i64,
+) -> Result<Option<i64>, ApiError> {
     match got {
         Got::Absent => Ok(None),
         _ if !matches!(op, Op::Decrement | Op::Hold) => Err(ApiError::invalid(format!(
