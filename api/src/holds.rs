@@ -18,8 +18,8 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::validate::{
-    decode_object, integer, integer_rule, json_body, json_object, min_qty_rule, name_rule,
-    path_segment, request_id_rule, Got, MapOnly,
+    integer, integer_rule, json_body, json_object, min_qty_rule, name_rule, path_segment,
+    request_id_rule, two_way, wire, Got, TwoWayBody,
 };
 use crate::AppState;
 
@@ -58,7 +58,8 @@ async fn decide(state: &AppState, shop: &Arc<str>, req: Request) -> Result<Arc<O
 }
 
 /// A hold body's fields as their types let them be read, in the order their rules are
-/// checked ([`hold_rules`]).
+/// checked ([`hold_rules`]), typed from the bytes or read from the JSON value
+/// ([`TwoWayBody`]).
 struct HoldFields<'a> {
     item: Got<'a, &'a str>,
     qty: Got<'a, i64>,
@@ -67,21 +68,6 @@ struct HoldFields<'a> {
     request_id: Got<'a, &'a str>,
     seller: Got<'a, &'a str>,
     buyer: Got<'a, &'a str>,
-}
-
-impl<'a> HoldFields<'a> {
-    /// The fields of a hold's JSON object.
-    fn of(obj: &'a Map<String, Value>) -> Self {
-        HoldFields {
-            item: Got::text(obj, "item"),
-            qty: Got::int(obj, "qty"),
-            ttl_ms: Got::int(obj, "ttl_ms"),
-            min_qty: Got::int(obj, "min_qty"),
-            request_id: Got::text(obj, "request_id"),
-            seller: Got::text(obj, "seller"),
-            buyer: Got::text(obj, "buyer"),
-        }
-    }
 }
 
 /// A hold body as it is on the wire, decoded straight into typed, borrowed fields (as
@@ -103,21 +89,34 @@ struct HoldWire<'a> {
     buyer: Option<&'a str>,
 }
 
-/// A hold body's fields decoded straight from its bytes, or `None` when they cannot be.
-fn typed_hold(bytes: &[u8]) -> Option<HoldFields<'_>> {
-    fn got<'a, T>(o: Option<T>) -> Got<'a, T> {
-        o.map_or(Got::Absent, Got::Is)
+impl TwoWayBody for HoldWire<'_> {
+    type Fields<'a> = HoldFields<'a>;
+    const SCHEMA: &'static str = "HoldRequest";
+
+    fn typed(bytes: &[u8]) -> Option<HoldFields<'_>> {
+        let w: HoldWire = wire(bytes)?;
+        Some(HoldFields {
+            item: w.item.into(),
+            qty: w.qty.into(),
+            ttl_ms: w.ttl_ms.into(),
+            min_qty: w.min_qty.into(),
+            request_id: w.request_id.into(),
+            seller: w.seller.into(),
+            buyer: w.buyer.into(),
+        })
     }
-    let w = serde_json::from_slice::<MapOnly<HoldWire>>(bytes).ok()?.0;
-    Some(HoldFields {
-        item: got(w.item),
-        qty: got(w.qty),
-        ttl_ms: got(w.ttl_ms),
-        min_qty: got(w.min_qty),
-        request_id: got(w.request_id),
-        seller: got(w.seller),
-        buyer: got(w.buyer),
-    })
+
+    fn of(obj: &Map<String, Value>) -> HoldFields<'_> {
+        HoldFields {
+            item: Got::text(obj, "item"),
+            qty: Got::int(obj, "qty"),
+            ttl_ms: Got::int(obj, "ttl_ms"),
+            min_qty: Got::int(obj, "min_qty"),
+            request_id: Got::text(obj, "request_id"),
+            seller: Got::text(obj, "seller"),
+            buyer: Got::text(obj, "buyer"),
+        }
+    }
 }
 
 /// The rules of a hold's fields, checked in order: the hold's request. The one place
@@ -150,16 +149,7 @@ pub async fn post_hold(
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
     let body = json_body(&http, payload, HOLD_BODY_MAX).await?;
-    // Typed straight from the bytes; a body that cannot be is read as a JSON value,
-    // whose errors name the field. One set of rules decides either way.
-    let req = match typed_hold(&body.bytes) {
-        Some(fields) => hold_rules(&shop, fields)?,
-        None => {
-            let obj = decode_object(&body.bytes)?;
-            crate::openapi::known_fields("HoldRequest", &obj)?;
-            hold_rules(&shop, HoldFields::of(&obj))?
-        }
-    };
+    let req = two_way::<HoldWire, _>(&body.bytes, |fields| hold_rules(&shop, fields))?;
     drop(body);
     let key = req.key.clone();
     let o = decide(&state, &shop, req.clone()).await?;
@@ -465,6 +455,7 @@ pub async fn get_hold(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::decode_object;
     use proptest::prelude::*;
 
     /// What the rules made of a body: the request's fields, or the error's text.
@@ -482,7 +473,7 @@ mod tests {
     fn through_value(shop: &Arc<str>, bytes: &[u8]) -> Result<String, String> {
         let obj = decode_object(bytes).map_err(|e| e.to_string())?;
         crate::openapi::known_fields("HoldRequest", &obj).map_err(|e| e.to_string())?;
-        shown(hold_rules(shop, HoldFields::of(&obj)))
+        shown(hold_rules(shop, HoldWire::of(&obj)))
     }
 
     /// A field's value: mostly one of its good ones, else anything a caller may send.
@@ -545,7 +536,7 @@ mod tests {
         fn a_hold_typed_from_its_bytes_is_decided_as_its_json_value_is(body in body()) {
             let shop: Arc<str> = "shop".into();
             let bytes = serde_json::to_vec(&body).unwrap_or_default();
-            if let Some(fields) = typed_hold(&bytes) {
+            if let Some(fields) = HoldWire::typed(&bytes) {
                 prop_assert_eq!(shown(hold_rules(&shop, fields)), through_value(&shop, &bytes));
             }
         }

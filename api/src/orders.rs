@@ -15,7 +15,8 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::validate::{
-    decode_object, integer_rule, json_body, name_rule, path_segment, required, Got, MapOnly,
+    integer_rule, json_body, name_rule, path_segment, required, two_way, wire, Got, MapOnly,
+    TwoWayBody,
 };
 use crate::AppState;
 
@@ -23,8 +24,8 @@ use crate::AppState;
 pub const ORDER_BODY_MAX: usize = 64 * 1024;
 
 /// An order body's fields as their types let them be read, in the order their rules
-/// are checked ([`order_rules`]): decoded from the bytes ([`typed_order`]) or read from
-/// the body's JSON value ([`OrderFields::of`]).
+/// are checked ([`order_rules`]): decoded from the bytes or read from
+/// the body's JSON value ([`TwoWayBody`]).
 struct OrderFields<'a> {
     order_id: Got<'a, &'a str>,
     /// `None`: absent, or not an array; a line `None`: not an object.
@@ -35,29 +36,6 @@ struct OrderFields<'a> {
 
 /// A line's `item` and `qty`.
 type LineFields<'a> = (Got<'a, &'a str>, Got<'a, i64>);
-
-impl<'a> OrderFields<'a> {
-    /// The fields of an order's JSON object.
-    fn of(obj: &'a Map<String, Value>) -> Self {
-        let lines = match obj.get("lines") {
-            Some(Value::Array(raw)) => Some(
-                raw.iter()
-                    .map(|line| match line {
-                        Value::Object(o) => Some((Got::text(o, "item"), Got::int(o, "qty"))),
-                        _ => None,
-                    })
-                    .collect(),
-            ),
-            _ => None,
-        };
-        OrderFields {
-            order_id: Got::text(obj, "order_id"),
-            lines,
-            ttl_ms: Got::int(obj, "ttl_ms"),
-            buyer: Got::text(obj, "buyer"),
-        }
-    }
-}
 
 /// An order body as it is on the wire, decoded straight into typed, borrowed fields (as
 /// a transaction's is, `validate::typed_txn`). What it cannot type (an unknown or
@@ -84,24 +62,44 @@ struct LineWire<'a> {
     qty: Option<i64>,
 }
 
-/// An order body's fields decoded straight from its bytes, or `None` when they cannot
-/// be: then [`decode_object`] reads it, and says why.
-fn typed_order(bytes: &[u8]) -> Option<OrderFields<'_>> {
-    fn got<'a, T>(o: Option<T>) -> Got<'a, T> {
-        o.map_or(Got::Absent, Got::Is)
+impl TwoWayBody for OrderWire<'_> {
+    type Fields<'a> = OrderFields<'a>;
+    const SCHEMA: &'static str = "OrderRequest";
+
+    fn typed(bytes: &[u8]) -> Option<OrderFields<'_>> {
+        let w: OrderWire = wire(bytes)?;
+        Some(OrderFields {
+            order_id: w.order_id.into(),
+            lines: w.lines.map(|lines| {
+                lines
+                    .into_iter()
+                    .map(|MapOnly(l)| Some((l.item.into(), l.qty.into())))
+                    .collect()
+            }),
+            ttl_ms: w.ttl_ms.into(),
+            buyer: w.buyer.into(),
+        })
     }
-    let w = serde_json::from_slice::<MapOnly<OrderWire>>(bytes).ok()?.0;
-    Some(OrderFields {
-        order_id: got(w.order_id),
-        lines: w.lines.map(|lines| {
-            lines
-                .into_iter()
-                .map(|MapOnly(l)| Some((got(l.item), got(l.qty))))
-                .collect()
-        }),
-        ttl_ms: got(w.ttl_ms),
-        buyer: got(w.buyer),
-    })
+
+    fn of(obj: &Map<String, Value>) -> OrderFields<'_> {
+        let lines = match obj.get("lines") {
+            Some(Value::Array(raw)) => Some(
+                raw.iter()
+                    .map(|line| match line {
+                        Value::Object(o) => Some((Got::text(o, "item"), Got::int(o, "qty"))),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
+        OrderFields {
+            order_id: Got::text(obj, "order_id"),
+            lines,
+            ttl_ms: Got::int(obj, "ttl_ms"),
+            buyer: Got::text(obj, "buyer"),
+        }
+    }
 }
 
 /// The rules of an order's fields, checked in order; the one place they are written,
@@ -170,16 +168,7 @@ pub async fn post_order(
 ) -> Result<HttpResponse, ApiError> {
     let shop = path_segment(&path, "shop")?;
     let body = json_body(&http, payload, ORDER_BODY_MAX).await?;
-    // Typed straight from the bytes; a body that cannot be is read as a JSON value,
-    // whose errors name the field. One set of rules decides either way.
-    let order = match typed_order(&body.bytes) {
-        Some(fields) => order_rules(fields)?,
-        None => {
-            let obj = decode_object(&body.bytes)?;
-            crate::openapi::known_fields("OrderRequest", &obj)?;
-            order_rules(OrderFields::of(&obj))?
-        }
-    };
+    let order = two_way::<OrderWire, _>(&body.bytes, order_rules)?;
     drop(body);
     // Charged once the order is valid: a body refused costs the shop nothing.
     crate::auth::charge_work(&http, &shop, order.lines.len())?;
@@ -328,6 +317,7 @@ pub async fn get_order(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::decode_object;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -341,7 +331,7 @@ mod tests {
     fn through_value(bytes: &[u8]) -> Result<String, String> {
         let obj = decode_object(bytes).map_err(|e| e.to_string())?;
         crate::openapi::known_fields("OrderRequest", &obj).map_err(|e| e.to_string())?;
-        shown(order_rules(OrderFields::of(&obj)))
+        shown(order_rules(OrderWire::of(&obj)))
     }
 
     /// Any value a field of an order may be sent as, good or bad.
@@ -422,7 +412,7 @@ mod tests {
     #[test]
     fn a_plain_order_is_typed_from_its_bytes() {
         let bytes = br#"{"order_id":"o1","lines":[{"item":"a","qty":2},{"item":"b","qty":1}],"ttl_ms":60000,"buyer":"u"}"#;
-        let typed = typed_order(bytes).expect("a plain order is typed");
+        let typed = OrderWire::typed(bytes).expect("a plain order is typed");
         let order = order_rules(typed).expect("valid");
         assert_eq!(&*order.order_id, "o1");
         assert_eq!(order.lines.len(), 2);
@@ -442,7 +432,7 @@ mod tests {
                 "lines[0].qty: must be an integer",
             ),
         ] {
-            assert!(typed_order(body).is_none());
+            assert!(OrderWire::typed(body).is_none());
             let e = through_value(body).expect_err("refused");
             assert!(e.contains(error), "{e}");
         }
@@ -452,7 +442,7 @@ mod tests {
         #[test]
         fn an_order_typed_from_its_bytes_is_decided_as_its_json_value_is(body in body()) {
             let bytes = serde_json::to_vec(&body).unwrap_or_default();
-            if let Some(fields) = typed_order(&bytes) {
+            if let Some(fields) = OrderWire::typed(&bytes) {
                 prop_assert_eq!(shown(order_rules(fields)), through_value(&bytes));
             }
         }

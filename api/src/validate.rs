@@ -363,6 +363,13 @@ impl<'a, T> Got<'a, T> {
     }
 }
 
+impl<'a, T> From<Option<T>> for Got<'a, T> {
+    /// A field the typed decoder read: there or not.
+    fn from(o: Option<T>) -> Self {
+        o.map_or(Got::Absent, Got::Is)
+    }
+}
+
 impl<'a> Got<'a, &'a str> {
     /// A string field of `obj`.
     pub fn text(obj: &'a Map<String, Value>, field: &str) -> Self {
@@ -829,12 +836,48 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     }
 }
 
+/// A body typed as `W` from the bytes of a JSON object (never from an array of its
+/// fields, see [`MapOnly`]), or `None` when it cannot be.
+pub(crate) fn wire<'a, W: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Option<W> {
+    serde_json::from_slice::<MapOnly<W>>(bytes)
+        .ok()
+        .map(|w| w.0)
+}
+
+/// A body whose fields are read two ways: typed straight from its bytes when they can be,
+/// else through its JSON value, whose errors name the field. Its rules take the fields
+/// either way.
+pub(crate) trait TwoWayBody {
+    /// The fields, borrowed from the bytes or from the JSON value.
+    type Fields<'a>;
+    /// The body's schema in the contract, which names unknown fields.
+    const SCHEMA: &'static str;
+    /// The fields typed straight from `bytes`, or `None` when they cannot be.
+    fn typed(bytes: &[u8]) -> Option<Self::Fields<'_>>;
+    /// The fields of the body's JSON object.
+    fn of(obj: &Map<String, Value>) -> Self::Fields<'_>;
+}
+
+/// What `rules` decide of a body read as [`TwoWayBody`] says: one set of rules, whichever
+/// way the body was read.
+pub(crate) fn two_way<B: TwoWayBody, T>(
+    bytes: &[u8],
+    rules: impl for<'a> FnOnce(B::Fields<'a>) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    match B::typed(bytes) {
+        Some(fields) => rules(fields),
+        None => {
+            let obj = decode_object(bytes)?;
+            crate::openapi::known_fields(B::SCHEMA, &obj)?;
+            rules(B::of(&obj))
+        }
+    }
+}
+
 /// A transaction body's fields decoded straight from its bytes (`TxnWire`), or `None`
 /// when they cannot be: then [`decode_object`] and [`txn`] read it, and say why.
 pub fn typed_txn(bytes: &[u8]) -> Option<TxnFields<'_>> {
-    serde_json::from_slice::<MapOnly<TxnWire>>(bytes)
-        .ok()
-        .map(|w| w.0.fields())
+    wire::<TxnWire>(bytes).map(TxnWire::fields)
 }
 
 /// A batch body (`{"txns":[...]}`) on the wire: its entries as [`TxnWire`]s.
@@ -894,21 +937,18 @@ pub fn typed_batch(bytes: &[u8], entries_max: usize) -> Option<Vec<TxnFields<'_>
 impl<'a> TxnWire<'a> {
     fn fields(self) -> TxnFields<'a> {
         let w = self;
-        fn got<'a, T>(o: Option<T>) -> Got<'a, T> {
-            o.map_or(Got::Absent, Got::Is)
-        }
         TxnFields {
-            seller: got(w.seller),
-            item: got(w.item),
-            buyer: got(w.buyer),
-            qty: got(w.qty),
-            op: got(w.op),
-            respond: got(w.respond.map(|r| r.0)),
-            req_time: got(w.req_time.map(|r| r.0)),
-            request_id: got(w.request_id),
-            remarks: got(w.remarks),
-            return_of: got(w.return_of),
-            min_qty: got(w.min_qty),
+            seller: w.seller.into(),
+            item: w.item.into(),
+            buyer: w.buyer.into(),
+            qty: w.qty.into(),
+            op: w.op.into(),
+            respond: w.respond.map(|r| r.0).into(),
+            req_time: w.req_time.map(|r| r.0).into(),
+            request_id: w.request_id.into(),
+            remarks: w.remarks.into(),
+            return_of: w.return_of.into(),
+            min_qty: w.min_qty.into(),
         }
     }
 }
