@@ -723,16 +723,6 @@ pub(crate) fn min_qty_rule(
     }
 }
 
-/// A sale's or hold's `min_qty` in `obj` (`min_qty_rule`).
-pub fn min_qty(
-    obj: &Map<String, Value>,
-    prefix: &str,
-    op: Op,
-    qty: i64,
-) -> Result<Option<i64>, ApiError> {
-    min_qty_rule(Got::int(obj, "min_qty"), prefix, op, qty)
-}
-
 /// A transaction body as it is on the wire, decoded straight into typed, borrowed
 /// fields: no JSON value, no copy of a string. Refuses what it cannot type (an unknown
 /// or repeated field, a field of another type, a string with escapes), and then the
