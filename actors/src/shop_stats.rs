@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use dashmap::DashMap;
 use serde::Serialize;
 
-use crate::types::{Millis, Op, Outcome, Status};
+use crate::types::{KeyHash, Millis, Op, Outcome, Status};
 
 /// Seconds of history kept per shop.
 pub const WINDOW_S: usize = 120;
@@ -214,7 +214,7 @@ pub struct StatsView {
 pub struct ShopStats {
     /// A `std::sync::Mutex` per shop: held for a few adds by the processor that decided
     /// and for a copy by a dashboard's read, never across an await.
-    shops: DashMap<Arc<str>, Mutex<Window>>,
+    shops: DashMap<Arc<str>, Mutex<Window>, KeyHash>,
 }
 
 impl ShopStats {
@@ -229,15 +229,18 @@ impl ShopStats {
             };
             let shop = first.shop.clone();
             let mut added = false;
-            {
+            // A shop seen before (nearly every run) takes a read lock of its part of the
+            // map; a new one the write lock of its entry.
+            if let Some(w) = self.shops.get(&shop) {
+                let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                counted.for_each(|o| w.record(o));
+            } else {
                 let w = self.shops.entry(shop.clone()).or_insert_with(|| {
                     added = true;
                     Mutex::new(Window::new())
                 });
                 let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                for o in counted {
-                    w.record(o);
-                }
+                counted.for_each(|o| w.record(o));
             }
             // Only a new shop can take the count past the bound: counting (which locks
             // every part of the map) is paid once per new shop, not per run. After the

@@ -54,7 +54,9 @@ pub struct ShopHandle {
 /// Shops' WorkManagers by shop, shared by the engine (which creates and evicts them),
 /// the processors (which send them outcomes) and the WorkManagers (which leave it when
 /// they passivate). Bounded by `shops_max`.
-pub type Registry = Arc<DashMap<Arc<str>, ShopHandle>>;
+/// Looked up for every request and every batch of outcomes: hashed as other per-request
+/// maps are ([`KeyHash`]).
+pub type Registry = Arc<DashMap<Arc<str>, ShopHandle, KeyHash>>;
 
 /// What every WorkManager shares: its bounds and the ports.
 pub struct Deps {

@@ -69,7 +69,7 @@ impl EngineBuilder {
             .map(|_| Arbiter::new())
             .collect();
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
-        let registry: Registry = Arc::new(DashMap::new());
+        let registry: Registry = Arc::new(DashMap::default());
         let (order_hook, nudges) = nudge_queue();
         let shards = self.start_shards(&mut recovered, &arbiters, &registry, order_hook);
         let dispatcher = Dispatcher {
