@@ -73,7 +73,8 @@ pub struct ServeArgs {
     /// `{shop}:{item}` [default: nrtxn.events].
     #[arg(long, env = "NRTXN_KAFKA_EVENTS_TOPIC")]
     pub kafka_events_topic: Option<String>,
-    /// Processor shards items are hashed to [default: 8].
+    /// Processor shards items are hashed to [default: one per two engine threads
+    /// (`arbiters`), at least one, on the embedded journal; 8 with Kafka or MongoDB].
     #[arg(long, env = "NRTXN_SHARDS")]
     pub shards: Option<usize>,
     /// Threads the shards and WorkManagers run on [default: number of cores].
@@ -429,13 +430,45 @@ impl ServeArgs {
         })
     }
 
+    /// How many shards there are unless set. The embedded journal is one log with one
+    /// group commit for every shard, so more shards add no write in parallel: they only
+    /// cut the requests of a moment into more, smaller batches, each its own hand-off
+    /// to the log and back. One shard per two engine threads keeps the threads that
+    /// read and answer the calls ahead of the one that decides (measured on two cores:
+    /// one shard against 8, `docs/decisions/shards.md`). With Kafka or MongoDB each
+    /// shard's batches are writes of their own over the network, which more shards keep
+    /// in flight at once: 8, as before.
+    fn shards_default(&self, file: &ServeArgs, arbiters: usize) -> usize {
+        let networked = [
+            &self.kafka_brokers,
+            &file.kafka_brokers,
+            &self.mongo_uri,
+            &file.mongo_uri,
+        ]
+        .iter()
+        .any(|s| s.is_some());
+        if networked {
+            EngineConfig::default().shards
+        } else {
+            (arbiters / 2).max(1)
+        }
+    }
+
     /// The engine's bounds.
     fn engine(&self, file: &ServeArgs, cores: usize) -> anyhow::Result<EngineConfig> {
         let d = EngineConfig::default();
         let s = self;
+        let arbiters = bound!(s, file, arbiters, cores, 1, 256)?;
         Ok(EngineConfig {
-            shards: bound!(s, file, shards, d.shards, 1, 4096)?,
-            arbiters: bound!(s, file, arbiters, cores, 1, 256)?,
+            shards: bound!(
+                s,
+                file,
+                shards,
+                self.shards_default(file, arbiters),
+                1,
+                4096
+            )?,
+            arbiters,
             batch_max: bound!(s, file, batch_max, d.batch_max, 1, 65_536)?,
             request_ttl_ms: bound!(s, file, request_ttl_ms, d.request_ttl_ms, 1, 86_400_000)?,
             reply_timeout_ms: bound!(s, file, reply_timeout_ms, d.reply_timeout_ms, 1, 600_000)?,
@@ -660,6 +693,34 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_default_to_one_per_two_engine_threads_on_the_embedded_journal_and_8_beside_a_network_store(
+    ) {
+        let shards = |args: ServeArgs| args.resolve().unwrap().engine.shards;
+        let arbiters = |n| ServeArgs {
+            arbiters: Some(n),
+            ..ServeArgs::default()
+        };
+        assert_eq!(shards(arbiters(1)), 1);
+        assert_eq!(shards(arbiters(2)), 1);
+        assert_eq!(shards(arbiters(8)), 4);
+        let mongo = ServeArgs {
+            mongo_uri: Some("mongodb://127.0.0.1:1/x".into()),
+            ..arbiters(2)
+        };
+        assert_eq!(shards(mongo), 8, "MongoDB");
+        let kafka = ServeArgs {
+            kafka_brokers: Some("127.0.0.1:1".into()),
+            ..arbiters(2)
+        };
+        assert_eq!(shards(kafka), 8, "Kafka");
+        let set = ServeArgs {
+            shards: Some(5),
+            ..arbiters(2)
+        };
+        assert_eq!(shards(set), 5, "a flag wins");
+    }
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
