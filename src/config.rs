@@ -438,7 +438,7 @@ impl ServeArgs {
     /// one shard against 8, `docs/decisions/shards.md`). With Kafka or MongoDB each
     /// shard's batches are writes of their own over the network, which more shards keep
     /// in flight at once: 8, as before.
-    fn shards_default(&self, file: &ServeArgs, arbiters: usize) -> usize {
+    fn shards_default(&self, file: &ServeArgs, arbiters: usize, networked_shards: usize) -> usize {
         let networked = [
             &self.kafka_brokers,
             &file.kafka_brokers,
@@ -448,7 +448,7 @@ impl ServeArgs {
         .iter()
         .any(|s| s.is_some());
         if networked {
-            EngineConfig::default().shards
+            networked_shards
         } else {
             (arbiters / 2).max(1)
         }
@@ -464,7 +464,7 @@ impl ServeArgs {
                 s,
                 file,
                 shards,
-                self.shards_default(file, arbiters),
+                self.shards_default(file, arbiters, d.shards),
                 1,
                 4096
             )?,

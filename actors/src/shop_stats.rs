@@ -231,14 +231,18 @@ impl ShopStats {
             let mut added = false;
             // A shop seen before (nearly every run) takes a read lock of its part of the
             // map; a new one the write lock of its entry.
-            if let Some(w) = self.shops.get(&shop) {
-                let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                counted.for_each(|o| w.record(o));
-            } else {
-                let w = self.shops.entry(shop.clone()).or_insert_with(|| {
-                    added = true;
-                    Mutex::new(Window::new())
-                });
+            {
+                let w = match self.shops.get(&shop) {
+                    Some(w) => w,
+                    None => self
+                        .shops
+                        .entry(shop.clone())
+                        .or_insert_with(|| {
+                            added = true;
+                            Mutex::new(Window::new())
+                        })
+                        .downgrade(),
+                };
                 let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
                 counted.for_each(|o| w.record(o));
             }
