@@ -385,3 +385,67 @@ fn the_alerts_reader_follows_every_crossing_once_in_order() {
     );
     journal.close();
 }
+
+/// Fire-and-forget requests on the embedded log: an acceptance and its decision often
+/// share a group commit, and then only the decision is written. Whichever way each
+/// request went, after a reopen the decided ones are not pending (not decided twice)
+/// and the undecided ones are (not lost).
+#[test]
+fn accepted_requests_are_pending_after_a_reopen_until_decided() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
+    let journal: Arc<dyn Journal> = log.clone();
+    let (shop, item): (Arc<str>, Arc<str>) = ("s".into(), "a".into());
+    let mut state = ItemState::default();
+    let load = apply_load(&mut state, &shop, &item, 1_000, LoadTerms::KEEP, NOW);
+    append(&journal, vec![load]);
+    let mut answers = Vec::new();
+    let mut undecided = Vec::new();
+    for round in 0..50 {
+        let reqs: Vec<Request> = (0..4)
+            .map(|i| Request {
+                logged: true,
+                ..req(&format!("f{round}-{i}"), Op::Decrement, 1)
+            })
+            .collect();
+        let (tx, rx) = mpsc::channel();
+        log.accept(
+            reqs.clone(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        answers.push(rx);
+        // Three of the four are decided at once (as a processor does), the fourth never.
+        let entries: Vec<Entry> = reqs[..3]
+            .iter()
+            .map(|r| apply(Some(&mut state), r, NOW, 30_000))
+            .collect();
+        let (tx, rx) = mpsc::channel();
+        journal.append(
+            entries,
+            Box::new(move |_, r| {
+                let _ = tx.send(r);
+            }),
+        );
+        answers.push(rx);
+        undecided.push(reqs[3].key.to_string());
+    }
+    for rx in answers {
+        rx.recv().unwrap().expect("durable");
+    }
+    journal.close();
+    drop((journal, log));
+    let log = LogJournal::open(dir.path(), metrics(), Retention::default()).unwrap();
+    let pending: Vec<String> = log
+        .pending()
+        .unwrap()
+        .iter()
+        .map(|r| r.key.to_string())
+        .collect();
+    assert_eq!(pending, undecided);
+    let journal: Arc<dyn Journal> = log;
+    let states = journal.item_states(&[(shop, item)]).unwrap();
+    assert_eq!(states[0].map(|s| s.stock), Some(1_000 - 150));
+    journal.close();
+}

@@ -15,6 +15,7 @@
 //!   and then rebuilds the items from the views, checking every entry after the last
 //!   snapshot ([`nrtxn_actors::verify`]).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -741,11 +742,12 @@ fn next_group(rx: &Receiver<Command>) -> Option<(Vec<Command>, usize)> {
 fn commit(
     log: &mut LogWriter,
     body: &mut Vec<u8>,
-    cmds: Vec<Command>,
+    mut cmds: Vec<Command>,
     weight: usize,
     after: &AfterSync,
 ) -> Option<mpsc::Sender<()>> {
     let (views, progress, metrics) = (&after.views, &after.progress, &after.metrics);
+    let weight = weight - accepts_decided_alongside(&mut cmds);
     // The processors hand each item's entries over in seq order, each following the
     // last; the log keeps the order it is given, and recovery checks it again.
     debug_assert!(
@@ -796,6 +798,58 @@ fn commit(
         "the log's durable record went back from {before} to {durable}"
     );
     answer_and_hand_on(cmds, marks, views, progress)
+}
+
+/// Takes out of the group's acceptances the fire-and-forget requests that the same
+/// group also decides, and marks their decisions as not `logged`; returns how many.
+///
+/// The decision's record holds the request, and the group is made durable (and its
+/// callbacks called) as a whole, so the acceptance's record would add nothing a crash
+/// could need: a 202 still goes out only after the sync. An acceptance always comes
+/// before its decision in the writer's queue (the request reaches a processor only
+/// after its acceptance was handed over), so a decision in this group whose request was
+/// accepted in an earlier one keeps `logged`: it retires that acceptance's record.
+fn accepts_decided_alongside(cmds: &mut [Command]) -> usize {
+    if !cmds.iter().any(|c| matches!(c, Command::Accept(..))) {
+        return 0;
+    }
+    let decided: HashSet<(Arc<str>, Arc<str>)> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            Command::Append(entries, _) => Some(entries),
+            _ => None,
+        })
+        .flatten()
+        .filter(|e| e.logged)
+        .filter_map(|e| Some((e.shop.clone(), e.request_key.clone()?)))
+        .collect();
+    if decided.is_empty() {
+        return 0;
+    }
+    let mut taken = HashSet::new();
+    for cmd in cmds.iter_mut() {
+        match cmd {
+            Command::Accept(reqs, _) => reqs.retain(|r| {
+                let key = (r.shop.clone(), r.key.clone());
+                if decided.contains(&key) {
+                    taken.insert(key);
+                    return false;
+                }
+                true
+            }),
+            Command::Append(entries, _) if !taken.is_empty() => {
+                for e in entries.iter_mut().filter(|e| e.logged) {
+                    if let Some(key) = &e.request_key {
+                        if taken.contains(&(e.shop.clone(), key.clone())) {
+                            e.logged = false;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    taken.len()
 }
 
 /// Every key now durable goes into the log's index (or, for views that answer keys
@@ -944,7 +998,7 @@ fn write_records(
 }
 
 /// Encodes `cmd` as a record's body in `body`; returns the record's kind (`None`: a
-/// close, which has no record).
+/// close, or an acceptance whose requests the group decides, which have no record).
 fn encode_record(cmd: &Command, now: i64, body: &mut Vec<u8>) -> Result<Option<u8>, LogError> {
     body.clear();
     match cmd {
@@ -959,6 +1013,8 @@ fn encode_record(cmd: &Command, now: i64, body: &mut Vec<u8>) -> Result<Option<u
             );
             Ok(Some(KIND_ENTRIES))
         }
+        // Every request of it is decided in the same group: no record.
+        Command::Accept(reqs, _) if reqs.is_empty() => Ok(None),
         Command::Accept(reqs, _) => serde_json::to_writer(&mut *body, reqs)
             .map(|()| Some(KIND_ACCEPTED))
             .map_err(|e| LogError::Io(std::io::Error::other(e))),
@@ -1009,6 +1065,7 @@ fn answer_and_hand_on(
                 progress.behind.fetch_add(copy.len(), Ordering::AcqRel);
                 views.append_marked(copy, Box::new(move |e, r| on_views(r, e.len())), mark);
             }
+            Command::Accept(reqs, done) if reqs.is_empty() => done(Ok(())),
             Command::Accept(reqs, done) => {
                 done(Ok(()));
                 views.accept_marked(reqs, Box::new(move |r| on_views(r, 0)), mark);
@@ -1181,5 +1238,88 @@ impl Lifecycle for LogJournal {
                 tracing::warn!(error = %e, "journal: a sealed segment's index could not be written");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nrtxn_actors::apply::apply;
+    use nrtxn_actors::Op;
+
+    fn accepted(key: &str) -> Request {
+        let mut r = Request::new("s".into(), "a".into(), key.into(), Op::Decrement, 1, 0);
+        r.logged = true;
+        r
+    }
+
+    fn decided(key: &str) -> Entry {
+        let mut state = ItemState {
+            stock: 10,
+            ..ItemState::default()
+        };
+        apply(Some(&mut state), &accepted(key), 0, 30_000)
+    }
+
+    fn accept_cmd(keys: &[&str]) -> Command {
+        Command::Accept(keys.iter().map(|k| accepted(k)).collect(), Box::new(|_| {}))
+    }
+
+    fn append_cmd(keys: &[&str]) -> Command {
+        Command::Append(
+            keys.iter().map(|k| decided(k)).collect(),
+            Box::new(|_, _| {}),
+        )
+    }
+
+    /// A group that accepts `a` and `b` and decides `a` and `c` (accepted in an earlier
+    /// group): `a`'s acceptance leaves the group and its decision retires nothing; `b`
+    /// stays accepted; `c`'s decision still retires its earlier acceptance.
+    #[test]
+    fn a_group_writes_no_acceptance_for_a_request_it_also_decides() {
+        let mut cmds = vec![accept_cmd(&["a", "b"]), append_cmd(&["a", "c"])];
+        assert!(
+            decided("a").logged,
+            "the decision mirrors its request's `logged`"
+        );
+        assert_eq!(accepts_decided_alongside(&mut cmds), 1);
+        let Command::Accept(reqs, _) = &cmds[0] else {
+            unreachable!()
+        };
+        let kept: Vec<&str> = reqs.iter().map(|r| &*r.key).collect();
+        assert_eq!(kept, ["b"]);
+        let Command::Append(entries, _) = &cmds[1] else {
+            unreachable!()
+        };
+        let logged: Vec<(&str, bool)> = entries
+            .iter()
+            .map(|e| (e.request_key.as_deref().unwrap(), e.logged))
+            .collect();
+        assert_eq!(logged, [("a", false), ("c", true)]);
+    }
+
+    /// An acceptance whose every request the group decides has no record; the other
+    /// commands still get theirs.
+    #[test]
+    fn an_acceptance_left_empty_has_no_record() {
+        let mut cmds = vec![accept_cmd(&["a"]), append_cmd(&["a"])];
+        assert_eq!(accepts_decided_alongside(&mut cmds), 1);
+        let mut body = Vec::new();
+        assert_eq!(encode_record(&cmds[0], 0, &mut body).unwrap(), None);
+        assert_eq!(
+            encode_record(&cmds[1], 0, &mut body).unwrap(),
+            Some(KIND_ENTRIES)
+        );
+    }
+
+    /// Without a decision of an accepted request in the group, nothing changes.
+    #[test]
+    fn acceptances_without_their_decisions_are_kept_whole() {
+        let mut cmds = vec![accept_cmd(&["a", "b"]), append_cmd(&["c"])];
+        assert_eq!(accepts_decided_alongside(&mut cmds), 0);
+        let Command::Accept(reqs, _) = &cmds[0] else {
+            unreachable!()
+        };
+        assert_eq!(reqs.len(), 2);
     }
 }

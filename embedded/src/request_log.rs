@@ -104,9 +104,10 @@ impl RequestLog for EmbeddedLog {
             // only after this call), and that writer keeps the order it is handed
             // records in, so a decision's record follows its acceptance's, in the same
             // group commit or a later one. The requests go to the processors at once:
-            // the acceptance and the decision share a group commit more often than not,
-            // and the log's writer wakes no processor. The 202 still waits for the
-            // acceptance's sync.
+            // the acceptance and the decision share a group commit more often than not
+            // (the writer then writes the decision's record alone: see
+            // `journal::accepts_decided_alongside`), and the log's writer wakes no
+            // processor. The 202 still waits for the acceptance's sync.
             self.store.accept(
                 logged.clone(),
                 Box::new(move |result| {
