@@ -718,7 +718,7 @@ async fn an_unknown_field_anywhere_in_a_body_is_refused_naming_it_and_nothing_ap
 }
 
 #[tokio::test]
-async fn a_body_in_a_charset_other_than_utf_8_is_415() {
+async fn a_body_in_a_charset_other_than_utf_8_is_415_and_answers_are_json() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
     let c = client();
@@ -729,6 +729,7 @@ async fn a_body_in_a_charset_other_than_utf_8_is_415() {
         ("application/json; charset=\"ISO-8859-1\"", 415),
         ("application/json;charset=UTF-8", 200),
         ("application/json; charset=utf-8", 200),
+        ("Application/JSON", 200),
     ] {
         let res = c
             .post(server.url("/v1/shops/s/txns"))
@@ -738,7 +739,19 @@ async fn a_body_in_a_charset_other_than_utf_8_is_415() {
             .await
             .unwrap();
         assert_eq!(res.status().as_u16(), status, "{content_type}");
+        if status == 200 {
+            assert_eq!(res.headers()["content-type"], "application/json");
+            let outcome: Value = res.json().await.unwrap();
+            assert_eq!(outcome["request_key"], "k", "{outcome}");
+        }
     }
+    let poll = c
+        .get(server.url("/v1/shops/s/txns/k"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(poll.status().as_u16(), 200);
+    assert_eq!(poll.headers()["content-type"], "application/json");
     let (_, item) = get(&c, &server.url("/v1/shops/s/items/x")).await;
     assert_eq!(
         item["stock"], 9,

@@ -50,7 +50,31 @@ pub const HOLD_END_PREFIX: &str = "~end:";
 
 /// The request key of the ending of hold `hold_id`.
 pub fn hold_end_key(hold_id: &str) -> Arc<str> {
-    format!("{HOLD_END_PREFIX}{hold_id}").into()
+    key_of(HOLD_END_PREFIX, hold_id, None)
+}
+
+/// `prefix` then `id`, then `:` and `n` when given: the internal keys, built without
+/// the formatting machinery, which was 3% of the engine threads' time on `orders` (each
+/// line's key is built a few times per order).
+fn key_of(prefix: &str, id: &str, n: Option<usize>) -> Arc<str> {
+    let mut key = String::with_capacity(prefix.len() + id.len() + 21);
+    key.push_str(prefix);
+    key.push_str(id);
+    if let Some(mut n) = n {
+        key.push(':');
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        key.extend(digits[at..].iter().map(|&d| char::from(d)));
+    }
+    Arc::from(key)
 }
 
 /// Prefix of the items that keep a shop's order records ([`order_item`]).
@@ -68,12 +92,12 @@ pub const TRANSFER_CREDIT_PREFIX: &str = "~xfer-in:";
 
 /// The hold id (and request key) of transfer `id`'s hold on its `from` item.
 pub fn transfer_hold_key(id: &str) -> Arc<str> {
-    format!("{TRANSFER_PREFIX}{id}").into()
+    key_of(TRANSFER_PREFIX, id, None)
 }
 
 /// The request key of transfer `id`'s credit of its `to` item.
 pub fn transfer_credit_key(id: &str) -> Arc<str> {
-    format!("{TRANSFER_CREDIT_PREFIX}{id}").into()
+    key_of(TRANSFER_CREDIT_PREFIX, id, None)
 }
 
 /// The transfer a key or hold id belongs to, if it is one of a transfer's.
@@ -95,8 +119,13 @@ pub fn shard_of(shop: &str, item: &str, shards: usize) -> usize {
 
 /// The item that keeps the record of order `order_id` of `shop`.
 pub fn order_item(shop: &str, order_id: &str) -> Arc<str> {
-    let bucket = shard_of(shop, order_id, ORDER_ITEMS);
-    format!("{ORDER_ITEM_PREFIX}{bucket}").into()
+    static NAMES: std::sync::OnceLock<Vec<Arc<str>>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (0..ORDER_ITEMS)
+            .map(|bucket| format!("{ORDER_ITEM_PREFIX}{bucket}").into())
+            .collect()
+    });
+    names[shard_of(shop, order_id, ORDER_ITEMS)].clone()
 }
 
 /// Whether `item` keeps order records rather than stock.
@@ -106,7 +135,7 @@ pub fn is_order_item(item: &str) -> bool {
 
 /// The hold id (and request key) of line `index` of order `order_id`.
 pub fn line_key(order_id: &str, index: usize) -> Arc<str> {
-    format!("{LINE_PREFIX}{order_id}:{index}").into()
+    key_of(LINE_PREFIX, order_id, Some(index))
 }
 
 /// Added to a line's index in its key when the line is held a second time: its first
@@ -1065,4 +1094,42 @@ pub struct HoldView {
 pub struct OrderLine {
     pub item: Arc<str>,
     pub qty: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_keys_are_their_prefix_id_and_index() {
+        assert_eq!(&*line_key("o-1", 0), "~line:o-1:0");
+        assert_eq!(&*line_key("o:2", 1_234_567), "~line:o:2:1234567");
+        assert_eq!(
+            &*retry_line_key("o", 3),
+            format!("~line:o:{}", LINE_RETRY + 3)
+        );
+        assert_eq!(
+            &*line_key("ü", usize::MAX),
+            format!("~line:ü:{}", usize::MAX)
+        );
+        assert_eq!(&*hold_end_key("h1"), "~end:h1");
+        assert_eq!(&*transfer_hold_key("t"), "~xfer:t");
+        assert_eq!(&*transfer_credit_key("t"), "~xfer-in:t");
+        for (id, index) in [("a", 0), ("a:b", 9), ("x", 10), ("", 1 << 20)] {
+            assert_eq!(order_of_line(&line_key(id, index)), Some((id, index)));
+        }
+    }
+
+    #[test]
+    fn an_order_keeps_its_record_on_one_of_the_shops_order_items() {
+        let item = order_item("shop", "order-7");
+        let bucket = shard_of("shop", "order-7", ORDER_ITEMS);
+        assert_eq!(&*item, format!("{ORDER_ITEM_PREFIX}{bucket}"));
+        assert!(is_order_item(&item));
+        assert_eq!(
+            item,
+            order_item("shop", "order-7"),
+            "the same item every time"
+        );
+    }
 }

@@ -160,17 +160,20 @@ pub async fn post_hold(
         Status::Ok => (&*key, HoldStatus::Held.as_str()),
         other => (&*key, other.as_str()),
     };
-    Ok(HttpResponse::Ok().json(HoldBody {
-        hold_id,
-        status,
-        item: &o.item,
-        qty: o.qty,
-        qty_taken: o.qty_taken,
-        expires_at: o.expires_at,
-        seq: o.seq,
-        reason: o.reason.as_deref(),
-        buyer: None,
-    }))
+    Ok(crate::json_response(
+        HttpResponse::Ok(),
+        &HoldBody {
+            hold_id,
+            status,
+            item: &o.item,
+            qty: o.qty,
+            qty_taken: o.qty_taken,
+            expires_at: o.expires_at,
+            seq: o.seq,
+            reason: o.reason.as_deref(),
+            buyer: None,
+        },
+    ))
 }
 
 pub async fn confirm_hold(
@@ -239,7 +242,7 @@ async fn end_hold(
     };
     if o.op == op {
         // This ending, or the same ending asked for again.
-        return Ok(HttpResponse::Ok().json(body));
+        return Ok(crate::json_response(HttpResponse::Ok(), &body));
     }
     Err(ApiError::ending_conflict(
         "hold_id",

@@ -179,7 +179,7 @@ pub async fn post_order(
         .await
         .map_err(|_| ApiError::from(EngineError::ShuttingDown))?;
     match placed {
-        Ok(Placed::Answer(view)) => Ok(HttpResponse::Ok().json(view)),
+        Ok(Placed::Answer(view)) => Ok(crate::json_response(HttpResponse::Ok(), &view)),
         Ok(Placed::Reused(diff, first)) => Err(ApiError::KeyReused(
             format!("order_id: {} was first used with {diff}", first.request_key),
             serde_json::to_value(&*first).unwrap_or(Value::Null),
@@ -236,7 +236,7 @@ async fn end_order(
     };
     if ended_by == op {
         // This ending, or the same ending asked for again.
-        return Ok(HttpResponse::Ok().json(view));
+        return Ok(crate::json_response(HttpResponse::Ok(), &view));
     }
     Err(ApiError::ending_conflict(
         "order_id",

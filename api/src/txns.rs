@@ -74,13 +74,13 @@ impl Answer {
     }
 
     fn response(&self) -> HttpResponse {
-        let mut res = match self {
+        let res = match self {
             Answer::Outcome(_) => HttpResponse::Ok(),
             Answer::Accepted(_) => HttpResponse::Accepted(),
             Answer::Pending(_) => HttpResponse::GatewayTimeout(),
             Answer::Reused(_, e) => return e.error_response(),
         };
-        res.json(self.body())
+        crate::json_response(res, &self.body())
     }
 }
 
@@ -384,7 +384,7 @@ pub async fn get_txn(
     let shop = path_segment(&shop, "shop")?;
     let key = path_segment(&key, "request_key")?;
     match state.engine.poll(&shop, key.clone()).await? {
-        PollResult::Decided(o) => Ok(HttpResponse::Ok().json(&*o)),
+        PollResult::Decided(o) => Ok(crate::json_response(HttpResponse::Ok(), &*o)),
         PollResult::Pending => {
             Ok(HttpResponse::Accepted().json(json!({ "request_key": &*key, "status": "pending" })))
         }

@@ -156,16 +156,8 @@ fn check_content_type(req: &HttpRequest) -> Result<(), ApiError> {
         .headers()
         .get(actix_web::http::header::CONTENT_TYPE)
         .map(|v| v.to_str().unwrap_or("(not text)"));
-    let essence = value
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default();
-    if essence == "application/json" {
+    let essence = value.map_or("", |v| v.split(';').next().unwrap_or("").trim());
+    if essence.eq_ignore_ascii_case("application/json") {
         // JSON is UTF-8 (RFC 8259): a body declared in another charset would be read
         // as something its sender did not write.
         let charset = value.and_then(|v| {
@@ -436,7 +428,8 @@ pub(crate) fn integer_rule(
     min: i64,
     max: i64,
 ) -> Result<i64, ApiError> {
-    let f = format!("{prefix}{field}");
+    // The field's name with its prefix: only an error spells it out.
+    let f = format_args!("{prefix}{field}");
     match got {
         Got::Absent => Err(ApiError::invalid(format!("{f}: required"))),
         Got::Is(v) if v < min => Err(ApiError::invalid(format!(
