@@ -55,26 +55,31 @@ pub fn hold_end_key(hold_id: &str) -> Arc<str> {
 
 /// `prefix` then `id`, then `:` and `n` when given: the internal keys, built without
 /// the formatting machinery, which was 3% of the engine threads' time on `orders` (each
-/// line's key is built a few times per order).
+/// line's key is built a few times per order; `docs/decisions/orders.md`).
 fn key_of(prefix: &str, id: &str, n: Option<usize>) -> Arc<str> {
     let mut key = String::with_capacity(prefix.len() + id.len() + 21);
     key.push_str(prefix);
     key.push_str(id);
-    if let Some(mut n) = n {
+    if let Some(n) = n {
         key.push(':');
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        key.extend(digits[at..].iter().map(|&d| char::from(d)));
+        push_digits(&mut key, n);
     }
     Arc::from(key)
+}
+
+/// Appends `n` in decimal.
+fn push_digits(s: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// Prefix of the items that keep a shop's order records ([`order_item`]).
@@ -119,13 +124,10 @@ pub fn shard_of(shop: &str, item: &str, shards: usize) -> usize {
 
 /// The item that keeps the record of order `order_id` of `shop`.
 pub fn order_item(shop: &str, order_id: &str) -> Arc<str> {
-    static NAMES: std::sync::OnceLock<Vec<Arc<str>>> = std::sync::OnceLock::new();
-    let names = NAMES.get_or_init(|| {
-        (0..ORDER_ITEMS)
-            .map(|bucket| format!("{ORDER_ITEM_PREFIX}{bucket}").into())
-            .collect()
-    });
-    names[shard_of(shop, order_id, ORDER_ITEMS)].clone()
+    let mut item = String::with_capacity(ORDER_ITEM_PREFIX.len() + 2);
+    item.push_str(ORDER_ITEM_PREFIX);
+    push_digits(&mut item, shard_of(shop, order_id, ORDER_ITEMS));
+    Arc::from(item)
 }
 
 /// Whether `item` keeps order records rather than stock.
