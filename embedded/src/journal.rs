@@ -839,10 +839,12 @@ fn accepts_decided_alongside(cmds: &mut [Command]) -> usize {
             }),
             Command::Append(entries, _) if !taken.is_empty() => {
                 for e in entries.iter_mut().filter(|e| e.logged) {
-                    if let Some(key) = &e.request_key {
-                        if taken.contains(&(e.shop.clone(), key.clone())) {
-                            e.logged = false;
-                        }
+                    let shop = &e.shop;
+                    if e.request_key
+                        .as_ref()
+                        .is_some_and(|key| taken.contains(&(shop.clone(), key.clone())))
+                    {
+                        e.logged = false;
                     }
                 }
             }
