@@ -23,7 +23,15 @@ fn segments(data: &Path) -> Vec<PathBuf> {
 /// Loads `sku` with 100 and sells 1 twenty times, then kills the server: the outcomes
 /// every caller was given.
 async fn sell_then_kill(dir: &Path) -> Vec<Value> {
-    let mut server = Server::start(dir, &[]);
+    sell_then_kill_env(dir, &[]).await
+}
+
+/// The views as versions before their `records` left them: a `journal` row per entry.
+const ROWS: [(&str, &str); 1] = [("NRTXN_FAULT_VIEWS_ROWS", "1")];
+
+/// [`sell_then_kill`] with the server's environment given `env`.
+async fn sell_then_kill_env(dir: &Path, env: &[(&str, &str)]) -> Vec<Value> {
+    let mut server = Server::start_env(dir, &[], env);
     let c = client();
     load(&c, &server, "shop", &[("sku", 100)]).await;
     let mut answered = Vec::new();
@@ -59,7 +67,12 @@ async fn check_answers(server: &Server, answered: &[Value]) {
 /// Starts the server on `dir` and stops it cleanly (SIGTERM), which writes every item's
 /// snapshot into the views.
 async fn start_and_stop(dir: &Path) {
-    let mut server = Server::start(dir, &[]);
+    start_and_stop_env(dir, &[]).await
+}
+
+/// [`start_and_stop`] with the server's environment given `env`.
+async fn start_and_stop_env(dir: &Path, env: &[(&str, &str)]) {
+    let mut server = Server::start_env(dir, &[], env);
     wait_ready(&client(), &server).await;
     let stopped = server.terminate();
     assert!(
@@ -185,6 +198,11 @@ async fn an_older_segment_cut_short_refuses_the_start_and_a_flip_inside_is_repor
     assert!(!status.success(), "started on an older segment cut short");
     assert!(stderr.contains(&older.display().to_string()), "{stderr}");
     std::fs::write(older, &whole).unwrap();
+    // A clean stop: the item snapshot covers every entry, so no start reads the oldest
+    // segment's records for the items' states.
+    let mut server = Server::start_env(dir.path(), &flags, &keep);
+    wait_ready(&c, &server).await;
+    assert!(server.terminate().success());
 
     // A byte flipped inside the oldest one's records: the start checks it by its footer
     // and goes on; the full read after the start finds it and says so.
@@ -285,15 +303,15 @@ async fn a_damaged_snapshot_in_the_views_refuses_the_start_and_the_log_rebuilds_
     .await;
 }
 
-/// An entry in the views damaged behind nrtxn's back (here: a sale's status changed)
-/// changes no answer: a key's outcome and an item's events are read from the log, under
-/// the log's checksums, not from the views' rows.
+/// An entry in views an older version wrote (a row per entry) damaged behind nrtxn's
+/// back (here: a sale's status changed) changes no answer: a key's outcome and an item's
+/// events are read from the log, under the log's checksums, not from the views' rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_damaged_entry_in_the_views_changes_no_outcome_or_event() {
+async fn a_damaged_entry_in_an_older_versions_views_changes_no_outcome_or_event() {
     let dir = tempfile::tempdir().unwrap();
-    let answered = sell_then_kill(dir.path()).await;
+    let answered = sell_then_kill_env(dir.path(), &ROWS).await;
     let c = client();
-    start_and_stop(dir.path()).await;
+    start_and_stop_env(dir.path(), &ROWS).await;
     let data = dir.path().join("data");
     tamper_views(
         &data,
@@ -365,8 +383,9 @@ fn flip_in_views_page(data: &Path, page_type: u8, pattern: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_bit_in_a_views_rows_key_changes_no_answer() {
     let dir = tempfile::tempdir().unwrap();
-    let answered = sell_then_kill(dir.path()).await;
-    start_and_stop(dir.path()).await;
+    // Rows with keys: views as an older version wrote them.
+    let answered = sell_then_kill_env(dir.path(), &ROWS).await;
+    start_and_stop_env(dir.path(), &ROWS).await;
     let data = dir.path().join("data");
     // A journal row: ..., prev_seq, request_key, op, ...
     flip_in_views_page(&data, 0x0D, b"k5decrement");
@@ -421,8 +440,8 @@ async fn a_views_value_of_the_wrong_type_refuses_the_start_saying_what_to_do() {
     // A row the start reads (it follows the last snapshot, here made to cover none).
     tamper_views(
         &data,
-        "UPDATE journal SET stock_after = CAST(stock_after AS BLOB) \
-         WHERE rowid = (SELECT max(rowid) FROM journal WHERE seq IS NOT NULL)",
+        "UPDATE records SET offset = CAST(offset AS BLOB) \
+         WHERE first_id = (SELECT max(first_id) FROM records)",
     );
     tamper_views(
         &data,
@@ -433,6 +452,34 @@ async fn a_views_value_of_the_wrong_type_refuses_the_start_saying_what_to_do() {
         &answered,
         "damaged views",
         &["nrtxn.db is damaged", "rebuilt from the log"],
+    )
+    .await;
+}
+
+/// A views row that names a record of the log (its first journal id, its entries, where
+/// it is) changed behind nrtxn's back no longer matches its checksum: the start that
+/// reads it refuses, saying what to do, rather than reading the wrong record or too
+/// few entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_views_record_row_that_does_not_match_its_checksum_refuses_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let answered = sell_then_kill(dir.path()).await;
+    start_and_stop(dir.path()).await;
+    let data = dir.path().join("data");
+    tamper_views(
+        &data,
+        "UPDATE records SET entries = entries + 1 \
+         WHERE first_id = (SELECT max(first_id) FROM records)",
+    );
+    tamper_views(
+        &data,
+        "UPDATE meta SET value = 0 WHERE key = 'snapshot_journal_id'",
+    );
+    refused_then_rebuilt(
+        dir.path(),
+        &answered,
+        "a damaged record row",
+        &["does not match its checksum", "rebuilt from the log"],
     )
     .await;
 }
@@ -624,7 +671,12 @@ fn legacy_data_dir(data: &Path) {
     std::thread::spawn(move || {
         actix_rt::System::new().block_on(async move {
             let metrics = std::sync::Arc::new(Metrics::new());
+            // A row per entry, as the SQLite journal wrote (and the views until their
+            // `records`): read when the views are opened. Another test's server started
+            // meanwhile would write rows too, which every version still reads.
+            std::env::set_var("NRTXN_FAULT_VIEWS_ROWS", "1");
             let store = LogJournal::open(&data, metrics.clone(), Retention::default()).unwrap();
+            std::env::remove_var("NRTXN_FAULT_VIEWS_ROWS");
             let log = store.clone();
             let engine = Engine::start(
                 EngineConfig::default(),

@@ -149,7 +149,12 @@ async fn walk_events(
 /// Sells in batches on a fresh server in `dir`, waits for the sealed segments' index
 /// files, and stops it cleanly: the answers, by key number.
 async fn sold_and_stopped(dir: &Path) -> Vec<Value> {
-    let mut server = Server::start(dir, &FLAGS);
+    sold_and_stopped_env(dir, &[]).await
+}
+
+/// [`sold_and_stopped`] by a server whose environment is given `env`.
+async fn sold_and_stopped_env(dir: &Path, env: &[(&str, &str)]) -> Vec<Value> {
+    let mut server = Server::start_env(dir, &FLAGS, env);
     let answers = sell_in_batches(&client(), &server).await;
     wait_for_indexes(&dir.join("data")).await;
     assert!(server.terminate().success());
@@ -222,14 +227,17 @@ async fn a_damaged_block_of_a_segments_index_is_rebuilt_from_the_segment() {
     keys_answer_as_before(&c, &server, &answers).await;
 }
 
+/// The views as versions before their `records` wrote them: a `journal` row per entry.
+const ROWS: [(&str, &str); 1] = [("NRTXN_FAULT_VIEWS_ROWS", "1")];
+
 /// A record of a sealed segment damaged on disk (a bit flipped in its body) is never
 /// served: the read that finds it fails its checksum, and the item's events are read
-/// from the views' rows instead, whole and gapless.
+/// from the views' rows an older version wrote instead, whole and gapless.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_damaged_record_of_the_log_is_not_served_its_events_come_from_the_views() {
+async fn a_damaged_record_of_the_log_is_not_served_its_events_come_from_older_rows() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let answers = sold_and_stopped(dir.path()).await;
+    let answers = sold_and_stopped_env(dir.path(), &ROWS).await;
     let c = client();
     flip_bit(&log_files(&data, "log")[0], |len| len / 2);
     let server = Server::start(dir.path(), &FLAGS);
@@ -339,13 +347,13 @@ async fn a_missing_oldest_segment_refuses_the_start() {
 }
 
 /// A damaged record of an older segment (the start reads those by their footers alone)
-/// does not cost its keys their answers: a poll that finds the record damaged is
-/// answered from the views' rows, which still hold it.
+/// does not cost its keys their answers when an older version's views hold them: a poll
+/// that finds the record damaged is answered from the views' rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_in_a_damaged_record_is_answered_from_the_views() {
+async fn a_key_in_a_damaged_record_is_answered_from_older_rows() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let answers = sold_and_stopped(dir.path()).await;
+    let answers = sold_and_stopped_env(dir.path(), &ROWS).await;
     flip_bit(&log_files(&data, "log")[0], |len| len / 2);
     let server = Server::start(dir.path(), &FLAGS);
     let c = client();
@@ -358,5 +366,42 @@ async fn a_key_in_a_damaged_record_is_answered_from_the_views() {
     assert!(
         log.contains("outcomes read from the views instead of the log"),
         "{log}"
+    );
+}
+
+/// Views that keep a row per record of the log, not per entry, hold no second copy of a
+/// decision: a key in a damaged record of an older segment is answered with an error
+/// (never `404`, which would take it for a new key), its resubmission is refused, not
+/// applied again, and the item's events stop at the damage with an error, not a short
+/// page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_a_damaged_record_is_refused_never_taken_for_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let answers = sold_and_stopped(dir.path()).await;
+    flip_bit(&log_files(&data, "log")[0], |len| len / 2);
+    let server = Server::start(dir.path(), &FLAGS);
+    let c = client();
+    let mut refused = None;
+    for (n, a) in answers.iter().enumerate().take(20_000).step_by(7) {
+        let (status, polled) = get(&c, &server.url(&format!("/v1/shops/shop/txns/k{n}"))).await;
+        match status {
+            200 => assert_eq!(&polled, a, "k{n}"),
+            _ => {
+                assert!(status >= 500, "k{n}: {status} {polled}");
+                refused.get_or_insert(n);
+            }
+        }
+    }
+    let n = refused.expect("a key of the damaged record");
+    let (_, before) = get(&c, &server.url("/v1/shops/shop/items/a")).await;
+    let (status, again) = post(&c, &server.url("/v1/shops/shop/txns"), sale(n)).await;
+    assert!(status >= 500, "k{n} resubmitted: {status} {again}");
+    let (_, after) = get(&c, &server.url("/v1/shops/shop/items/a")).await;
+    assert_eq!(after["seq"], before["seq"], "nothing applied: {after}");
+    let (_, failed) = walk_events(&c, &server, 0).await;
+    assert!(
+        failed.as_ref().is_some_and(|(s, _)| *s >= 500),
+        "{failed:?}"
     );
 }

@@ -33,7 +33,7 @@ use nrtxn_actors::{
 
 use crate::log_reads::{index_error, LogReads};
 use crate::views::{ReadersWaiting, SqliteStore};
-use crate::AcceptDone;
+use crate::{AcceptDone, RecordAt};
 use nrtxn_log::codec;
 use nrtxn_log::index::{Index, Refreshed};
 use nrtxn_log::seal;
@@ -442,6 +442,16 @@ fn replay(
         KIND_ENTRIES => {
             let entries = codec::decode(record.body, record.header.at_ms)?;
             let n = entries.len() as u64;
+            let segment = record
+                .file
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| format!("{} is not named for its segment", record.file.display()))?;
+            let at = RecordAt {
+                segment,
+                offset: record.offset,
+            };
             views.append_marked(
                 entries,
                 Box::new(move |_, r| {
@@ -450,6 +460,7 @@ fn replay(
                     }
                 }),
                 Some(mark),
+                Some(at),
             );
             Ok(n)
         }
@@ -797,7 +808,7 @@ fn commit(
         before <= durable,
         "the log's durable record went back from {before} to {durable}"
     );
-    answer_and_hand_on(cmds, marks, views, progress)
+    answer_and_hand_on(cmds, marks, &places, views, progress)
 }
 
 /// Takes out of the group's acceptances the fire-and-forget requests that the same
@@ -1047,11 +1058,16 @@ fn chained_per_item(cmds: &[Command]) -> bool {
 fn answer_and_hand_on(
     cmds: Vec<Command>,
     marks: Vec<Option<Chain>>,
+    places: &[Option<Place>],
     views: &Arc<SqliteStore>,
     progress: &Arc<Progress>,
 ) -> Option<mpsc::Sender<()>> {
     let mut closing = None;
-    for (cmd, mark) in cmds.into_iter().zip(marks) {
+    for ((cmd, mark), place) in cmds.into_iter().zip(marks).zip(places) {
+        let at = place.map(|p| RecordAt {
+            segment: p.first_lsn,
+            offset: p.offset,
+        });
         let lsn = mark.map_or(0, |m| m.next_lsn - 1);
         let applied = progress.clone();
         let on_views = move |r: Result<(), StoreError>, entries: usize| match r {
@@ -1065,7 +1081,7 @@ fn answer_and_hand_on(
                 let copy = entries.clone();
                 done(entries, Ok(()));
                 progress.behind.fetch_add(copy.len(), Ordering::AcqRel);
-                views.append_marked(copy, Box::new(move |e, r| on_views(r, e.len())), mark);
+                views.append_marked(copy, Box::new(move |e, r| on_views(r, e.len())), mark, at);
             }
             Command::Accept(reqs, done) if reqs.is_empty() => done(Ok(())),
             Command::Accept(reqs, done) => {

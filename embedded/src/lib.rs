@@ -6,10 +6,12 @@
 //! same views store keeps the request log on its own. The log's format is `nrtxn-log`'s.
 
 use nrtxn_actors::StoreError;
+pub use records::RecordAt;
 
 mod coalesce;
 pub mod journal;
 mod log_reads;
+mod records;
 pub mod request_log;
 pub mod views;
 

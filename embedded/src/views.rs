@@ -52,6 +52,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::coalesce::{Earlier, Pending};
 use crate::log_reads::LogReads;
+use crate::records::{self, LogRecords, RecordAt};
 use nrtxn_log::keyfilter::KeyFilter;
 use nrtxn_log::segment::Chain;
 use nrtxn_log::space::Space;
@@ -263,8 +264,10 @@ use crate::AcceptDone;
 enum Command {
     /// Entries to write; with a log mark when they come from the journal's log (the
     /// views of [`crate::journal::LogJournal`]): the mark is written in the same
-    /// transaction, so the views know where in the log they stand.
-    Append(Vec<Entry>, AppendDone, Option<Chain>),
+    /// transaction, so the views know where in the log they stand; and where the
+    /// record is in the log, which views that keep a row per record, not per entry,
+    /// write instead of the entries' rows ([`crate::records`]).
+    Append(Vec<Entry>, AppendDone, Option<Chain>, Option<RecordAt>),
     Accept(Vec<Request>, AcceptDone, Option<Chain>),
     /// Fire-and-forget requests decided in another journal: forget them.
     Retire(Arc<str>, Vec<Arc<str>>),
@@ -413,6 +416,8 @@ impl Role {
 
 pub struct SqliteStore {
     path: std::path::PathBuf,
+    /// The journal's log, which the `records` rows name records in.
+    log_dir: std::path::PathBuf,
     /// What the store was opened as: how its read connections are opened too.
     role: Role,
     tx: SyncSender<Command>,
@@ -724,9 +729,12 @@ impl SqliteStore {
         let linger = role.linger(waiting.clone());
         let mut writer = Writer::new(conn, &metrics, role, keys.clone(), linger, room);
         writer.log = log.clone();
+        writer.rowless = role == Role::Views && !indexed && !nrtxn_log::faults::views_rows();
+        writer.log_dir = records::log_dir(dir);
         let latest = writer.dirty.clone();
         let writer = writer.start(rx)?;
         Ok(Arc::new(SqliteStore {
+            log_dir: records::log_dir(dir),
             path,
             role,
             tx,
@@ -807,10 +815,16 @@ impl SqliteStore {
 
     /// Writes the entries of a record of the journal's log (in one transaction, then
     /// calls `done`), recording in the same transaction that the views stand at `mark`
-    /// in the log.
-    pub fn append_marked(&self, entries: Vec<Entry>, done: AppendDone, mark: Option<Chain>) {
-        if let Err(mpsc::SendError(Command::Append(entries, done, _))) =
-            self.tx.send(Command::Append(entries, done, mark))
+    /// in the log; `at` is where the record is.
+    pub fn append_marked(
+        &self,
+        entries: Vec<Entry>,
+        done: AppendDone,
+        mark: Option<Chain>,
+        at: Option<RecordAt>,
+    ) {
+        if let Err(mpsc::SendError(Command::Append(entries, done, ..))) =
+            self.tx.send(Command::Append(entries, done, mark, at))
         {
             done(entries, Err(StoreError::Closed));
         }
@@ -851,12 +865,18 @@ impl SqliteStore {
     /// was pruned (and its sale, if still returnable, kept in `sales`).
     pub fn oldest_entry_at(&self) -> Result<Option<i64>, StoreError> {
         self.read(|conn| {
-            conn.query_row(
-                "SELECT completed_at FROM journal ORDER BY id LIMIT 1",
-                [],
-                |r| r.get(0),
-            )
-            .optional()
+            let row: Option<i64> = conn
+                .query_row(
+                    "SELECT completed_at FROM journal ORDER BY id LIMIT 1",
+                    [],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            // Rows of `journal` are older than every record's (ids go on after them).
+            Ok(match row {
+                Some(at) => Some(at),
+                None => records::oldest_decided(conn)?,
+            })
         })
     }
 
@@ -944,6 +964,7 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
 fn prepare_schema(conn: &Connection) -> Result<(), rusqlite::Error> {
     migrate(conn)?;
     conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(records::SCHEMA)?;
     // Views made before rows had checksums: their rows get one when next written, and
     // are trusted until then.
     add_column_if_missing(conn, "items", "checksum")?;
@@ -1399,8 +1420,9 @@ fn lock_states(states: &Mutex<States>) -> MutexGuard<'_, States> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The last state of every item with entries after the last snapshot.
-fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
+/// The last state of every item with entries after the last snapshot: the `journal`
+/// rows', then the records' of the log in `log_dir` ([`crate::records`]).
+fn tail_states(conn: &Connection, log_dir: &Path) -> Result<States, rusqlite::Error> {
     let upto = snapshot_journal_id(conn)?;
     let mut stmt = conn.prepare(
         "SELECT shop, item, stock_after, COALESCE(reserved_after, 0), seq, opens_at, closes_at,
@@ -1418,6 +1440,12 @@ fn tail_states(conn: &Connection) -> Result<States, rusqlite::Error> {
             state_at(row, 2)?,
         );
     }
+    LogRecords::new(log_dir).each(conn, upto, i64::MAX, |_, e| {
+        if let Some(state) = e.state_after() {
+            out.insert((e.shop, e.item), state);
+        }
+        Ok(true)
+    })?;
     Ok(out)
 }
 
@@ -1501,7 +1529,11 @@ fn damaged_rows(conn: &Connection) -> Result<(u64, Option<String>), rusqlite::Er
             note(e);
         }
     }
-    Ok((n, first))
+    let (records_damaged, first_record) = records::damaged_rows(conn)?;
+    if let Some(what) = first_record {
+        first.get_or_insert(what);
+    }
+    Ok((n + records_damaged, first))
 }
 
 /// Checks the views' file (`dir/nrtxn.db`, if there is one) before they are opened for
@@ -1759,8 +1791,8 @@ fn read_sales(
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let from_log = log.map(|log| log.sale(shop, key));
-        let found = match from_log {
-            Some(Ok(found)) => found,
+        let found = match &from_log {
+            Some(Ok(found)) => found.clone(),
             // No log's index, or a damaged record of the log: the views' rows.
             _ => in_journal
                 .query_row(params![shop, key], |row| sale_in_journal(row, shop, key))
@@ -1773,6 +1805,11 @@ fn read_sales(
                 .optional()?,
         };
         let Some(mut record) = found else {
+            // A sale in a damaged record of the log that no row holds: the read fails,
+            // rather than say there was no such sale.
+            if let Some(Err(e)) = from_log {
+                return Err(as_sqlite(e));
+            }
             out.push(None);
             continue;
         };
@@ -1920,16 +1957,39 @@ impl Outcomes for SqliteStore {
     }
 
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        if let Some(log) = self.log.get() {
-            match log.outcomes(shop, keys, |k| self.may_hold(shop, k)) {
-                Ok(found) => return Ok(found),
-                // A damaged record of the log: the views' rows still hold what the key
-                // window has not pruned (read without an index: slow, and only here).
-                Err(e) => {
-                    tracing::error!(error = %e, "journal: outcomes read from the views instead of the log")
-                }
+        let Some(log) = self.log.get() else {
+            return self.outcomes_in_rows(shop, keys);
+        };
+        let may_hold = |k: &str| self.may_hold(shop, k);
+        match log.outcomes(shop, keys, may_hold) {
+            Ok(found) => Ok(found),
+            // A damaged record of the log. Key by key: a key it holds is answered from
+            // the views' rows if an older version wrote them (read without an index:
+            // slow, and only here), or the read fails; never taken for a new key.
+            Err(e) => {
+                tracing::error!(error = %e, "journal: outcomes read from the views instead of the log");
+                keys.iter()
+                    .map(|k| match log.outcomes(shop, &[k], may_hold) {
+                        Ok(mut one) => Ok(one.pop().flatten()),
+                        Err(e) => match self.outcomes_in_rows(shop, &[k])?.pop().flatten() {
+                            Some(found) => Ok(Some(found)),
+                            None => Err(e),
+                        },
+                    })
+                    .collect()
             }
         }
+    }
+}
+
+impl SqliteStore {
+    /// The outcomes of `keys` as the views' `journal` rows hold them (views an older
+    /// version wrote, or that hold rows from before the log).
+    fn outcomes_in_rows(
+        &self,
+        shop: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Outcome>>, StoreError> {
         if !keys.iter().any(|k| self.may_hold(shop, k)) {
             return Ok(vec![None; keys.len()]);
         }
@@ -2153,23 +2213,31 @@ impl ItemReads for SqliteStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
-        if let Some(log) = self.log.get() {
-            match log.events(shop, item, after, limit) {
-                Ok(events) => return Ok(events),
-                Err(e) => {
-                    tracing::error!(error = %e, "journal: events read from the views instead of the log")
-                }
-            }
+        let in_log = self
+            .log
+            .get()
+            .map(|log| log.events(shop, item, after, limit));
+        if let Some(Ok(events)) = in_log {
+            return Ok(events);
         }
-        self.read(|conn| {
-            // Through the index on (shop, item, seq).
+        if let Some(Err(e)) = &in_log {
+            tracing::error!(error = %e, "journal: events read from the views instead of the log");
+        }
+        let in_rows = self.read(|conn| {
+            // Through the index on (shop, item, seq), when the views keep it.
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {EVENT_COLUMNS} FROM journal WHERE shop = ?1 AND item = ?2 AND seq > ?3
                  ORDER BY seq LIMIT ?4"
             ))?;
             let rows = stmt.query_map(params![shop, item, after, limit as i64], event_row)?;
-            rows.collect()
-        })
+            rows.collect::<Result<Vec<_>, _>>()
+        })?;
+        match in_log {
+            // The events of a damaged record that no row holds: the read fails, rather
+            // than end the item's events early.
+            Some(Err(e)) if in_rows.first().is_none_or(|ev| ev.seq != after + 1) => Err(e),
+            _ => Ok(in_rows),
+        }
     }
 }
 
@@ -2186,12 +2254,24 @@ impl Outbox for SqliteStore {
                 events: Vec::new(),
                 next: cursor,
             };
+            let mut read = 0;
             while let Some(row) = rows.next()? {
+                read += 1;
                 page.next = row.get::<_, i64>(22)? as u64;
                 // An unknown item's entry has no seq: not an event.
                 if row.get_ref(2)?.data_type() != rusqlite::types::Type::Null {
                     page.events.push(event_row(row)?);
                 }
+            }
+            // Ids go on in the records after the rows.
+            if read < limit {
+                let after = page.next as i64;
+                LogRecords::new(&self.log_dir).each(conn, after, i64::MAX, |id, e| {
+                    read += 1;
+                    page.next = id as u64;
+                    page.events.extend(e.event());
+                    Ok(read < limit)
+                })?;
             }
             Ok(page)
         })
@@ -2207,9 +2287,7 @@ impl Outbox for SqliteStore {
         // at their `op`, a few thousand ids per millisecond.
         let ops: Vec<String> = kinds.iter().map(|k| format!("'{}'", k.as_str())).collect();
         self.read(|conn| {
-            let upto: i64 =
-                conn.query_row("SELECT COALESCE(MAX(id), 0) FROM journal", [], |r| r.get(0))?;
-            let upto = upto.min(cursor as i64 + KINDS_SCAN_MAX);
+            let upto = records::last_id(conn)?.min(cursor as i64 + KINDS_SCAN_MAX);
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {EVENT_COLUMNS}, id FROM journal
                  WHERE id > ?1 AND id <= ?2 AND op IN ({}) ORDER BY id LIMIT ?3",
@@ -2227,20 +2305,26 @@ impl Outbox for SqliteStore {
                 if page.events.len() == limit {
                     // A full page: the next one starts after its last row.
                     page.next = row.get::<_, i64>(22)? as u64;
-                    break;
+                    return Ok(page);
                 }
             }
+            // Ids go on in the records after the rows.
+            LogRecords::new(&self.log_dir).each(conn, cursor as i64, upto, |id, e| {
+                if kinds.contains(&e.op) {
+                    page.events.extend(e.event());
+                }
+                if page.events.len() == limit {
+                    page.next = id as u64;
+                    return Ok(false);
+                }
+                Ok(true)
+            })?;
             Ok(page)
         })
     }
 
     fn relay_end(&self) -> Result<u64, StoreError> {
-        self.read(|conn| {
-            conn.query_row("SELECT COALESCE(MAX(id), 0) FROM journal", [], |row| {
-                row.get::<_, i64>(0)
-            })
-        })
-        .map(|v| v.max(0) as u64)
+        self.read(records::last_id).map(|v| v.max(0) as u64)
     }
 
     fn relay_cursor(&self, reader: OutboxReader) -> Result<Option<u64>, StoreError> {
@@ -2267,7 +2351,7 @@ impl Outbox for SqliteStore {
 impl Lifecycle for SqliteStore {
     fn recover(&self) -> Result<Recovered, StoreError> {
         self.read(|conn| {
-            let (items, replayed) = verify_tail(conn, read_snapshot(conn)?)?;
+            let (items, replayed) = verify_tail(conn, &self.log_dir, read_snapshot(conn)?)?;
             let mut stmt = conn.prepare(
                 "SELECT shop, hold_id, item, qty, expires_at, status, seq, buyer FROM holds
                  WHERE status = 'held'",
@@ -2354,6 +2438,7 @@ fn snapshot_journal_id(conn: &Connection) -> Result<i64, rusqlite::Error> {
 /// last): a journal that fails refuses the start.
 fn verify_tail(
     conn: &Connection,
+    log_dir: &Path,
     snapshot: ItemStates,
 ) -> Result<(ItemStates, u64), rusqlite::Error> {
     let upto = snapshot_journal_id(conn)?;
@@ -2367,14 +2452,21 @@ fn verify_tail(
                 reserved_after, seq, prev_seq, opens_at, closes_at, low_stock_at FROM journal
          WHERE id > ?1 AND seq IS NOT NULL ORDER BY id",
     )?;
+    let not_adding_up = |why: String| {
+        rusqlite::Error::ToSqlConversionFailure(
+            format!("the journal does not add up: {why}").into(),
+        )
+    };
     let mut rows = stmt.query([upto])?;
     while let Some(row) = rows.next()? {
-        verifier.check(&tail_entry(row)?).map_err(|why| {
-            rusqlite::Error::ToSqlConversionFailure(
-                format!("the journal does not add up: {why}").into(),
-            )
-        })?;
+        verifier.check(&tail_entry(row)?).map_err(not_adding_up)?;
     }
+    LogRecords::new(log_dir).each(conn, upto, i64::MAX, |_, e| {
+        if e.seq.is_some() {
+            verifier.check(&e).map_err(not_adding_up)?;
+        }
+        Ok(true)
+    })?;
     let replayed = verifier.checked();
     let items: ItemStates = verifier
         .into_items()
@@ -2455,6 +2547,14 @@ struct Writer {
     linger: Linger,
     /// The room on the disk: every transaction asks it first.
     room: Room,
+    /// Whether a record of the log is written as one row of `records`, not a `journal`
+    /// row per entry: views that read keys and events from the log
+    /// ([`SqliteStore::reads_from_log`]).
+    rowless: bool,
+    /// The journal id the next entry takes.
+    next_id: i64,
+    /// The log's directory, which `records` rows name records in.
+    log_dir: std::path::PathBuf,
 }
 
 /// What the views' writer needs to keep the disk's floor (see [`crate::space`]).
@@ -2533,6 +2633,9 @@ impl Writer {
             limited: HashSet::new(),
             linger,
             room,
+            rowless: false,
+            next_id: 1,
+            log_dir: std::path::PathBuf::new(),
         }
     }
 
@@ -2542,7 +2645,8 @@ impl Writer {
     /// entry up to it, so it must hold each of those items' last state), and the items
     /// with a per-buyer limit.
     fn start(mut self, rx: Receiver<Command>) -> Result<JoinHandle<()>, StoreError> {
-        *lock_states(&self.dirty) = tail_states(&self.conn).map_err(storage)?;
+        *lock_states(&self.dirty) = tail_states(&self.conn, &self.log_dir).map_err(storage)?;
+        self.next_id = records::last_id(&self.conn).map_err(storage)? + 1;
         self.limited = read_ledgers(&self.conn, None)
             .map_err(storage)?
             .into_iter()
@@ -2616,7 +2720,7 @@ impl Writer {
         let failed = result.is_err();
         for cmd in cmds {
             match cmd {
-                Command::Append(entries, done, _) => done(entries, result.clone()),
+                Command::Append(entries, done, ..) => done(entries, result.clone()),
                 Command::Accept(_, done, _) => done(result.clone()),
                 Command::Retire(..) => {}
                 Command::RelaySave(_, _, ack) => {
@@ -2801,12 +2905,13 @@ impl Writer {
         claim: &mut nrtxn_log::space::Claim,
     ) -> Result<u64, rusqlite::Error> {
         let tx = self.conn.transaction()?;
+        let mut next_id = self.next_id;
         {
             let mut st = TxnStatements::prepare(&tx)?;
             let mut offsets: HashMap<i32, i64> = HashMap::new();
             let mut mark: Option<Chain> = None;
             for cmd in cmds {
-                if let Command::Append(_, _, Some(m)) | Command::Accept(_, _, Some(m)) = cmd {
+                if let Command::Append(_, _, Some(m), _) | Command::Accept(_, _, Some(m)) = cmd {
                     // The log's writer hands its records to the views in the log's order.
                     debug_assert!(
                         mark.is_none_or(|had| had.next_lsn < m.next_lsn),
@@ -2818,8 +2923,21 @@ impl Writer {
                     }
                 }
                 match cmd {
+                    Command::Append(entries, _, _, Some(at)) if self.rowless => {
+                        records::insert(&tx, next_id, entries, *at)?;
+                        next_id += entries.len() as i64;
+                        let memory = WriterMemory {
+                            limited: &mut self.limited,
+                            keys: self.keys.as_deref(),
+                            dirty: &mut lock_states(&self.dirty),
+                            log: self.log.get(),
+                            offsets: &mut offsets,
+                        };
+                        st.entries_written(entries, memory)?;
+                    }
                     Command::Append(entries, ..) => {
                         st.insert_entries(entries)?;
+                        next_id = next_id.max(tx.last_insert_rowid() + 1);
                         let memory = WriterMemory {
                             limited: &mut self.limited,
                             keys: self.keys.as_deref(),
@@ -2835,7 +2953,16 @@ impl Writer {
                         // What fits in the disk's room (see `write_claimed`).
                         let max = (*max).min(self.prune_left);
                         self.prune_left -= max;
-                        self.pruned = prune(&tx, *before, max, *returnable_from)?;
+                        self.pruned = prune(&tx, *before, max, *returnable_from, next_id - 1)?;
+                        self.pruned += records::prune(
+                            &tx,
+                            &self.log_dir,
+                            *before,
+                            max.saturating_sub(self.pruned),
+                            *returnable_from,
+                            prune_covered(&tx)?,
+                            next_id - 1,
+                        )?;
                         self.ended_sweep.step(&tx, *before)?;
                     }
                     Command::RelaySave(reader, id, _) => save_relay_cursor(&tx, *reader, *id)?,
@@ -2846,7 +2973,7 @@ impl Writer {
             write_positions(&tx, offsets, mark)?;
         }
         if snapshot {
-            write_snapshot(&tx, &lock_states(&self.dirty))?;
+            write_snapshot(&tx, &lock_states(&self.dirty), next_id - 1)?;
         }
         // The commit writes a frame for each page dirtied (a page written before in
         // this transaction is written over its frame, but for the last), so at most one
@@ -2858,6 +2985,7 @@ impl Writer {
         claim.try_grow_to(wal_bytes(frames)).map_err(no_room)?;
         self.room.growth.grant_to(pages).map_err(no_room)?;
         tx.commit()?;
+        self.next_id = next_id;
         Ok(frames)
     }
 }
@@ -3112,10 +3240,12 @@ fn prune(
     before: i64,
     max: usize,
     returnable_from: i64,
+    newest: i64,
 ) -> Result<usize, rusqlite::Error> {
     // Only entries a snapshot covers (recovery starts after it), and only those the
     // outbox's readers (the relay, the alerts) have passed, if they run; never the
-    // newest (the journal's ids would start again at 1, behind the readers' cursors).
+    // newest id given, `newest` (the journal's ids would start again at 1, behind the
+    // readers' cursors).
     // Of them, the oldest `max` by id are looked at, and those decided before `before`
     // go: ids follow the log, whose entries come in the order they were decided, so
     // the entries past the window are the first ones. Looking further would read the
@@ -3130,7 +3260,7 @@ fn prune(
                                       WHERE key IN ('relay_journal_id',
                                                     'alerts_journal_id')),
                                      9223372036854775807)
-                  AND id < (SELECT MAX(id) FROM journal)
+                  AND id < ?4
                 ORDER BY id LIMIT ?2)
                 WHERE completed_at < ?1";
     // The sales among them that may still be returned stay findable by their key (the
@@ -3141,10 +3271,10 @@ fn prune(
          WHERE id IN ({PRUNED}) AND op = 'decrement' AND status = 'ok'
            AND request_key IS NOT NULL AND completed_at >= ?3"
     ))?
-    .execute(params![before, max as i64, returnable_from])?;
+    .execute(params![before, max as i64, returnable_from, newest])?;
     let pruned = tx
         .prepare_cached(&format!("DELETE FROM journal WHERE id IN ({PRUNED})"))?
-        .execute(params![before, max as i64])?;
+        .execute(params![before, max as i64, returnable_from, newest])?;
     // Sales past the return window, and their counts, go.
     for table in ["sales", "returned"] {
         tx.prepare_cached(&format!(
@@ -3154,6 +3284,20 @@ fn prune(
         .execute(params![returnable_from, max as i64])?;
     }
     Ok(pruned)
+}
+
+/// The last journal id both the item snapshot and the outbox's readers (the relay, the
+/// alerts; those that run) have passed: what the prune may take.
+fn prune_covered(tx: &Connection) -> Result<i64, rusqlite::Error> {
+    tx.query_row(
+        "SELECT MIN(
+            (SELECT COALESCE(MAX(value), 0) FROM meta WHERE key = 'snapshot_journal_id'),
+            COALESCE((SELECT MIN(value) FROM meta
+                      WHERE key IN ('relay_journal_id', 'alerts_journal_id')),
+                     9223372036854775807))",
+        [],
+        |r| r.get(0),
+    )
 }
 
 /// Rows of `holds` one prune's sweep looks at.
@@ -3247,7 +3391,7 @@ fn write_positions(
 
 /// Writes the item snapshot: the last state of every item in `dirty`, and that it
 /// covers every entry written so far.
-fn write_snapshot(tx: &Connection, dirty: &States) -> Result<(), rusqlite::Error> {
+fn write_snapshot(tx: &Connection, dirty: &States, upto: i64) -> Result<(), rusqlite::Error> {
     let mut upsert = tx.prepare_cached(
         "INSERT INTO items (shop, item, stock, reserved, seq, opens_at, closes_at, low_stock_at,
                             checksum)
@@ -3266,10 +3410,9 @@ fn write_snapshot(tx: &Connection, dirty: &States) -> Result<(), rusqlite::Error
     }
     drop(upsert);
     tx.execute(
-        "INSERT INTO meta (key, value)
-         VALUES ('snapshot_journal_id', (SELECT COALESCE(MAX(id), 0) FROM journal))
+        "INSERT INTO meta (key, value) VALUES ('snapshot_journal_id', ?1)
          ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        [],
+        [upto],
     )?;
     Ok(())
 }
@@ -3432,16 +3575,16 @@ mod tests {
             rows.map(Result::unwrap).collect()
         };
         // The oldest 5: ids 1 to 5, of which 3 is too young.
-        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 4);
+        assert_eq!(prune(&conn, 1_000, 5, 0, 20).unwrap(), 4);
         assert_eq!(ids()[..3], [3, 6, 7]);
         // Then 3 and 6 to 9 (3 still too young): 6 to 9 go.
-        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 4);
+        assert_eq!(prune(&conn, 1_000, 5, 0, 20).unwrap(), 4);
         assert_eq!(ids()[..3], [3, 10, 11]);
         // 3, 10, 11, 12, 13: only 10 is old enough; then nothing among the oldest.
-        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 1);
-        assert_eq!(prune(&conn, 1_000, 5, 0).unwrap(), 0);
+        assert_eq!(prune(&conn, 1_000, 5, 0, 20).unwrap(), 1);
+        assert_eq!(prune(&conn, 1_000, 5, 0, 20).unwrap(), 0);
         // Once the window passes them, the rest go but the newest.
-        assert_eq!(prune(&conn, 10_000, 100, 0).unwrap(), 10);
+        assert_eq!(prune(&conn, 10_000, 100, 0, 20).unwrap(), 10);
         assert_eq!(ids(), [20]);
     }
 

@@ -36,6 +36,17 @@ pub fn keep_segments() -> bool {
     keep
 }
 
+/// `NRTXN_FAULT_VIEWS_ROWS=1`: the embedded journal's views write a `journal` row per
+/// entry, as versions before the views' `records` did: a data dir as such a version
+/// left it, for the tests that take one over.
+pub fn views_rows() -> bool {
+    let rows = std::env::var("NRTXN_FAULT_VIEWS_ROWS").is_ok_and(|v| v == "1");
+    if rows {
+        tracing::warn!("fault injected: the views write a row per entry, as older versions did");
+    }
+    rows
+}
+
 /// The milliseconds in `var`, if it is set to a number: said in the log as `what`.
 fn fault_ms(var: &str, what: &str) -> Option<Duration> {
     let ms: u64 = std::env::var(var).ok()?.parse().ok()?;
