@@ -501,6 +501,15 @@ async fn segments_the_views_hold_for_good_are_retired_past_the_key_window() {
     for round in 0..40 {
         let items: Vec<(&str, i64)> = names.iter().map(|n| (n.as_str(), round)).collect();
         load(&c, &server, "shop", &items).await;
+        if round == 1 {
+            let (status, body) = post(
+                &c,
+                &server.url("/v1/shops/shop/txns"),
+                json!({"seller": "s", "item": "item-00000", "qty": 1, "request_id": "early-sale"}),
+            )
+            .await;
+            assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+        }
     }
     let data = dir.path().join("data");
     // Once the views are checkpointed the old segments go; the newest always stays.
@@ -516,6 +525,28 @@ async fn segments_the_views_hold_for_good_are_retired_past_the_key_window() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+    // A sale made before the loads, in the retired segment, stays returnable: the
+    // prune kept it (read from the log) before the segment could go.
+    let (status, body) = post(
+        &c,
+        &server.url("/v1/shops/shop/txns"),
+        json!({"seller": "s", "item": "item-00000", "qty": 1, "op": "increment",
+               "return_of": "early-sale", "request_id": "ret-early"}),
+    )
+    .await;
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
+    let (status, body) = post(
+        &c,
+        &server.url("/v1/shops/shop/txns"),
+        json!({"seller": "s", "item": "item-00000", "qty": 1, "op": "increment",
+               "return_of": "early-sale", "request_id": "ret-early-2"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("return_refused")),
+        "{body}"
+    );
     // The state is whole after a restart, from the views and what is left of the log.
     drop(server);
     let server = Server::start(dir.path(), &flags);
