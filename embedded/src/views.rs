@@ -19,11 +19,14 @@
 //! fewer came) and at close; at start the
 //! journal entries after the last snapshot are replayed on top of it.
 //!
-//! Indexes cost the writer most of its time per entry, so the journal has two: the
-//! unique `(shop, request_key)` that backs the at-most-once rule and answers lookups,
-//! and `(shop, item, seq)` that serves an item's event stream. An item's sequence is
-//! kept by its single writer, asserted before each write, and checked again (gapless,
-//! never negative) when recovery reads the journal back.
+//! A decision is not copied here: the views of the embedded journal keep one `records`
+//! row per record of its log ([`crate::records`]), and the readers of entries by journal
+//! id (the outbox relay, the item states after the snapshot, the prune) read them from
+//! the log; keys and events are read through the log's index. Views written before the
+//! log, or by an older version, keep a `journal` row per entry (with the indexes by key
+//! and by item when they hold rows the log does not), read before the records. An
+//! item's sequence is kept by its single writer, asserted before each write, and checked
+//! again (gapless, never negative) when recovery reads the entries back.
 //!
 //! Holds are rows of `holds`, written in the transaction of the entry that makes or
 //! ends them, so the pending ones read at start are exactly the journal's.
@@ -2284,7 +2287,8 @@ impl Outbox for SqliteStore {
         kinds: &[Op],
     ) -> Result<RelayPage, StoreError> {
         // Rows are read by id and only those of `kinds` decoded: the others cost a look
-        // at their `op`, a few thousand ids per millisecond.
+        // at their `op`, a few thousand ids per millisecond. The records' entries are
+        // decoded from the log, each, and filtered by their op.
         let ops: Vec<String> = kinds.iter().map(|k| format!("'{}'", k.as_str())).collect();
         self.read(|conn| {
             let upto = records::last_id(conn)?.min(cursor as i64 + KINDS_SCAN_MAX);
