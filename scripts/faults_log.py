@@ -16,8 +16,12 @@ A variant passes when the server refuses to start with a message, or starts with
 answered key polling the same and every item as it was. A flip inside an older segment
 the start does not read must be found by the full read after the start
 (`nrtxn_journal_damaged_segments`), or the start must refuse: a start with the state
-whole and the damage unreported counts as `wrong` (damage started with no word). A
-start with a state other than the acknowledged one counts as `lost`.
+whole and the damage unreported counts as `wrong` (damage started with no word). The
+log is a decision's only copy (the views keep a row per record, not per decision:
+docs/decisions/derived-views.md), so the keys of a flipped record cannot be answered:
+a start that reports the damage and refuses those keys' polls with `503` (the journal
+is damaged; a backup is the second copy) passes as `refused reads`, never `404` or
+another outcome. A start with a state other than the acknowledged one counts as `lost`.
 
 Called by scripts/faults.py (`--cases log-ends`) as `log_ends(ctx)`.
 """
@@ -137,7 +141,7 @@ def metrics_text(port):
 
 def log_ends(ctx):
     base, acked, items = snapshot(ctx.bin, ctx.work)
-    tried = refused = same = found_after = lost = wrong = 0
+    tried = refused = same = found_after = refused_reads = lost = wrong = 0
     notes = []
     for name, damage in variants(base, ctx.rnd):
         copy = os.path.join(ctx.work, "data-log-damaged")
@@ -162,9 +166,12 @@ def log_ends(ctx):
                 notes.append(f"{name}: refused with no message (exit {code})")
             continue
         missing = []
+        unreadable = 0
         for key, want in acked.items():
             status, ans = faults.call(s.port, "GET", f"/v1/shops/{faults.SHOP}/txns/{key}")
-            if status != 200 or (ans["status"], ans.get("seq")) != want:
+            if status == 503:
+                unreadable += 1
+            elif status != 200 or (ans["status"], ans.get("seq")) != want:
                 missing.append(f"{key} polls {status}")
         for item, want in items.items():
             status, view = faults.call(s.port, "GET", f"/v1/shops/{faults.SHOP}/items/{item}")
@@ -174,9 +181,15 @@ def log_ends(ctx):
         segment_flip = name.endswith(".log a byte flipped")
         damaged = damaged_segments(s.port) if segment_flip else 0
         s.stop()
+        if unreadable and not (segment_flip and damaged):
+            missing.append(f"{unreadable} keys poll 503 with no damage reported")
         if missing:
             lost += 1
             notes.append(f"{name}: started without acknowledged state: {missing[:3]}")
+        elif unreadable:
+            refused_reads += 1
+            notes.append(f"{name}: started, reported the damage, {unreadable} keys of the "
+                         "damaged record refused (503)")
         elif damaged:
             found_after += 1
         elif segment_flip:
@@ -186,7 +199,9 @@ def log_ends(ctx):
             same += 1
     figures = (f"{tried} variants on {len(segments(base))} segments: {refused} refused to start "
                f"with a message, {found_after} started and reported the damaged segment "
-               f"(full read after the start), {same} started with the acknowledged state "
+               f"(full read after the start), {refused_reads} started, reported it and "
+               f"refused the damaged record's keys (503), {same} started with the "
+               f"acknowledged state "
                f"({len(acked):,} answered keys, {len(items)} items checked)")
     return {
         "case": "log-ends",
