@@ -24,6 +24,9 @@ CREATE TABLE IF NOT EXISTS records (
     offset     INTEGER NOT NULL,
     -- The latest decision time among the record's entries (ms).
     decided_to INTEGER NOT NULL,
+    -- The ops of its entries, a bit each (op_bit): a reader of a few ops skips the
+    -- records without them, unread.
+    ops        INTEGER NOT NULL,
     -- record_checksum() of the other columns: a damaged row is refused.
     checksum   INTEGER NOT NULL
 );
@@ -44,6 +47,7 @@ struct Row {
     entries: i64,
     at: RecordAt,
     decided_to: i64,
+    ops: i64,
 }
 
 impl Row {
@@ -52,14 +56,31 @@ impl Row {
     }
 }
 
+/// The bit of `op` in a record's `ops`.
+pub(crate) fn op_bit(op: Op) -> i64 {
+    1 << Op::ALL
+        .iter()
+        .position(|o| *o == op)
+        .expect("every op is listed")
+}
+
+/// Every op's bit: a reader of every entry.
+pub(crate) const ALL_OPS: i64 = -1;
+
+/// The bits of every op in `ops`.
+pub(crate) fn op_bits(ops: &[Op]) -> i64 {
+    ops.iter().fold(0, |bits, op| bits | op_bit(*op))
+}
+
 fn record_checksum(r: &Row) -> i64 {
-    let mut b = [0u8; 40];
+    let mut b = [0u8; 48];
     for (i, v) in [
         r.first_id as u64,
         r.entries as u64,
         r.at.segment,
         r.at.offset,
         r.decided_to as u64,
+        r.ops as u64,
     ]
     .into_iter()
     .enumerate()
@@ -81,7 +102,7 @@ fn damaged(what: String) -> rusqlite::Error {
     )
 }
 
-const COLUMNS: &str = "first_id, entries, segment, offset, decided_to, checksum";
+const COLUMNS: &str = "first_id, entries, segment, offset, decided_to, ops, checksum";
 
 /// A row read with [`COLUMNS`], checked against its checksum.
 fn checked_row(row: &rusqlite::Row<'_>) -> Result<Row, rusqlite::Error> {
@@ -93,8 +114,9 @@ fn checked_row(row: &rusqlite::Row<'_>) -> Result<Row, rusqlite::Error> {
             offset: row.get::<_, i64>(3)? as u64,
         },
         decided_to: row.get(4)?,
+        ops: row.get(5)?,
     };
-    let sum: i64 = row.get(5)?;
+    let sum: i64 = row.get(6)?;
     if sum != record_checksum(&r) || r.entries < 1 {
         return Err(damaged(format!(
             "the views' row of the log's record of journal id {} does not match its checksum",
@@ -116,9 +138,10 @@ pub(crate) fn insert(
         entries: entries.len() as i64,
         at,
         decided_to: entries.iter().map(|e| e.completed_at).max().unwrap_or(0),
+        ops: entries.iter().fold(0, |bits, e| bits | op_bit(e.op)),
     };
     tx.prepare_cached(&format!(
-        "INSERT INTO records ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+        "INSERT INTO records ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
     ))?
     .execute(params![
         r.first_id,
@@ -126,6 +149,7 @@ pub(crate) fn insert(
         r.at.segment as i64,
         r.at.offset as i64,
         r.decided_to,
+        r.ops,
         record_checksum(&r)
     ])?;
     Ok(())
@@ -207,12 +231,13 @@ impl<'a> LogRecords<'a> {
     }
 
     /// Calls `f` with each entry whose journal id is in `after + 1 ..= upto`, with its id,
-    /// in id order, until `f` says to stop (returns false).
+    /// in id order, until `f` says to stop (returns false); of the records with an op of
+    /// `ops` (bits, [`op_bits`]) only, the others unread.
     pub(crate) fn each(
         &mut self,
         conn: &Connection,
-        after: i64,
-        upto: i64,
+        (after, upto): (i64, i64),
+        ops: i64,
         mut f: impl FnMut(i64, Entry) -> Result<bool, rusqlite::Error>,
     ) -> Result<(), rusqlite::Error> {
         let mut stmt = conn.prepare_cached(&format!(
@@ -225,7 +250,7 @@ impl<'a> LogRecords<'a> {
         let mut rows = stmt.query(params![after + 1, upto])?;
         while let Some(row) = rows.next()? {
             let r = checked_row(row)?;
-            if r.last_id() <= after || r.first_id > upto {
+            if r.last_id() <= after || r.first_id > upto || r.ops & ops == 0 {
                 continue;
             }
             let Some(entries) = self.entries(&r)? else {

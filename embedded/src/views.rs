@@ -55,7 +55,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::coalesce::{Earlier, Pending};
 use crate::log_reads::LogReads;
-use crate::records::{self, LogRecords, RecordAt};
+use crate::records::{self, LogRecords, RecordAt, ALL_OPS};
 use nrtxn_log::keyfilter::KeyFilter;
 use nrtxn_log::segment::Chain;
 use nrtxn_log::space::Space;
@@ -1443,7 +1443,7 @@ fn tail_states(conn: &Connection, log_dir: &Path) -> Result<States, rusqlite::Er
             state_at(row, 2)?,
         );
     }
-    LogRecords::new(log_dir).each(conn, upto, i64::MAX, |_, e| {
+    LogRecords::new(log_dir).each(conn, (upto, i64::MAX), ALL_OPS, |_, e| {
         if let Some(state) = e.state_after() {
             out.insert((e.shop, e.item), state);
         }
@@ -2269,7 +2269,8 @@ impl Outbox for SqliteStore {
             // Ids go on in the records after the rows.
             if read < limit {
                 let after = page.next as i64;
-                LogRecords::new(&self.log_dir).each(conn, after, i64::MAX, |id, e| {
+                let ids = (after, i64::MAX);
+                LogRecords::new(&self.log_dir).each(conn, ids, ALL_OPS, |id, e| {
                     read += 1;
                     page.next = id as u64;
                     page.events.extend(e.event());
@@ -2313,7 +2314,9 @@ impl Outbox for SqliteStore {
                 }
             }
             // Ids go on in the records after the rows.
-            LogRecords::new(&self.log_dir).each(conn, cursor as i64, upto, |id, e| {
+            // Records without an entry of `kinds` are not read.
+            let ids = (cursor as i64, upto);
+            LogRecords::new(&self.log_dir).each(conn, ids, records::op_bits(kinds), |id, e| {
                 if kinds.contains(&e.op) {
                     page.events.extend(e.event());
                 }
@@ -2465,7 +2468,7 @@ fn verify_tail(
     while let Some(row) = rows.next()? {
         verifier.check(&tail_entry(row)?).map_err(not_adding_up)?;
     }
-    LogRecords::new(log_dir).each(conn, upto, i64::MAX, |_, e| {
+    LogRecords::new(log_dir).each(conn, (upto, i64::MAX), ALL_OPS, |_, e| {
         if e.seq.is_some() {
             verifier.check(&e).map_err(not_adding_up)?;
         }
@@ -2927,21 +2930,20 @@ impl Writer {
                     }
                 }
                 match cmd {
-                    Command::Append(entries, _, _, Some(at)) if self.rowless => {
-                        records::insert(&tx, next_id, entries, *at)?;
-                        next_id += entries.len() as i64;
-                        let memory = WriterMemory {
-                            limited: &mut self.limited,
-                            keys: self.keys.as_deref(),
-                            dirty: &mut lock_states(&self.dirty),
-                            log: self.log.get(),
-                            offsets: &mut offsets,
-                        };
-                        st.entries_written(entries, memory)?;
-                    }
-                    Command::Append(entries, ..) => {
-                        st.insert_entries(entries)?;
-                        next_id = next_id.max(tx.last_insert_rowid() + 1);
+                    Command::Append(entries, _, _, at) => {
+                        match at.filter(|_| self.rowless) {
+                            // Nothing to number.
+                            _ if entries.is_empty() => {}
+                            Some(at) => {
+                                records::insert(&tx, next_id, entries, at)?;
+                                next_id += entries.len() as i64;
+                            }
+                            None => {
+                                st.insert_entries(entries)?;
+                                // The last row's id, just given by SQLite.
+                                next_id = next_id.max(tx.last_insert_rowid() + 1);
+                            }
+                        }
                         let memory = WriterMemory {
                             limited: &mut self.limited,
                             keys: self.keys.as_deref(),
