@@ -2918,32 +2918,11 @@ impl Writer {
             let mut offsets: HashMap<i32, i64> = HashMap::new();
             let mut mark: Option<Chain> = None;
             for cmd in cmds {
-                if let Command::Append(_, _, Some(m), _) | Command::Accept(_, _, Some(m)) = cmd {
-                    // The log's writer hands its records to the views in the log's order.
-                    debug_assert!(
-                        mark.is_none_or(|had| had.next_lsn < m.next_lsn),
-                        "the views were given the log's record {} after {mark:?}",
-                        m.next_lsn.saturating_sub(1)
-                    );
-                    if mark.is_none_or(|had| had.next_lsn < m.next_lsn) {
-                        mark = Some(*m);
-                    }
-                }
+                mark = mark_after(mark, cmd);
                 match cmd {
                     Command::Append(entries, _, _, at) => {
-                        match at.filter(|_| self.rowless) {
-                            // Nothing to number.
-                            _ if entries.is_empty() => {}
-                            Some(at) => {
-                                records::insert(&tx, next_id, entries, at)?;
-                                next_id += entries.len() as i64;
-                            }
-                            None => {
-                                st.insert_entries(entries)?;
-                                // The last row's id, just given by SQLite.
-                                next_id = next_id.max(tx.last_insert_rowid() + 1);
-                            }
-                        }
+                        let at = at.filter(|_| self.rowless);
+                        next_id = st.number_entries(entries, at, next_id)?;
                         let memory = WriterMemory {
                             limited: &mut self.limited,
                             keys: self.keys.as_deref(),
@@ -2959,16 +2938,9 @@ impl Writer {
                         // What fits in the disk's room (see `write_claimed`).
                         let max = (*max).min(self.prune_left);
                         self.prune_left -= max;
-                        self.pruned = prune(&tx, *before, max, *returnable_from, next_id - 1)?;
-                        self.pruned += records::prune(
-                            &tx,
-                            &self.log_dir,
-                            *before,
-                            max.saturating_sub(self.pruned),
-                            *returnable_from,
-                            prune_covered(&tx)?,
-                            next_id - 1,
-                        )?;
+                        let window = (*before, *returnable_from);
+                        self.pruned =
+                            prune_rows_and_records(&tx, &self.log_dir, window, max, next_id - 1)?;
                         self.ended_sweep.step(&tx, *before)?;
                     }
                     Command::RelaySave(reader, id, _) => save_relay_cursor(&tx, *reader, *id)?,
@@ -2993,6 +2965,23 @@ impl Writer {
         tx.commit()?;
         self.next_id = next_id;
         Ok(frames)
+    }
+}
+
+/// Where in the log the views stand after `cmd`, from `mark` before it.
+fn mark_after(mark: Option<Chain>, cmd: &Command) -> Option<Chain> {
+    let (Command::Append(_, _, Some(m), _) | Command::Accept(_, _, Some(m))) = cmd else {
+        return mark;
+    };
+    // The log's writer hands its records to the views in the log's order.
+    debug_assert!(
+        mark.is_none_or(|had| had.next_lsn < m.next_lsn),
+        "the views were given the log's record {} after {mark:?}",
+        m.next_lsn.saturating_sub(1)
+    );
+    match mark {
+        Some(had) if had.next_lsn >= m.next_lsn => mark,
+        _ => Some(*m),
     }
 }
 
@@ -3096,6 +3085,30 @@ impl<'t> TxnStatements<'t> {
             self.accept.execute(params![&*r.shop, &*r.key, body])?;
         }
         Ok(())
+    }
+
+    /// Numbers `entries` from journal id `next_id` on, with a `records` row for the
+    /// record of the log they are (`at`), else a `journal` row each; returns the id after
+    /// them.
+    fn number_entries(
+        &mut self,
+        entries: &[Entry],
+        at: Option<RecordAt>,
+        next_id: i64,
+    ) -> Result<i64, rusqlite::Error> {
+        match at {
+            // Nothing to number.
+            _ if entries.is_empty() => Ok(next_id),
+            Some(at) => {
+                records::insert(self.conn, next_id, entries, at)?;
+                Ok(next_id + entries.len() as i64)
+            }
+            None => {
+                self.insert_entries(entries)?;
+                // The last row's id, just given by SQLite.
+                Ok(next_id.max(self.conn.last_insert_rowid() + 1))
+            }
+        }
     }
 
     /// Inserts the journal rows of `entries`, in their order.
@@ -3290,6 +3303,31 @@ fn prune(
         .execute(params![returnable_from, max as i64])?;
     }
     Ok(pruned)
+}
+
+/// [`prune`] of the `journal` rows, then [`records::prune`] of the records, within
+/// `window` (the key window's start, the return window's; ms), up to `max` entries in
+/// all, never the newest id `newest`. Returns how many entries went.
+fn prune_rows_and_records(
+    tx: &Connection,
+    log_dir: &Path,
+    (before, returnable_from): (i64, i64),
+    max: usize,
+    newest: i64,
+) -> Result<usize, rusqlite::Error> {
+    let rows = prune(tx, before, max, returnable_from, newest)?;
+    let covered = prune_covered(tx)?;
+    let in_records = max.saturating_sub(rows);
+    Ok(rows
+        + records::prune(
+            tx,
+            log_dir,
+            before,
+            in_records,
+            returnable_from,
+            covered,
+            newest,
+        )?)
 }
 
 /// The last journal id both the item snapshot and the outbox's readers (the relay, the
