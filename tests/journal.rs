@@ -433,27 +433,30 @@ async fn truncated_views_refuse_the_start_and_the_log_rebuilds_them() {
 /// "Invalid type" of the row's reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_views_value_of_the_wrong_type_refuses_the_start_saying_what_to_do() {
+    damaged_record_row_refuses_the_start(
+        "offset = CAST(offset AS BLOB)",
+        &["nrtxn.db is damaged", "rebuilt from the log"],
+    )
+    .await;
+}
+
+/// Changes the newest `records` row with `set` (an SQL `SET` clause) in a clean data dir,
+/// makes the snapshot cover no entry (so the start reads that row), and checks that the
+/// start is refused saying each of `says`, then that the views are rebuilt once moved.
+async fn damaged_record_row_refuses_the_start(set: &str, says: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let answered = sell_then_kill(dir.path()).await;
     start_and_stop(dir.path()).await;
     let data = dir.path().join("data");
-    // A row the start reads (it follows the last snapshot, here made to cover none).
     tamper_views(
         &data,
-        "UPDATE records SET offset = CAST(offset AS BLOB) \
-         WHERE first_id = (SELECT max(first_id) FROM records)",
+        &format!("UPDATE records SET {set} WHERE first_id = (SELECT max(first_id) FROM records)"),
     );
     tamper_views(
         &data,
         "UPDATE meta SET value = 0 WHERE key = 'snapshot_journal_id'",
     );
-    refused_then_rebuilt(
-        dir.path(),
-        &answered,
-        "damaged views",
-        &["nrtxn.db is damaged", "rebuilt from the log"],
-    )
-    .await;
+    refused_then_rebuilt(dir.path(), &answered, "a damaged record row", says).await;
 }
 
 /// A views row that names a record of the log (its first journal id, its entries, where
@@ -462,23 +465,8 @@ async fn a_views_value_of_the_wrong_type_refuses_the_start_saying_what_to_do() {
 /// few entries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_views_record_row_that_does_not_match_its_checksum_refuses_the_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let answered = sell_then_kill(dir.path()).await;
-    start_and_stop(dir.path()).await;
-    let data = dir.path().join("data");
-    tamper_views(
-        &data,
-        "UPDATE records SET entries = entries + 1 \
-         WHERE first_id = (SELECT max(first_id) FROM records)",
-    );
-    tamper_views(
-        &data,
-        "UPDATE meta SET value = 0 WHERE key = 'snapshot_journal_id'",
-    );
-    refused_then_rebuilt(
-        dir.path(),
-        &answered,
-        "a damaged record row",
+    damaged_record_row_refuses_the_start(
+        "entries = entries + 1",
         &["does not match its checksum", "rebuilt from the log"],
     )
     .await;
