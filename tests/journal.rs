@@ -472,6 +472,28 @@ async fn a_views_record_row_that_does_not_match_its_checksum_refuses_the_start()
     .await;
 }
 
+/// A damaged `records` row that the start does not read (the snapshot covers it) is
+/// found by the retention, which stops there and says so: the server goes on answering
+/// (the prune runs in the views' transaction, whose failure would stop it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_records_row_stops_the_prune_not_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let answered = sell_then_kill(dir.path()).await;
+    start_and_stop(dir.path()).await;
+    tamper_views(
+        &dir.path().join("data"),
+        "UPDATE records SET decided_to = 0 WHERE first_id = (SELECT min(first_id) FROM records)",
+    );
+    // Its decision time, set to 1970, puts it past the key window: the prune reads it.
+    let server = Server::start(dir.path(), &[]);
+    // Past a prune or two (every 2 s), which reach the damaged row.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    check_answers(&server, &answered).await;
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    // Said, each time the retention reaches it.
+    assert!(log.contains("does not match its checksum"), "{log}");
+}
+
 /// The first record number of a segment, from its name.
 fn first_lsn(seg: &Path) -> u64 {
     seg.file_stem().unwrap().to_str().unwrap().parse().unwrap()

@@ -169,9 +169,13 @@ pub(crate) fn last_id(conn: &Connection) -> Result<i64, rusqlite::Error> {
 
 /// When the oldest record still held was decided, at the latest (ms).
 pub(crate) fn oldest_decided(conn: &Connection) -> Result<Option<i64>, rusqlite::Error> {
-    conn.prepare_cached("SELECT decided_to FROM records ORDER BY first_id LIMIT 1")?
-        .query_row([], |r| r.get(0))
-        .optional()
+    // Checked: the log's segments are retired by it.
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM records ORDER BY first_id LIMIT 1"
+    ))?
+    .query_row([], checked_row)
+    .optional()
+    .map(|r| r.map(|r| r.decided_to))
 }
 
 /// The log's directory beside the views' file in `data_dir`.
@@ -306,10 +310,23 @@ pub(crate) fn prune(
     let candidates: Vec<Row> = {
         let mut stmt = tx.prepare_cached(&format!(
             "SELECT {COLUMNS} FROM records WHERE first_id + entries - 1 <= ?1
-               AND first_id + entries - 1 < ?2 ORDER BY first_id LIMIT ?3"
+               AND first_id + entries - 1 < ?2 AND decided_to < ?4
+             ORDER BY first_id LIMIT ?3"
         ))?;
-        let rows = stmt.query_map(params![covered, newest, max as i64], checked_row)?;
-        rows.collect::<Result<_, _>>()?
+        let rows = stmt.query_map(params![covered, newest, max as i64, before], checked_row)?;
+        // A damaged row stops the prune there (the views' transaction it runs in must not
+        // fail for it: that would stop the server); the reads that need the row refuse.
+        let mut candidates = Vec::new();
+        for row in rows {
+            match row {
+                Ok(r) => candidates.push(r),
+                Err(e) => {
+                    tracing::error!(error = %e, "journal: the prune stops at a damaged row of the views");
+                    break;
+                }
+            }
+        }
+        candidates
     };
     let mut sale = tx.prepare_cached(
         "INSERT OR REPLACE INTO sales (shop, sale_key, item, sold, sold_at)
@@ -325,7 +342,14 @@ pub(crate) fn prune(
         if r.decided_to >= before || (pruned > 0 && pruned + r.entries as usize > max) {
             break;
         }
-        for e in log.entries(&r)?.unwrap_or_default() {
+        let entries = match log.entries(&r) {
+            Ok(entries) => entries.unwrap_or_default(),
+            Err(e) => {
+                tracing::error!(error = %e, "journal: the prune stops at a record it cannot read");
+                break;
+            }
+        };
+        for e in entries {
             let Some(key) = e.request_key.as_deref() else {
                 continue;
             };
