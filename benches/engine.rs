@@ -12,6 +12,10 @@ use nrtxn_actors::{now_ms, Engine, EngineConfig, Metrics, Op, Reply, Request, Re
 use nrtxn_embedded::journal::{LogJournal, Retention};
 use nrtxn_embedded::request_log::EmbeddedLog;
 
+// The server's allocator (src/main.rs), so the engine is measured as it runs there.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn arg(n: usize, default: usize) -> usize {
     std::env::args()
         .skip(1)
