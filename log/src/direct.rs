@@ -197,9 +197,8 @@ mod tests {
             return;
         };
         // The flags the kernel holds for the open file, in octal.
-        let info =
-            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", tail.file.as_raw_fd()))
-                .unwrap();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", tail.file.as_raw_fd()))
+            .unwrap();
         let flags = info
             .lines()
             .find_map(|l| l.strip_prefix("flags:"))
