@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod orders;
 pub mod ports;
 pub mod processor;
+pub mod recent;
 pub mod release;
 pub mod reply;
 pub mod returns;

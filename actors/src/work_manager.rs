@@ -3,7 +3,7 @@
 //! the request log once), in flight (the caller waits on the same decision), or decided
 //! (the recorded outcome is returned, and nothing is applied).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use dashmap::DashMap;
 
 use crate::metrics::Metrics;
 use crate::ports::{Outcomes, RequestLog, StoreError};
+use crate::recent::RecentOutcomes;
 pub use crate::reply::SubmitError;
 use crate::reply::{Call, Deadlines, Reply};
 use crate::topology::Topology;
@@ -173,10 +174,9 @@ pub struct WorkManager {
     /// looked up, inserted and removed for every request, so hashed with a randomly
     /// keyed hash faster than std's on short keys ([`KeyHash`]).
     in_flight: HashMap<Arc<str>, InFlight, KeyHash>,
-    /// Recent outcomes, oldest first in `recent_order`; bounded by `outcome_cache_max`.
-    /// Older ones are read back from the journal.
-    recent: HashMap<Arc<str>, Arc<Outcome>, KeyHash>,
-    recent_order: VecDeque<Arc<str>>,
+    /// Recent outcomes, within `outcome_cache_max` ([`RecentOutcomes`]). Older ones are
+    /// read back from the journal.
+    recent: RecentOutcomes,
     /// Calls with a request still undecided, answered `pending` at their deadline.
     deadlines: Deadlines,
     /// A wake-up is set for the first deadline in `deadlines`.
@@ -194,8 +194,7 @@ impl WorkManager {
             status,
             passivated: false,
             in_flight: HashMap::default(),
-            recent: HashMap::default(),
-            recent_order: VecDeque::new(),
+            recent: RecentOutcomes::default(),
             deadlines: Deadlines::default(),
             deadline_armed: false,
             stale_lookup: false,
@@ -230,38 +229,14 @@ impl WorkManager {
         {
             return;
         }
-        let key = outcome.request_key.clone();
-        // One look at the map: a key cached already has its outcome replaced in place.
-        if self.recent.insert(key.clone(), outcome).is_some() {
-            return;
-        }
-        self.recent_order.push_back(key);
-        self.deps.outcomes_cached.fetch_add(1, Ordering::Relaxed);
-        // Back within this shop's share and the total, from this shop's own oldest
-        // outcomes; a shop with no other to give lets this one go too (the journal has
-        // it).
-        while self.recent.len() > self.deps.outcome_cache_max
-            || self.deps.outcomes_cached.load(Ordering::Relaxed) > self.deps.outcome_cache_total_max
-        {
-            if !self.forget_oldest() {
-                return;
-            }
-        }
-    }
-
-    /// Drops the oldest cached outcome; `false` when there is none.
-    fn forget_oldest(&mut self) -> bool {
-        while let Some(old) = self.recent_order.pop_front() {
-            if self.recent.remove(&old).is_some() {
-                let prev = self.deps.outcomes_cached.fetch_sub(1, Ordering::Relaxed);
-                debug_assert!(
-                    prev > 0,
-                    "a cached outcome forgotten that was never counted"
-                );
-                return true;
-            }
-        }
-        false
+        // Within this shop's share and the total; a shop with no other to give lets
+        // its own go (the journal has them).
+        self.recent.keep(
+            outcome,
+            self.deps.outcome_cache_max,
+            self.deps.outcome_cache_total_max,
+            &self.deps.outcomes_cached,
+        );
     }
 
     /// Keeps the shared status in step with the keys in flight.
@@ -283,11 +258,7 @@ impl WorkManager {
         self.deps
             .registry
             .remove_if(&self.shop, |_, h| h.addr == me);
-        self.deps
-            .outcomes_cached
-            .fetch_sub(self.recent.len(), Ordering::Relaxed);
-        self.recent = HashMap::default();
-        self.recent_order = VecDeque::new();
+        self.recent.clear(&self.deps.outcomes_cached);
         ctx.run_later(PASSIVATED_STOP_DELAY, |wm, ctx| {
             if wm.in_flight.is_empty() {
                 ctx.stop();
@@ -715,9 +686,7 @@ impl Actor for WorkManager {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         if !self.passivated {
-            self.deps
-                .outcomes_cached
-                .fetch_sub(self.recent.len(), Ordering::Relaxed);
+            self.recent.clear(&self.deps.outcomes_cached);
         }
     }
 }
