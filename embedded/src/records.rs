@@ -336,10 +336,10 @@ pub(crate) fn prune(
     let mut log = LogRecords::new(log_dir);
     let mut pruned = 0usize;
     for r in candidates {
-        // Records come in the order their entries were decided: the first one not past
-        // the window ends the prune. A record is taken whole, the first one even when it
-        // holds more entries than `max` (a large batch), or the prune would stop there.
-        if r.decided_to >= before || (pruned > 0 && pruned + r.entries as usize > max) {
+        // The query took only records wholly past the window. A record is taken whole,
+        // the first one even when it holds more entries than `max` (a large batch), or
+        // the prune would stop there.
+        if pruned > 0 && pruned + r.entries as usize > max {
             break;
         }
         let entries = match log.entries(&r) {
