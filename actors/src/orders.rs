@@ -40,8 +40,8 @@ use crate::processor::{Nudge, OrderNudge};
 use crate::reply::Reply;
 pub use crate::settling::{CHECKS_SETTLING_MAX, CHECKS_SETTLING_PER_SHOP};
 use crate::types::{
-    hold_end_key, line_key, now_ms, order_item, order_of_line, retry_line_key, HoldStatus,
-    HoldView, Millis, Op, Outcome, Request, Status, HOLD_TTL_MAX_MS,
+    hold_end_key, line_key, now_ms, order_item, order_of_line, retry_line_key, EarlySignal,
+    HoldStatus, HoldView, Millis, Op, Outcome, Request, Status, HOLD_TTL_MAX_MS,
 };
 use crate::work_manager::PollResult;
 
@@ -327,10 +327,12 @@ impl Engine {
         lines: Option<&[(usize, HoldView)]>,
         by_check: bool,
     ) -> Result<(Arc<Outcome>, Vec<Arc<Outcome>>), EngineError> {
+        let (early, told) = EarlySignal::channel();
         let req = Request {
             hold_id: Some(order_id.clone()),
             by_check,
             reason: reason.map(Into::into),
+            early,
             ..Request::new(
                 shop.clone(),
                 order_item(shop, order_id),
@@ -340,9 +342,36 @@ impl Engine {
                 now_ms(),
             )
         };
-        let o = self.decide_one(shop, req).await?;
+        let durable = self.decide_one(shop, req);
+        tokio::pin!(durable);
+        tokio::select! {
+            biased;
+            o = &mut durable => {
+                let o = o?;
+                let ended = self.end_lines_of(shop, order_id, &o, lines).await?;
+                Ok((o, ended))
+            }
+            // Handed to a journal that writes in order: the lines' endings, sent now,
+            // are written after the record's, so they wait for one sync, not two.
+            Ok(o) = told => {
+                let (durable, ended) =
+                    tokio::join!(durable, self.end_lines_of(shop, order_id, &o, lines));
+                Ok((durable?, ended?))
+            }
+        }
+    }
+
+    /// Ends each line of `order_id` still held with the ending its record got (`o`),
+    /// if it ended; `lines` as for [`Engine::end_order_lines`].
+    async fn end_lines_of(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        o: &Outcome,
+        lines: Option<&[(usize, HoldView)]>,
+    ) -> Result<Vec<Arc<Outcome>>, EngineError> {
         if o.status != Status::Ok || !o.op.ends_hold() {
-            return Ok((o, Vec::new()));
+            return Ok(Vec::new());
         }
         let pending: Vec<HoldView> = match lines {
             Some(known) => known.iter().map(|(_, h)| h.clone()).collect(),
@@ -351,8 +380,7 @@ impl Engine {
                     .await?
             }
         };
-        let ended = self.end_holds(shop, pending, o.op, None).await?;
-        Ok((o, ended))
+        self.end_holds(shop, pending, o.op, None).await
     }
 
     /// Ends each of `holds` with `op`, under its ending key, in one call: the endings'

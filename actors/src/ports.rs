@@ -117,6 +117,15 @@ pub trait JournalWrite: Send + Sync + 'static {
     /// returning, having kept nothing: the caller sends the batch again later, before any
     /// batch after it. Every other error is reported as the write's result.
     fn append(&self, entries: Vec<Entry>, done: AppendDone);
+
+    /// Whether a batch whose `append` returned without [`StoreError::Full`] is written
+    /// before every batch appended after it, by any processor, and a crash keeps a
+    /// prefix of them: one writer and one log. Then a processor may tell a request's
+    /// outcome early ([`crate::types::EarlySignal`]). A journal whose batches are
+    /// written apart (several nodes, a database) says no.
+    fn appends_in_order(&self) -> bool {
+        false
+    }
 }
 
 /// Recorded outcomes by request key: the WorkManagers (repeats, polls) and the

@@ -465,6 +465,59 @@ pub struct Request {
     /// several nodes share the log; `None` is this node.
     #[serde(skip)]
     pub origin: Option<u32>,
+    /// Told the outcome before it is durable, once it is handed to a journal that
+    /// writes appends in order ([`EarlySignal`]); not part of the request's content.
+    #[serde(skip)]
+    pub early: EarlySignal,
+}
+
+/// Where a processor tells a request's outcome as soon as it has handed the outcome to
+/// a journal that writes every append after those handed to it before
+/// ([`crate::ports::JournalWrite::appends_in_order`]): not durable yet, but whatever
+/// the caller sends on hearing it is written after it, so no crash keeps what follows
+/// and loses the outcome. An order's ending uses it to end its lines without waiting
+/// for the record's sync (`crate::orders`). A request that is not decided that way (a
+/// repeat, a refusal that writes nothing, a journal that does not keep the order)
+/// drops it unsent, and its caller waits for the durable outcome as usual.
+///
+/// Not part of the request's content: it is neither serialized nor compared.
+#[derive(Clone, Default)]
+pub struct EarlySignal(Option<Arc<std::sync::Mutex<Option<EarlySender>>>>);
+
+pub(crate) type EarlySender = tokio::sync::oneshot::Sender<Arc<Outcome>>;
+
+impl EarlySignal {
+    /// A signal and where its outcome arrives.
+    pub fn channel() -> (EarlySignal, tokio::sync::oneshot::Receiver<Arc<Outcome>>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (
+            EarlySignal(Some(Arc::new(std::sync::Mutex::new(Some(tx))))),
+            rx,
+        )
+    }
+
+    /// The sender, taken out: whoever takes it first tells the outcome or, dropping
+    /// it, that none will come early.
+    pub(crate) fn take(&self) -> Option<EarlySender> {
+        self.0.as_ref()?.lock().ok()?.take()
+    }
+}
+
+impl std::fmt::Debug for EarlySignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "EarlySignal(set)"
+        } else {
+            "EarlySignal(none)"
+        })
+    }
+}
+
+impl PartialEq for EarlySignal {
+    /// Requests compare by content, which the signal is not.
+    fn eq(&self, _: &EarlySignal) -> bool {
+        true
+    }
 }
 
 impl Request {
@@ -503,6 +556,7 @@ impl Request {
             logged: false,
             log_pos: None,
             origin: None,
+            early: EarlySignal::default(),
         }
     }
 

@@ -1102,6 +1102,14 @@ impl JournalWrite for LogJournal {
             done(entries, Err(StoreError::Closed));
         }
     }
+
+    /// One writer thread takes the appends from one queue in the order they were
+    /// handed over (`append` blocks while the queue is full rather than bouncing), and
+    /// writes them to one log whose syncs each cover everything before them; a failed
+    /// write stops the process. So a batch is on disk only after every batch before it.
+    fn appends_in_order(&self) -> bool {
+        true
+    }
 }
 
 impl Outcomes for LogJournal {

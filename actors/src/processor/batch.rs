@@ -15,6 +15,9 @@ struct BatchBuilder {
     keys: Vec<(Arc<str>, Arc<str>)>,
     ended: Vec<(Arc<str>, Arc<str>)>,
     returns: Vec<(SaleKey, Option<LogPos>)>,
+    /// Outcomes to tell early, once the batch is handed to a journal that writes in
+    /// order ([`crate::types::EarlySignal`]).
+    early: Vec<(EarlySender, Arc<Outcome>)>,
 }
 
 impl Processor {
@@ -51,7 +54,7 @@ impl Processor {
     /// decided against is in memory or in [`Processor::prefetched`] (see
     /// [`Processor::decide_or_read`]).
     pub(super) fn run_batch(&mut self, works: Vec<Work>, ctx: &mut Context<Self>) {
-        let (entries, in_flight) = self.apply_batch(works);
+        let (entries, in_flight, early) = self.apply_batch(works);
         self.arm_waiting_sweep(ctx);
         self.prefetched = Prefetched::default();
         self.evict();
@@ -73,6 +76,12 @@ impl Processor {
             .observe(entries.len() as f64);
         let id = self.pipeline.send(in_flight);
         self.append(id, entries, ctx);
+        if !self.pipeline.holding_back() {
+            // In the journal's queue, ahead of whatever their callers send next.
+            for (tx, outcome) in early {
+                let _ = tx.send(outcome);
+            }
+        }
     }
 
     /// Hands batch `id` to the journal. If its queue has no room, the batch is held back
@@ -113,7 +122,11 @@ impl Processor {
 
     /// Applies a batch in memory: its entries, and what is left to do once they are
     /// durable (numbered when it is sent).
-    fn apply_batch(&mut self, works: Vec<Work>) -> (Vec<Entry>, BatchInFlight) {
+    #[allow(clippy::type_complexity)]
+    fn apply_batch(
+        &mut self,
+        works: Vec<Work>,
+    ) -> (Vec<Entry>, BatchInFlight, Vec<(EarlySender, Arc<Outcome>)>) {
         let now = now_ms();
         let mut b = BatchBuilder {
             entries: Vec::with_capacity(works.iter().map(Work::weight).sum()),
@@ -149,12 +162,18 @@ impl Processor {
             ended: b.ended,
             returns: b.returns,
         };
-        (b.entries, in_flight)
+        (b.entries, in_flight, b.early)
     }
 
     /// One request of a batch: a repeat of a key in flight or in the journal (a shared
     /// log), or decided.
     fn apply_txn(&mut self, req: Request, now: Millis, b: &mut BatchBuilder) {
+        // Told only of an outcome this batch writes, and only where that is early
+        // enough: otherwise dropped here, and its caller waits for the durable one.
+        let early = req
+            .early
+            .take()
+            .filter(|_| self.ports.journal.appends_in_order());
         if let Some(cluster) = &self.cluster {
             let key = (req.shop.clone(), req.key.clone());
             // Not removed from `prefetched` when found: a second copy of the key in
@@ -189,6 +208,9 @@ impl Processor {
                         self.holds.note_ended(key.clone(), Arc::new(o));
                         b.ended.push(key);
                     }
+                }
+                if let (Some(tx), Some(o)) = (early, entry.outcome()) {
+                    b.early.push((tx, Arc::new(o)));
                 }
                 self.push_entry(entry, b);
             }

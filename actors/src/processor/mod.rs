@@ -44,8 +44,8 @@ use crate::metrics::Metrics;
 use crate::ports::{LogHooks, ShardJournal, StoreError};
 use crate::topology::Topology;
 use crate::types::{
-    hold_end_key, is_order_item, now_ms, order_of_line, Entry, HoldStatus, HoldView, ItemState,
-    ItemView, LoadTerms, LogPos, Millis, Op, Outcome, Request, Status, LINE_PREFIX,
+    hold_end_key, is_order_item, now_ms, order_of_line, EarlySender, Entry, HoldStatus, HoldView,
+    ItemState, ItemView, LoadTerms, LogPos, Millis, Op, Outcome, Request, Status, LINE_PREFIX,
 };
 use crate::work_manager::{Decided, Registry};
 

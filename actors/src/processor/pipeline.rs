@@ -232,6 +232,11 @@ impl Pipeline {
         self.held_back = Some((id, entries));
     }
 
+    /// Whether a batch waits to be sent again (the journal had no room for it).
+    pub(super) fn holding_back(&self) -> bool {
+        self.held_back.is_some()
+    }
+
     pub(super) fn take_held_back(&mut self) -> Option<(u64, Vec<Entry>)> {
         self.held_back.take()
     }
