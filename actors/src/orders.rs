@@ -24,10 +24,10 @@
 //! An order's confirm, cancel and expiry end the record first, then each of its lines
 //! with the same ending ([`Engine::end_order`]): on a journal that writes appends in
 //! order, as soon as the record's ending is handed to it, so that both wait for one
-//! sync ([`crate::types::EarlySignal`]); else once it is durable. A processor reports an order's record
-//! past its expiry, a line past its order's expiry plus
-//! [`crate::processor::LINE_GRACE_MS`], and every
-//! record or line read back from the journal at a start or a takeover
+//! sync ([`crate::types::EarlySignal`]); else once it is durable. A processor reports
+//! an order's record past its expiry, a line past its order's expiry plus
+//! [`crate::processor::LINE_GRACE_MS`], and every record or line read back from the
+//! journal at a start or a takeover
 //! ([`OrderNudge`]): the order expires, a record whose lines are not all held is
 //! released, and an ended order's lines follow its ending. Each step has its own key, so
 //! each is safe to repeat.
