@@ -17,8 +17,11 @@ struct BatchBuilder {
     returns: Vec<(SaleKey, Option<LogPos>)>,
     /// Outcomes to tell early, once the batch is handed to a journal that writes in
     /// order ([`crate::types::EarlySignal`]).
-    early: Vec<(EarlySender, Arc<Outcome>)>,
+    early: Early,
 }
+
+/// A batch's outcomes to tell early, each with its request's sender.
+type Early = Vec<(EarlySender, Arc<Outcome>)>;
 
 impl Processor {
     pub(super) fn schedule(&mut self, ctx: &mut Context<Self>) {
@@ -122,11 +125,7 @@ impl Processor {
 
     /// Applies a batch in memory: its entries, and what is left to do once they are
     /// durable (numbered when it is sent).
-    #[allow(clippy::type_complexity)]
-    fn apply_batch(
-        &mut self,
-        works: Vec<Work>,
-    ) -> (Vec<Entry>, BatchInFlight, Vec<(EarlySender, Arc<Outcome>)>) {
+    fn apply_batch(&mut self, works: Vec<Work>) -> (Vec<Entry>, BatchInFlight, Early) {
         let now = now_ms();
         let mut b = BatchBuilder {
             entries: Vec::with_capacity(works.iter().map(Work::weight).sum()),
