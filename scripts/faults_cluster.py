@@ -516,14 +516,20 @@ def settle(nodes, book, seconds):
     `held` has ended: with a shared log a hold's expiry travels through the requests
     topic like any request, so it ends a log round trip after its TTL, later than
     faults.reconcile's fixed wait allows for on a slow test broker. Returns the keys
-    still undecided after `seconds` (holds still held are left to reconcile)."""
+    still undecided after `seconds`, and a note for each hold still held then, with
+    what the nodes' logs say of it (the holds are counted by reconcile)."""
     port = {n.id: n.port for n in nodes}
     deadline = time.time() + seconds
+    held = []
     for hold_id, h in book.holds.items():
         if h["http"] == 200 and h["answer"] and h["answer"].get("status") == "held":
-            while time.time() < deadline:
+            while True:
                 status, ans = call(nodes[0].port, "GET", f"/v1/shops/{SHOP}/holds/{hold_id}")
                 if status != 200 or ans.get("status") != "held":
+                    break
+                if time.time() > deadline:
+                    held.append(f"hold {hold_id} held {seconds} s after the load "
+                                f"{why_undecided(nodes, hold_id, 'holds')}")
                     break
                 time.sleep(0.1)
     waiting = [k for k, t in book.txns.items() if t["http"] == 202]
@@ -536,15 +542,16 @@ def settle(nodes, book, seconds):
             time.sleep(0.1)
         if status != 200:
             left.append(f"{key}: {status} {why_undecided(nodes, key)}")
-    return left
+    return left, held
 
 
-def why_undecided(nodes, key):
-    """What each node answers for `key` now, and the lines of the nodes' logs that name
-    it: for a note that shows where an accepted request went."""
+def why_undecided(nodes, key, kind="txns"):
+    """What each node answers for `key` (a request key, or a hold id with `kind`
+    "holds") now, and the lines of the nodes' logs that name it: for a note that shows
+    where an accepted request or a hold's expiry went."""
     seen = []
     for n in nodes:
-        status, ans = call(n.port, "GET", f"/v1/shops/{SHOP}/txns/{key}")
+        status, ans = call(n.port, "GET", f"/v1/shops/{SHOP}/{kind}/{key}")
         told = (ans or {}).get("status") or (ans or {}).get("error")
         seen.append(f"node {n.id} now {status} {told}")
         try:
@@ -620,7 +627,8 @@ def run_case(ctx, case, cycles):
                     notes.append(f"node {n.id} exited {n.proc.proc.returncode} on its own: {n.proc.tail(3)}")
                     n.start()
                     n.wait_ready()
-        undecided = settle(nodes, book, 60)
+        undecided, held = settle(nodes, book, 60)
+        notes.extend(held)
         phase("settle")
         if undecided:
             lost += len(undecided)

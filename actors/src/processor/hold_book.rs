@@ -15,7 +15,7 @@ use crate::types::{is_order_item, now_ms, order_of_line, HoldView, KeyHash, Mill
 use crate::wheel::{TimerId, TimingWheel};
 
 use super::items::ItemKey;
-use super::{LINE_GRACE_MS, WHEEL_TICK_MS};
+use super::{EXPIRY_RESEND_MAX_MS, EXPIRY_RESEND_MS, LINE_GRACE_MS, WHEEL_TICK_MS};
 
 /// A hold by shop and hold id.
 pub(super) type HoldKey = (Arc<str>, Arc<str>);
@@ -147,17 +147,18 @@ impl HoldBook {
         }
     }
 
-    /// One more copy of a fired hold's expiry is sent through the log, and its timer
-    /// armed again at `at` in case the copy is lost; after `max` copies
-    /// the hold is let go instead, and the copies sent are given back as the error.
-    pub(super) fn send_expiry(&mut self, key: &HoldKey, at: Millis, max: u8) -> Result<(), u8> {
+    /// One more copy of a fired hold's expiry is sent through the log at `now`, and its
+    /// timer armed again ([`expiry_resend_wait`] later) in case the copy is lost; after
+    /// `max` copies the hold is let go instead, and the copies sent are given back as
+    /// the error.
+    pub(super) fn send_expiry(&mut self, key: &HoldKey, now: Millis, max: u8) -> Result<(), u8> {
         let sent = self.pending.get(key).map_or(0, |h| h.expiries_sent);
         if sent >= max {
             // Its timer fired: nothing of it is left in the wheel.
             self.pending.remove(key);
             return Err(sent);
         }
-        self.rearm(key, at);
+        self.rearm(key, now.saturating_add(expiry_resend_wait(sent)));
         if let Some(h) = self.pending.get_mut(key) {
             h.expiries_sent += 1;
         }
@@ -279,6 +280,15 @@ impl HoldBook {
             self.pending.len()
         );
     }
+}
+
+/// How long after sending copy `sent` (from 0) of a hold's expiry through the log the
+/// next is sent, while the hold is still pending here: [`EXPIRY_RESEND_MS`] doubled
+/// after each copy, at most [`EXPIRY_RESEND_MAX_MS`]. Copies lost to an outage of the log
+/// are sent again after it without flooding it meanwhile.
+pub(super) fn expiry_resend_wait(sent: u8) -> Millis {
+    let wait = EXPIRY_RESEND_MS.saturating_mul(1u64 << sent.min(32));
+    wait.min(EXPIRY_RESEND_MAX_MS) as Millis
 }
 
 /// When a pending hold's timer is due: a hold's or an order record's at its expiry; an
@@ -430,5 +440,45 @@ mod tests {
             !holds.per_shop.contains_key("b"),
             "a shop with none leaves the map"
         );
+    }
+
+    #[test]
+    fn a_holds_expiry_is_sent_again_for_minutes_at_waits_that_double_then_let_go() {
+        use super::super::EXPIRY_SENDS_MAX as MAX;
+        let waits: Vec<Millis> = (0..MAX).map(expiry_resend_wait).collect();
+        assert_eq!(
+            &waits[..7],
+            &[1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000]
+        );
+        assert!(waits[7..].iter().all(|w| *w == 60_000));
+        // About ten minutes of copies: an outage of the log shorter than that ends the hold.
+        let span: Millis = waits.iter().sum();
+        assert!((9 * 60_000..=11 * 60_000).contains(&span), "{span} ms");
+
+        let mut book = HoldBook::new(10, 10);
+        let mut t = now_ms();
+        book.arm(
+            HoldView {
+                hold_id: "h1".into(),
+                status: crate::types::HoldStatus::Held,
+                shop: "a".into(),
+                item: "x".into(),
+                qty: 1,
+                expires_at: t,
+                seq: 1,
+                buyer: None,
+            },
+            false,
+        );
+        let k = key("a", "h1");
+        assert_eq!(book.fire(t), vec![k.clone()]);
+        for wait in waits {
+            assert_eq!(book.send_expiry(&k, t, MAX), Ok(()));
+            assert!(book.fire(t + wait - 1).is_empty(), "not before its wait");
+            t += wait;
+            assert_eq!(book.fire(t), vec![k.clone()], "armed again after {wait} ms");
+        }
+        assert_eq!(book.send_expiry(&k, t, MAX), Err(MAX));
+        assert!(!book.contains(&k), "let go after the last copy");
     }
 }

@@ -149,16 +149,17 @@ impl Processor {
             return Fired::Here(req);
         }
         // Armed again, in case this copy is lost on its way (the producer refuses it,
-        // say): sent once more a second later while the hold is still pending here, a
-        // few times. Every copy has the same key, so it is one decision. A hold still
-        // here after the last copy belongs to an item another node owns now (which
-        // re-armed it from the journal), or its copies wait out an outage (the broker
-        // or the database down), or were all lost: this node lets it go. A copy that
-        // reaches its owner later finds it pending in the journal and arms it again
-        // (`Processor::absorb`); a restart or takeover re-arms it from the journal too.
+        // or the broker restarts without it): sent once more while the hold is still
+        // pending here, at waits that double from a second to a minute, for about ten
+        // minutes, so that an outage of the log does not end with the hold still held.
+        // Every copy has the same key, so it is one decision. A hold still here after
+        // the last copy belongs to an item another node owns now (which re-armed it
+        // from the journal), or its copies wait out a longer outage, or were all lost:
+        // this node lets it go. A copy that reaches its owner later finds it pending in
+        // the journal and arms it again (`Processor::absorb`); a restart or takeover
+        // re-arms it from the journal too.
         let key = (shop, hold_id);
-        let retry_at = now.saturating_add(EXPIRY_RESEND_MS as i64);
-        match self.holds.send_expiry(&key, retry_at, EXPIRY_SENDS_MAX) {
+        match self.holds.send_expiry(&key, now, EXPIRY_SENDS_MAX) {
             Ok(()) => Fired::ViaLog(req),
             Err(sent) => {
                 tracing::warn!(shop = %key.0, hold = %key.1, "hold's expiry sent {sent} times and still pending here; let go");

@@ -80,10 +80,17 @@ pub const WHEEL_TICK_MS: u64 = 1;
 /// at most once per [`ORDER_NUDGE_RETRY_MS`], and the engine settles one order at a time.
 pub const NUDGES_QUEUED_MAX: usize = 65_536;
 /// With a shared log, how long after sending a hold's expiry through the log it is sent
-/// again if the hold is still pending here.
+/// again if the hold is still pending here: the first wait, doubled after each copy up
+/// to [`EXPIRY_RESEND_MAX_MS`] ([`hold_book::expiry_resend_wait`]).
 const EXPIRY_RESEND_MS: u64 = 1_000;
-/// Copies of one hold's expiry sent through the log before this node lets the hold go.
-const EXPIRY_SENDS_MAX: u8 = 5;
+/// The longest wait between two copies of one hold's expiry.
+const EXPIRY_RESEND_MAX_MS: u64 = 60_000;
+/// Copies of one hold's expiry sent through the log before this node lets the hold go:
+/// with the waits above, copies for about ten minutes (1 + 2 + ... + 32 s, then a minute
+/// apart), so that an outage of the log, whose copies are lost or refused, ends with the
+/// hold expired. (Five copies a second apart were let go within one: CI's broker-kill
+/// case once found a hold still held a minute past its expiry.)
+const EXPIRY_SENDS_MAX: u8 = 15;
 /// How long a batch the journal had no room for waits before it is sent again.
 const JOURNAL_FULL_RETRY_MS: u64 = 1;
 /// How long after its order's expiry an order's line's own timer fires, in case the
