@@ -473,7 +473,7 @@ impl Engine {
 
     /// Submits requests of one shop (`bool`: whether the caller waits for the outcome)
     /// and waits for the call's replies: outcomes, `Accepted` for fire-and-forget
-    /// requests (owed a 202 once [`Answers::logged`] resolves), `Pending` for what is
+    /// requests (owed a 202 if [`Answers::durable`] says so), `Pending` for what is
     /// undecided at the reply timeout. The shop's WorkManager answers once, when the last
     /// reply is known, on the handle carried with the requests.
     pub async fn submit(

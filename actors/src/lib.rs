@@ -37,7 +37,7 @@ pub use hold_end::HoldEnd;
 pub use metrics::Metrics;
 pub use ports::{
     AppendDone, EventFeed, FeedError, FeedReader, HoldPage, HoldQuery, ItemPage, ItemReads,
-    Journal, JournalWrite, JournaledHook, Leases, Lifecycle, LogHooks, Logged, Outbox,
+    Journal, JournalWrite, JournaledHook, Leases, Lifecycle, LogAck, LogHooks, Outbox,
     OutboxReader, Outcomes, Recovered, RelayPage, RemoteReplies, RequestLog, ShardJournal, Sharing,
     StoreError,
 };

@@ -7,8 +7,6 @@
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
-
 use crate::ledger::BuyerLedger;
 use crate::returns::SaleRecord;
 use crate::types::{Entry, Event, HoldView, ItemState, LogPos, Outcome, Request};
@@ -380,17 +378,44 @@ pub struct RelayPage {
     pub next: u64,
 }
 
-/// Resolves when the requests marked `logged` are durable in the request log.
-pub type Logged = oneshot::Receiver<Result<(), StoreError>>;
+/// Told once the requests marked `logged` are durable in the request log, or that they
+/// cannot be made so: by whichever thread learns it (the log's writer, the producer's
+/// delivery callback), so that the call it belongs to is answered from there, with one
+/// wake-up of its caller. Dropped untold (the log closed first), it tells
+/// [`StoreError::Closed`].
+pub struct LogAck(Option<Tell>);
+
+/// What a [`LogAck`] calls with what it is told.
+type Tell = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+impl LogAck {
+    pub fn new(tell: impl FnOnce(Result<(), StoreError>) + Send + 'static) -> LogAck {
+        LogAck(Some(Box::new(tell)))
+    }
+
+    pub fn done(mut self, result: Result<(), StoreError>) {
+        if let Some(tell) = self.0.take() {
+            tell(result);
+        }
+    }
+}
+
+impl Drop for LogAck {
+    fn drop(&mut self) {
+        if let Some(tell) = self.0.take() {
+            tell(Err(StoreError::Closed));
+        }
+    }
+}
 
 /// Carries accepted requests to the processors.
 pub trait RequestLog: Send + Sync + 'static {
     /// Hands requests to the processors that own their items. Requests with `logged` set
-    /// are made durable first, and the returned receiver resolves once they are; the log
-    /// then guarantees they reach a processor, also after a crash. An `Err` means none of
-    /// the requests was handed on (the caller undoes their admission); once one is, the
-    /// call must answer `Ok`.
-    fn append(&self, reqs: Vec<Request>) -> Result<Option<Logged>, StoreError>;
+    /// are made durable first, and `ack` is told once they are (at once if none is); the
+    /// log then guarantees they reach a processor, also after a crash. An `Err` means
+    /// none of the requests was handed on (the caller undoes their admission); once one
+    /// is, the call must answer `Ok`.
+    fn append(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError>;
 
     /// Requests that were made durable but have no outcome yet (after a restart).
     fn pending(&self) -> Result<Vec<Request>, StoreError>;

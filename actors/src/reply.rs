@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::ports::{Logged, StoreError};
+use crate::ports::{LogAck, StoreError};
 use crate::types::{Outcome, Request};
 
 /// What one request of a call ends as.
@@ -22,7 +22,7 @@ pub enum Reply {
     /// Decided while the caller waited (for a fire-and-forget repeat of a key in flight,
     /// the first submission's outcome).
     Decided(Arc<Outcome>),
-    /// Fire-and-forget, taken in: owed a 202 once [`Answers::logged`] resolves.
+    /// Fire-and-forget, taken in: owed a 202 if [`Answers::durable`] says so.
     Accepted,
     /// Still undecided at the call's deadline.
     Pending,
@@ -32,8 +32,10 @@ pub enum Reply {
 #[derive(Debug)]
 pub struct Answers {
     pub replies: Vec<Reply>,
-    /// Resolves once the call's fire-and-forget requests are durable in the request log.
-    pub logged: Option<Logged>,
+    /// Whether the call's fire-and-forget requests are durable in the request log:
+    /// `Ok(false)` if that was not known by the call's deadline, `Ok(true)` if it has
+    /// none, `Err` if they cannot be made durable.
+    pub durable: Result<bool, StoreError>,
 }
 
 pub type CallResult = Result<Answers, SubmitError>;
@@ -50,9 +52,16 @@ pub struct Call {
 struct CallState {
     replies: Vec<Option<Reply>>,
     /// Replies still missing, plus one until the WorkManager has taken the whole call
-    /// in ([`Call::seal`]): the call is never answered half admitted.
+    /// in ([`Call::seal`]), plus one until the request log tells whether the call's
+    /// fire-and-forget requests are durable ([`Call::log_ack`]): the call is never
+    /// answered half admitted, and a 202 is answered with the acceptance's sync, not
+    /// after it (one wake-up of the caller, not two).
     missing: usize,
-    logged: Option<Logged>,
+    /// What the request log told of the call's fire-and-forget requests; `None` if it
+    /// has none, or has not told yet.
+    logged: Option<Result<(), StoreError>>,
+    /// The call has fire-and-forget requests: [`Call::log_ack`] was asked for.
+    logs: bool,
     /// `None` once answered.
     tx: Option<oneshot::Sender<CallResult>>,
 }
@@ -67,6 +76,7 @@ impl Call {
                 replies: vec![None; n],
                 missing: n + 1,
                 logged: None,
+                logs: false,
                 tx: Some(tx),
             }),
         };
@@ -93,13 +103,29 @@ impl Call {
         });
     }
 
-    /// The WorkManager has taken the whole call in; `logged` resolves once its
-    /// fire-and-forget requests are durable in the request log, if it has any.
-    pub fn seal(&self, logged: Option<Logged>) {
-        self.with(|s| {
-            s.logged = logged;
-            s.missing -= 1;
-        });
+    /// The WorkManager has taken the whole call in.
+    pub fn seal(&self) {
+        self.with(|s| s.missing -= 1);
+    }
+
+    /// What the request log tells once the call's fire-and-forget requests are durable
+    /// (asked for before [`Call::seal`]): the call is answered when that is told too, on
+    /// the thread that tells it, or at its deadline.
+    pub fn log_ack(self: &Arc<Self>) -> LogAck {
+        if let Ok(mut s) = self.state.lock() {
+            s.logs = true;
+            s.missing += 1;
+        }
+        let call = self.clone();
+        LogAck::new(move |result| {
+            call.with(|s| {
+                if s.logged.is_none() {
+                    s.logged = Some(result);
+                    // Zero already if the deadline answered the call.
+                    s.missing = s.missing.saturating_sub(1);
+                }
+            })
+        })
     }
 
     /// Nothing of the call was taken in.
@@ -138,7 +164,10 @@ impl CallState {
                 .collect();
             let _ = tx.send(Ok(Answers {
                 replies,
-                logged: self.logged.take(),
+                durable: match self.logged.take() {
+                    Some(told) => told.map(|()| true),
+                    None => Ok(!self.logs),
+                },
             }));
         }
     }
@@ -228,7 +257,7 @@ mod tests {
             rx.try_recv().is_err(),
             "answered before the WorkManager sealed it"
         );
-        call.seal(None);
+        call.seal();
         let answers = rx.try_recv().expect("answered").expect("ok");
         assert!(matches!(answers.replies[0], Reply::Repeat(_)));
         assert!(matches!(answers.replies[1], Reply::Decided(_)));
@@ -239,7 +268,7 @@ mod tests {
         let start = Instant::now();
         let (call, mut rx) = Call::new(2, start + Duration::from_millis(10));
         call.set(0, Reply::Accepted);
-        call.seal(None);
+        call.seal();
         let mut deadlines = Deadlines::default();
         deadlines.push(call.clone());
         deadlines.expire(start);
@@ -252,5 +281,58 @@ mod tests {
         // A reply after the deadline changes nothing.
         call.set(1, Reply::Decided(outcome()));
         assert!(call.is_done());
+    }
+
+    #[test]
+    fn a_fire_and_forget_call_is_answered_when_the_log_tells_it_durable_not_before() {
+        let (call, mut rx) = Call::new(1, Instant::now() + Duration::from_secs(5));
+        let ack = call.log_ack();
+        call.set(0, Reply::Accepted);
+        call.seal();
+        assert!(rx.try_recv().is_err(), "answered before the log told it");
+        ack.done(Ok(()));
+        let answers = rx.try_recv().expect("answered").expect("ok");
+        assert!(matches!(answers.replies[0], Reply::Accepted));
+        assert!(matches!(answers.durable, Ok(true)));
+
+        // A failed write is told as it is; a log closed first (the ack dropped untold)
+        // as closed.
+        let (call, mut rx) = Call::new(1, Instant::now() + Duration::from_secs(5));
+        let ack = call.log_ack();
+        call.set(0, Reply::Accepted);
+        call.seal();
+        ack.done(Err(StoreError::DiskFull));
+        let told = rx.try_recv().expect("answered").expect("ok").durable;
+        assert!(matches!(told, Err(StoreError::DiskFull)), "{told:?}");
+        let (call, mut rx) = Call::new(1, Instant::now() + Duration::from_secs(5));
+        drop(call.log_ack());
+        call.set(0, Reply::Accepted);
+        call.seal();
+        let told = rx.try_recv().expect("answered").expect("ok").durable;
+        assert!(matches!(told, Err(StoreError::Closed)), "{told:?}");
+
+        // Not told by the deadline: answered then, not known durable; told later,
+        // nothing changes.
+        let start = Instant::now();
+        let (call, mut rx) = Call::new(1, start + Duration::from_millis(10));
+        let ack = call.log_ack();
+        call.set(0, Reply::Accepted);
+        call.seal();
+        let mut deadlines = Deadlines::default();
+        deadlines.push(call.clone());
+        deadlines.expire(start + Duration::from_millis(10));
+        let answers = rx.try_recv().expect("answered").expect("ok");
+        assert!(matches!(answers.durable, Ok(false)));
+        ack.done(Ok(()));
+        assert!(call.is_done());
+
+        // A call of no fire-and-forget request asks for no ack: durable as it stands.
+        let (call, mut rx) = Call::new(1, Instant::now() + Duration::from_secs(5));
+        call.set(0, Reply::Decided(outcome()));
+        call.seal();
+        assert!(matches!(
+            rx.try_recv().expect("answered").expect("ok").durable,
+            Ok(true)
+        ));
     }
 }

@@ -490,25 +490,22 @@ impl WorkManager {
             keys.push(req.key.clone());
             to_log.push(req);
         }
-        let logged = if to_log.is_empty() {
-            None
-        } else {
-            match self.deps.log.append(to_log) {
-                Ok(logged) => logged,
-                Err(e) => {
-                    // Nothing was handed on: undo the admission entirely.
-                    self.unclaim(call, &keys);
-                    return Err(match e {
-                        StoreError::Full => SubmitError::Overloaded,
-                        other => SubmitError::Store(other),
-                    });
-                }
+        if !to_log.is_empty() {
+            let ack = to_log.iter().any(|r| r.logged).then(|| call.log_ack());
+            if let Err(e) = self.deps.log.append(to_log, ack) {
+                // Nothing was handed on: undo the admission entirely. (The ack, dropped
+                // untold, told the call the log closed; it is answered with `e`.)
+                self.unclaim(call, &keys);
+                return Err(match e {
+                    StoreError::Full => SubmitError::Overloaded,
+                    other => SubmitError::Store(other),
+                });
             }
-        };
+        }
         for (index, reply) in known {
             call.set(index, reply);
         }
-        call.seal(logged);
+        call.seal();
         Ok(())
     }
 

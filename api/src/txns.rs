@@ -1,12 +1,12 @@
 //! `POST /v1/shops/{shop}/txns`, `POST .../txns/batch`, `GET .../txns/{request_key}`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse, ResponseError};
-use nrtxn_actors::{now_ms, Op, Outcome, PollResult, Reply, Request, BATCH_TXNS_MAX, QTY_MAX};
+use nrtxn_actors::{
+    now_ms, Op, Outcome, PollResult, Reply, Request, StoreError, BATCH_TXNS_MAX, QTY_MAX,
+};
 use serde_json::{json, Value};
-use tokio::time::Instant;
 
 use crate::error::ApiError;
 use crate::validate::{
@@ -93,8 +93,8 @@ fn key_field(body: &Value) -> &'static str {
     }
 }
 
-/// Submits requests of one shop and waits, until `deadline` at the latest, for what each
-/// caller is owed: the outcome (respond=true), or durability (respond=false). An outcome
+/// Submits requests of one shop and waits, until the reply timeout at the latest, for
+/// what each caller is owed: the outcome (respond=true), or durability (respond=false). An outcome
 /// recorded for a different request under the same key (`key_fields` says where each
 /// key came from) is answered as `key_reused`, never as this request's.
 async fn submit(
@@ -103,18 +103,14 @@ async fn submit(
     reqs: Vec<(Request, bool)>,
     key_fields: &[&'static str],
 ) -> Result<Vec<Answer>, ApiError> {
-    let deadline = Instant::now() + Duration::from_millis(state.engine.config().reply_timeout_ms);
     let meta: Vec<(Request, bool)> = reqs.to_vec();
     let answers = state.engine.submit(shop, reqs).await?;
     // Durability of this call's fire-and-forget requests comes first: a 202 is a promise.
-    let durable = match answers.logged {
-        None => true,
-        Some(rx) => match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Ok(()))) => true,
-            Ok(Ok(Err(e))) => return Err(ApiError::store(e)),
-            Ok(Err(_)) => return Err(ApiError::Unavailable("request log closed".into())),
-            Err(_) => false,
-        },
+    // The call is answered once the request log has told it (or at its deadline).
+    let durable = match answers.durable {
+        Ok(durable) => durable,
+        Err(StoreError::Closed) => return Err(ApiError::Unavailable("request log closed".into())),
+        Err(e) => return Err(ApiError::store(e)),
     };
     let mut out = Vec::with_capacity(meta.len());
     for (((req, respond), reply), field) in meta

@@ -10,8 +10,7 @@
 
 use std::sync::Arc;
 
-use nrtxn_actors::{Dispatcher, Logged, Request, RequestLog, StoreError};
-use tokio::sync::oneshot;
+use nrtxn_actors::{Dispatcher, LogAck, Request, RequestLog, StoreError};
 
 use crate::journal::LogJournal;
 use crate::views::SqliteStore;
@@ -86,7 +85,7 @@ impl EmbeddedLog {
 }
 
 impl RequestLog for EmbeddedLog {
-    fn append(&self, reqs: Vec<Request>) -> Result<Option<Logged>, StoreError> {
+    fn append(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError> {
         // Before anything is handed on: a refusal takes back the whole call.
         self.store.admit()?;
         let (logged, direct): (Vec<Request>, Vec<Request>) =
@@ -94,10 +93,15 @@ impl RequestLog for EmbeddedLog {
         if !direct.is_empty() {
             self.dispatcher.dispatch(direct);
         }
+        let tell = move |result| {
+            if let Some(ack) = ack {
+                ack.done(result);
+            }
+        };
         if logged.is_empty() {
-            return Ok(None);
+            tell(Ok(()));
+            return Ok(());
         }
-        let (tx, rx) = oneshot::channel();
         if !self.retire_separately {
             // The embedded journal: the acceptance's record is handed to the log's writer
             // now, before any decision of these requests can be (a processor gets them
@@ -107,15 +111,11 @@ impl RequestLog for EmbeddedLog {
             // the acceptance and the decision share a group commit more often than not
             // (the writer then writes the decision's record alone: see
             // `journal::accepts_decided_alongside`), and the log's writer wakes no
-            // processor. The 202 still waits for the acceptance's sync.
-            self.store.accept(
-                logged.clone(),
-                Box::new(move |result| {
-                    let _ = tx.send(result);
-                }),
-            );
+            // processor. The 202 still waits for the acceptance's sync: the writer
+            // tells the call after it.
+            self.store.accept(logged.clone(), Box::new(tell));
             self.dispatcher.dispatch(logged);
-            return Ok(Some(rx));
+            return Ok(());
         }
         let dispatcher = self.dispatcher.clone();
         let forward = logged.clone();
@@ -128,10 +128,10 @@ impl RequestLog for EmbeddedLog {
                 if result.is_ok() {
                     dispatcher.dispatch(forward);
                 }
-                let _ = tx.send(result);
+                tell(result);
             }),
         );
-        Ok(Some(rx))
+        Ok(())
     }
 
     fn pending(&self) -> Result<Vec<Request>, StoreError> {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nrtxn_actors::metrics::Stages;
 use nrtxn_actors::{
-    Dispatcher, Leases, LogHooks, LogPos, Logged, Outcome, Request, RequestLog, StoreError,
+    Dispatcher, Leases, LogAck, LogHooks, LogPos, Outcome, Request, RequestLog, StoreError,
 };
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -44,7 +44,6 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 
 mod relay;
 mod security;
@@ -159,11 +158,12 @@ pub fn ensure_topics(s: &KafkaSettings) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Resolves the `202` of a call's fire-and-forget requests once the broker has them all.
+/// Tells a call that its fire-and-forget requests are durable (owed a `202`) once the
+/// broker has them all.
 struct AckGroup {
     remaining: AtomicUsize,
     failed: AtomicBool,
-    tx: Mutex<Option<oneshot::Sender<Result<(), StoreError>>>>,
+    ack: Mutex<Option<LogAck>>,
 }
 
 impl AckGroup {
@@ -177,8 +177,8 @@ impl AckGroup {
             } else {
                 Ok(())
             };
-            if let Some(tx) = self.tx.lock().ok().and_then(|mut t| t.take()) {
-                let _ = tx.send(result);
+            if let Some(ack) = self.ack.lock().ok().and_then(|mut a| a.take()) {
+                ack.done(result);
             }
         }
     }
@@ -861,19 +861,20 @@ fn since_epoch_ms(stamped_ms: i64) -> f64 {
 }
 
 impl RequestLog for KafkaLog {
-    fn append(&self, reqs: Vec<Request>) -> Result<Option<Logged>, StoreError> {
+    fn append(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError> {
         let appended = Instant::now();
         let logged = reqs.iter().filter(|r| r.logged).count();
-        let (group, rx) = if logged > 0 {
-            let (tx, rx) = oneshot::channel();
-            let group = Arc::new(AckGroup {
+        let group = match ack {
+            Some(ack) if logged > 0 => Some(Arc::new(AckGroup {
                 remaining: AtomicUsize::new(logged),
                 failed: AtomicBool::new(false),
-                tx: Mutex::new(Some(tx)),
-            });
-            (Some(group), Some(rx))
-        } else {
-            (None, None)
+                ack: Mutex::new(Some(ack)),
+            })),
+            Some(ack) => {
+                ack.done(Ok(()));
+                None
+            }
+            None => None,
         };
         // All or nothing: refuse the whole call up front if the producer's queue cannot
         // take it, because once one message is queued it will be decided, and the
@@ -889,7 +890,7 @@ impl RequestLog for KafkaLog {
             group,
             Some(appended),
         );
-        Ok(rx)
+        Ok(())
     }
 
     fn pending(&self) -> Result<Vec<Request>, StoreError> {
