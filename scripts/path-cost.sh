@@ -6,6 +6,9 @@
 #
 #   scripts/path-cost.sh [--scenario hot-sales] [--duration 8] [--runs 2] [--systems "nrtxn ceiling"]
 #
+# nrtxn-bench's check (and, on fire-and-forget, its polls of every key to count what was
+# decided, made even without the check) runs inside the measure, so fire-and-forget's
+# figures count a poll per decision besides it.
 # Prints one line per run: system, scenario, requests/s, CPU µs per request (and its
 # user and kernel parts, from /proc), context switches per request. The nrtxn server keeps its data in a fresh folder under /tmp
 # (on disk, as a user's would be). Everything listens on loopback and is stopped at the

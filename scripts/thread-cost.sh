@@ -8,8 +8,10 @@
 #
 #   scripts/thread-cost.sh [SCENARIO] [SECONDS]      (defaults: hot-sales 6)
 #
-# A 1-second warm-up run comes first and is not counted. The data dir is a fresh folder
-# under /tmp, removed at the end.
+# A 1-second warm-up run comes first and is not counted. The run's end is counted
+# (nrtxn-bench's check, and on fire-and-forget its polls of every key), so
+# fire-and-forget's figures count a poll per decision besides it. The data dir is a
+# fresh folder under /tmp, removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenario=${1:-hot-sales}
