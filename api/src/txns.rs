@@ -94,9 +94,9 @@ fn key_field(body: &Value) -> &'static str {
 }
 
 /// Submits requests of one shop and waits, until the reply timeout at the latest, for
-/// what each caller is owed: the outcome (respond=true), or durability (respond=false). An outcome
-/// recorded for a different request under the same key (`key_fields` says where each
-/// key came from) is answered as `key_reused`, never as this request's.
+/// what each caller is owed: the outcome (respond=true), or durability (respond=false).
+/// An outcome recorded for a different request under the same key (`key_fields` says
+/// where each key came from) is answered as `key_reused`, never as this request's.
 async fn submit(
     state: &AppState,
     shop: &Arc<str>,
