@@ -518,6 +518,7 @@ impl ServeArgs {
                 3_650
             )? as i64
                 * 86_400_000,
+            hold_expiry_copies: nrtxn_log::faults::expiry_copies().unwrap_or(d.hold_expiry_copies),
         })
     }
 

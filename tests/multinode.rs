@@ -313,8 +313,10 @@ async fn holds_overdue_at_a_restart_expire_through_the_log_under_a_lease() {
 /// the processor that armed it (it may belong to another node by then); a copy that
 /// reaches it later must still expire it, from the journal, where it is pending. Here
 /// each journal write is held 9 s and one shard has its two batches in flight, so the
-/// expiry's copies wait in the mailbox past the let-go; in the fault campaign
-/// the broker or the database was down, and the hold stayed held for good.
+/// expiry's copies wait in the mailbox past the let-go, which comes after two copies
+/// (at 1 and 2 s past the expiry, let go at 4 s: `NRTXN_FAULT_EXPIRY_COPIES`, since the
+/// fifteen copies a node sends take about ten minutes); in the fault campaign the broker
+/// or the database was down, and the hold stayed held for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hold_let_go_while_its_expiry_waited_expires_when_the_expiry_arrives() {
     const TEST: &str = "letgo";
@@ -327,7 +329,14 @@ async fn a_hold_let_go_while_its_expiry_waited_expires_when_the_expiry_arrives()
     }
     let dir = tempfile::tempdir().unwrap();
     let f: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let node = Server::start_env(dir.path(), &f, &[("NRTXN_FAULT_JOURNAL_HOLD_MS", "9000")]);
+    let node = Server::start_env(
+        dir.path(),
+        &f,
+        &[
+            ("NRTXN_FAULT_JOURNAL_HOLD_MS", "9000"),
+            ("NRTXN_FAULT_EXPIRY_COPIES", "2"),
+        ],
+    );
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(90))
         .build()

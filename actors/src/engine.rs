@@ -67,6 +67,11 @@ pub struct EngineConfig {
     pub items_max: usize,
     /// How long a sale stays returnable, in ms ([`crate::returns`]).
     pub return_window_ms: i64,
+    /// With a shared log, copies of a hold's expiry sent through it (at waits that
+    /// double from 1 s to a minute) before the node whose timer fired lets the hold go:
+    /// [`crate::processor::EXPIRY_SENDS_MAX`], about ten minutes of copies. The tests lower
+    /// it (`NRTXN_FAULT_EXPIRY_COPIES`) to reach the let-go in seconds.
+    pub hold_expiry_copies: u8,
 }
 
 impl Default for EngineConfig {
@@ -93,6 +98,7 @@ impl Default for EngineConfig {
             // At about 0.25 KB an item in memory (docs/reliability.md), about 0.5 GB.
             items_max: 2_000_000,
             return_window_ms: crate::returns::RETURN_WINDOW_MS_DEFAULT,
+            hold_expiry_copies: crate::processor::EXPIRY_SENDS_MAX,
         }
     }
 }

@@ -150,6 +150,7 @@ impl EngineBuilder {
                         order_hook: order_hook.clone(),
                         checkback: self.checkback.clone(),
                         return_window_ms: cfg.return_window_ms,
+                        hold_expiry_copies: cfg.hold_expiry_copies,
                     },
                 );
                 Processor::start_in_arbiter(

@@ -55,10 +55,12 @@ pub(super) struct HoldBook {
     max: usize,
     /// See [`super::ShardShared::holds_per_shop_max`].
     per_shop_max: usize,
+    /// See [`super::ShardShared::hold_expiry_copies`].
+    expiry_copies: u8,
 }
 
 impl HoldBook {
-    pub(super) fn new(max: usize, per_shop_max: usize) -> HoldBook {
+    pub(super) fn new(max: usize, per_shop_max: usize, expiry_copies: u8) -> HoldBook {
         HoldBook {
             pending: PendingHolds::default(),
             wheel: TimingWheel::new(WHEEL_TICK_MS, now_ms().max(0) as u64),
@@ -66,6 +68,7 @@ impl HoldBook {
             ended: HashMap::default(),
             max,
             per_shop_max,
+            expiry_copies,
         }
     }
 
@@ -149,11 +152,11 @@ impl HoldBook {
 
     /// One more copy of a fired hold's expiry is sent through the log at `now`, and its
     /// timer armed again ([`expiry_resend_wait`] later) in case the copy is lost; after
-    /// `max` copies the hold is let go instead, and the copies sent are given back as
-    /// the error.
-    pub(super) fn send_expiry(&mut self, key: &HoldKey, now: Millis, max: u8) -> Result<(), u8> {
+    /// the book's `expiry_copies` the hold is let go instead, and the copies sent are
+    /// given back as the error.
+    pub(super) fn send_expiry(&mut self, key: &HoldKey, now: Millis) -> Result<(), u8> {
         let sent = self.pending.get(key).map_or(0, |h| h.expiries_sent);
-        if sent >= max {
+        if sent >= self.expiry_copies {
             // Its timer fired: nothing of it is left in the wheel.
             self.pending.remove(key);
             return Err(sent);
@@ -455,7 +458,7 @@ mod tests {
         let span: Millis = waits.iter().sum();
         assert!((9 * 60_000..=11 * 60_000).contains(&span), "{span} ms");
 
-        let mut book = HoldBook::new(10, 10);
+        let mut book = HoldBook::new(10, 10, MAX);
         let mut t = now_ms();
         book.arm(
             HoldView {
@@ -473,12 +476,12 @@ mod tests {
         let k = key("a", "h1");
         assert_eq!(book.fire(t), vec![k.clone()]);
         for wait in waits {
-            assert_eq!(book.send_expiry(&k, t, MAX), Ok(()));
+            assert_eq!(book.send_expiry(&k, t), Ok(()));
             assert!(book.fire(t + wait - 1).is_empty(), "not before its wait");
             t += wait;
             assert_eq!(book.fire(t), vec![k.clone()], "armed again after {wait} ms");
         }
-        assert_eq!(book.send_expiry(&k, t, MAX), Err(MAX));
+        assert_eq!(book.send_expiry(&k, t), Err(MAX));
         assert!(!book.contains(&k), "let go after the last copy");
     }
 }

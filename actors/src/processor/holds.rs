@@ -159,7 +159,7 @@ impl Processor {
         // the journal and arms it again (`Processor::absorb`); a restart or takeover
         // re-arms it from the journal too.
         let key = (shop, hold_id);
-        match self.holds.send_expiry(&key, now, EXPIRY_SENDS_MAX) {
+        match self.holds.send_expiry(&key, now) {
             Ok(()) => Fired::ViaLog(req),
             Err(sent) => {
                 tracing::warn!(shop = %key.0, hold = %key.1, "hold's expiry sent {sent} times and still pending here; let go");

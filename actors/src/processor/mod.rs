@@ -90,7 +90,7 @@ const EXPIRY_RESEND_MAX_MS: u64 = 60_000;
 /// apart), so that an outage of the log, whose copies are lost or refused, ends with the
 /// hold expired. (Five copies a second apart were let go within one: CI's broker-kill
 /// case once found a hold still held a minute past its expiry.)
-const EXPIRY_SENDS_MAX: u8 = 15;
+pub const EXPIRY_SENDS_MAX: u8 = 15;
 /// How long a batch the journal had no room for waits before it is sent again.
 const JOURNAL_FULL_RETRY_MS: u64 = 1;
 /// How long after its order's expiry an order's line's own timer fires, in case the
@@ -168,6 +168,8 @@ pub struct ShardShared {
     pub checkback: Option<Arc<dyn CheckBack>>,
     /// How long a sale stays returnable ([`crate::returns`]).
     pub return_window_ms: i64,
+    /// See [`crate::EngineConfig::hold_expiry_copies`].
+    pub hold_expiry_copies: u8,
 }
 
 /// What the processor makes of one request.
@@ -244,6 +246,7 @@ impl Processor {
             order_hook,
             checkback,
             return_window_ms,
+            hold_expiry_copies,
         } = shared;
         let resident_gauge = metrics.bound_used.with_label_values(&["items"]);
         let depth_gauge = metrics
@@ -254,7 +257,7 @@ impl Processor {
             batch_max: batch_max.max(1),
             request_ttl_ms,
             items: Items::new(initial, ledgers, items_max, resident_gauge),
-            holds: HoldBook::new(holds_max, holds_per_shop_max),
+            holds: HoldBook::new(holds_max, holds_per_shop_max, hold_expiry_copies),
             lines: OrderLines::default(),
             pipeline: Pipeline::new(depth_gauge),
             cluster: topology.log().cloned().map(ClusterScreen::new),
