@@ -57,13 +57,19 @@ struct CallState {
     /// answered half admitted, and a 202 is answered with the acceptance's sync, not
     /// after it (one wake-up of the caller, not two).
     missing: usize,
-    /// What the request log told of the call's fire-and-forget requests; `None` if it
-    /// has none, or has not told yet.
-    logged: Option<Result<(), StoreError>>,
-    /// The call has fire-and-forget requests: [`Call::log_ack`] was asked for.
-    logs: bool,
+    /// What the request log told of the call's fire-and-forget requests.
+    logged: Logging,
     /// `None` once answered.
     tx: Option<oneshot::Sender<CallResult>>,
+}
+
+/// Where a call's fire-and-forget requests stand in the request log.
+enum Logging {
+    /// The call has none: [`Call::log_ack`] was not asked for.
+    NoneAsked,
+    /// Not told yet (answered at the deadline, not known durable).
+    Waiting,
+    Told(Result<(), StoreError>),
 }
 
 impl Call {
@@ -75,8 +81,7 @@ impl Call {
             state: Mutex::new(CallState {
                 replies: vec![None; n],
                 missing: n + 1,
-                logged: None,
-                logs: false,
+                logged: Logging::NoneAsked,
                 tx: Some(tx),
             }),
         };
@@ -113,14 +118,14 @@ impl Call {
     /// the thread that tells it, or at its deadline.
     pub fn log_ack(self: &Arc<Self>) -> LogAck {
         if let Ok(mut s) = self.state.lock() {
-            s.logs = true;
+            s.logged = Logging::Waiting;
             s.missing += 1;
         }
         let call = self.clone();
         LogAck::new(move |result| {
             call.with(|s| {
-                if s.logged.is_none() {
-                    s.logged = Some(result);
+                if matches!(s.logged, Logging::Waiting) {
+                    s.logged = Logging::Told(result);
                     // Zero already if the deadline answered the call.
                     s.missing = s.missing.saturating_sub(1);
                 }
@@ -164,9 +169,10 @@ impl CallState {
                 .collect();
             let _ = tx.send(Ok(Answers {
                 replies,
-                durable: match self.logged.take() {
-                    Some(told) => told.map(|()| true),
-                    None => Ok(!self.logs),
+                durable: match std::mem::replace(&mut self.logged, Logging::NoneAsked) {
+                    Logging::NoneAsked => Ok(true),
+                    Logging::Waiting => Ok(false),
+                    Logging::Told(told) => told.map(|()| true),
                 },
             }));
         }

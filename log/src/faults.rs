@@ -47,24 +47,24 @@ pub fn views_rows() -> bool {
     rows
 }
 
-/// The milliseconds in `var`, if it is set to a number: said in the log as `what`.
 /// `NRTXN_FAULT_EXPIRY_COPIES=N`: with a shared log, a node lets a hold go after N copies
 /// of its expiry (at waits of 1, 2, 4, ... s) rather than the fifteen of about ten
 /// minutes: the let-go, which an outage of that length produces, is reached in seconds.
 pub fn expiry_copies() -> Option<u8> {
-    let n: u8 = std::env::var("NRTXN_FAULT_EXPIRY_COPIES")
-        .ok()?
-        .parse()
-        .ok()?;
-    tracing::warn!(
-        n,
-        "fault injected: a hold's expiry is let go after fewer copies"
-    );
-    Some(n)
+    fault_value(
+        "NRTXN_FAULT_EXPIRY_COPIES",
+        "fault injected: a hold's expiry is let go after fewer copies",
+    )
 }
 
+/// The milliseconds in `var`, if it is set to a number: said in the log as `what`.
 fn fault_ms(var: &str, what: &str) -> Option<Duration> {
-    let ms: u64 = std::env::var(var).ok()?.parse().ok()?;
-    tracing::warn!(ms, "{what}");
-    Some(Duration::from_millis(ms))
+    fault_value(var, what).map(Duration::from_millis)
+}
+
+/// The number in `var`, if it is set to one: said in the log as `what`.
+fn fault_value<T: std::str::FromStr + std::fmt::Display>(var: &str, what: &str) -> Option<T> {
+    let value: T = std::env::var(var).ok()?.parse().ok()?;
+    tracing::warn!(%value, "{what}");
+    Some(value)
 }
