@@ -60,33 +60,44 @@ impl RecentOutcomes {
         {
             cached.fetch_add(1, Ordering::Relaxed);
         }
-        // Old at most half, young under half: the two within `share`.
+        // Old at most half, young under half: the two within `share`. The old
+        // generation's table, emptied, is the next young one: the size a generation
+        // grows to, so the young one does not grow again from nothing.
         if self.young.len() >= share.div_ceil(2) {
             self.forget_old(cached);
-            self.old = std::mem::take(&mut self.young);
+            std::mem::swap(&mut self.old, &mut self.young);
         }
-        while cached.load(Ordering::Relaxed) > total && !self.is_empty() {
-            if self.old.is_empty() {
-                self.old = std::mem::take(&mut self.young);
+        if cached.load(Ordering::Relaxed) > total {
+            // Past the total: what is forgotten gives its memory back, tables and all.
+            while cached.load(Ordering::Relaxed) > total && !self.is_empty() {
+                if self.old.is_empty() {
+                    std::mem::swap(&mut self.old, &mut self.young);
+                }
+                self.forget_old(cached);
             }
-            self.forget_old(cached);
+            self.old = Map::default();
+            if self.young.is_empty() {
+                self.young = Map::default();
+            }
         }
     }
 
-    /// Forgets everything, and gives it back to `cached`.
+    /// Forgets everything, memory and all, and gives it back to `cached`.
     pub fn clear(&mut self, cached: &AtomicUsize) {
         self.forget_old(cached);
         self.old = std::mem::take(&mut self.young);
         self.forget_old(cached);
+        self.old = Map::default();
     }
 
+    /// Empties the old generation (its table stays) and gives its count back.
     fn forget_old(&mut self, cached: &AtomicUsize) {
         let prev = cached.fetch_sub(self.old.len(), Ordering::Relaxed);
         debug_assert!(
             prev >= self.old.len(),
             "cached outcomes forgotten that were never counted"
         );
-        self.old = Map::default();
+        self.old.clear();
     }
 }
 
@@ -170,5 +181,26 @@ mod tests {
         cache.keep(outcome("k", Status::Ok), 4, 100, &cached);
         assert_eq!(cache.get("k").map(|o| o.status), Some(Status::Ok));
         assert_eq!(cached.load(Ordering::Relaxed), cache.len());
+    }
+
+    #[test]
+    fn a_generation_reuses_the_table_of_the_one_it_replaces_and_the_total_frees_them() {
+        let cached = AtomicUsize::new(0);
+        let mut cache = RecentOutcomes::default();
+        for i in 0..2_000 {
+            cache.keep(outcome(&format!("k{i}"), Status::Ok), 200, 100_000, &cached);
+        }
+        // Generations of 100: the young one starts at the size the last one grew to.
+        assert!(cache.young.capacity() >= 100, "{}", cache.young.capacity());
+        assert_eq!(cached.load(Ordering::Relaxed), cache.len());
+        // Past the total, the forgotten generations give their memory back.
+        cache.keep(outcome("over", Status::Ok), 200, 1, &cached);
+        assert_eq!(cache.len(), 1);
+        assert!(cache.get("over").is_some(), "the newest stays");
+        assert_eq!(cache.old.capacity(), 0);
+        assert_eq!(cached.load(Ordering::Relaxed), 1);
+        cache.keep(outcome("again", Status::Ok), 200, 100_000, &cached);
+        cache.clear(&cached);
+        assert_eq!((cache.old.capacity(), cache.young.capacity()), (0, 0));
     }
 }

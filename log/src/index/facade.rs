@@ -433,7 +433,10 @@ impl Index {
             );
             let next = sealing.last_lsn + 1;
             let next_file = Arc::new(segment_file(&self.dir, next));
-            let mut tail = std::mem::replace(&mut s.tail, Tail::new(next));
+            // Sized like the segment it follows: a table that grows from small rehashes
+            // every key it holds at each doubling, on the writer's thread.
+            let following = Tail::sized_like(next, &s.tail);
+            let mut tail = std::mem::replace(&mut s.tail, following);
             // The seal synced the segment: all of it is durable.
             tail.mark_durable(records_end);
             let segment = std::mem::replace(&mut s.tail_file, next_file);

@@ -46,6 +46,9 @@ pub(crate) struct Run {
     /// Whether the seqs rise in log order, as one item's always do: false only when two
     /// items share the hash (a collision), and then readers sort.
     pub(crate) sorted: bool,
+    /// The last event's seq, beside the map's slot: comparing with it needs no read of
+    /// the events' end, a cache miss per entry when many items are written.
+    last_seq: Option<u64>,
 }
 
 /// The index of the segment being written. The journal would keep it behind the
@@ -79,6 +82,15 @@ impl Tail {
             last_offset: None,
             durable_end: 0,
         }
+    }
+
+    /// A tail for the segment at `first_lsn` whose maps have room for as many keys and
+    /// items as `prev` holds: the next segment is written like the last.
+    pub fn sized_like(first_lsn: u64, prev: &Tail) -> Tail {
+        let mut tail = Tail::new(first_lsn);
+        tail.keys.reserve(prev.keys.len());
+        tail.items.reserve(prev.items.len());
+        tail
     }
 
     /// The first lsn of the segment this tail indexes.
@@ -144,8 +156,10 @@ impl Tail {
                 let run = self.items.entry(ih).or_insert_with(|| Run {
                     events: Vec::new(),
                     sorted: true,
+                    last_seq: None,
                 });
-                run.sorted &= run.events.last().is_none_or(|(s, _)| *s < seq);
+                run.sorted &= run.last_seq.is_none_or(|s| s < seq);
+                run.last_seq = Some(seq);
                 run.events.push((seq, pos));
                 prev = Some((e, ih));
             }
@@ -257,5 +271,52 @@ impl Tail {
             .collect();
         v.sort_unstable_by_key(|(h, _)| *h);
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nrtxn_actors::types::{Entry, Op};
+
+    use super::Tail;
+
+    fn entry(item: &str, key: &str, seq: u64) -> Entry {
+        let mut e = Entry::decided("s".into(), item.into(), Op::Decrement, 1, 0, 0);
+        e.request_key = Some(Arc::from(key));
+        e.seq = Some(seq);
+        e
+    }
+
+    #[test]
+    fn a_tail_sized_like_the_last_takes_as_many_keys_and_items_without_growing() {
+        let mut full = Tail::new(1);
+        let entries: Vec<Entry> = (0..3_000u64)
+            .map(|n| entry(&format!("i{}", n % 300), &format!("k{n}"), n / 300 + 1))
+            .collect();
+        full.add_record(0, &entries[..1_500]);
+        full.add_record(4_096, &entries[1_500..]);
+        // Each item's run rose in seq order across both records.
+        assert_eq!(full.items.len(), 300);
+        assert!(full
+            .items
+            .values()
+            .all(|run| run.sorted && run.events.len() == 10));
+        let next = Tail::sized_like(3_001, &full);
+        assert_eq!((next.first_lsn(), next.entries()), (3_001, 0));
+        assert!(next.keys.capacity() >= 3_000, "{}", next.keys.capacity());
+        assert!(next.items.capacity() >= 300, "{}", next.items.capacity());
+    }
+
+    #[test]
+    fn an_items_run_out_of_seq_order_is_marked_for_readers_to_sort() {
+        // Two items sharing a hash interleave their seqs in one run; here one item
+        // written with a seq below its last stands in for that.
+        let mut tail = Tail::new(1);
+        tail.add_record(0, &[entry("i", "a", 5), entry("i", "b", 6)]);
+        assert!(tail.items.values().all(|run| run.sorted));
+        tail.add_record(4_096, &[entry("i", "c", 2)]);
+        assert!(tail.items.values().all(|run| !run.sorted));
     }
 }
