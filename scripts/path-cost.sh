@@ -6,9 +6,11 @@
 #
 #   scripts/path-cost.sh [--scenario hot-sales] [--duration 8] [--runs 2] [--systems "nrtxn ceiling"]
 #
-# nrtxn-bench's check (and, on fire-and-forget, its polls of every key to count what was
-# decided, made even without the check) runs inside the measure, so fire-and-forget's
-# figures count a poll per decision besides it.
+# The measure is a window inside the run: from 1.5 s after the benchmark starts (its
+# items loaded, the loop running) to 0.5 s before its end, so neither the load before
+# it nor the check after it (nor, on fire-and-forget, the polls of every key that count
+# what was decided) is counted. Requests in the window: the run's throughput times the
+# window's length.
 # Prints one line per run: system, scenario, requests/s, CPU µs per request (and its
 # user and kernel parts, from /proc), context switches per request. The nrtxn server keeps its data in a fresh folder under /tmp
 # (on disk, as a user's would be). Everything listens on loopback and is stopped at the
@@ -31,6 +33,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 command -v perf > /dev/null || { echo "path-cost.sh: perf is not installed" >&2; exit 1; }
+[ "$secs" -ge 4 ] || { echo "path-cost.sh: --duration must be at least 4 (the window is 2 s shorter)" >&2; exit 2; }
+window=$((secs - 2))
 
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 if [ -z "${NRTXN_BIN:-}" ]; then
@@ -67,36 +71,38 @@ for run in $(seq "$runs"); do
     done
     [ -n "$base" ] || { cat "$tmp/err" >&2; exit 1; }
     for _ in $(seq 100); do curl -sf "$base/readyz" > /dev/null 2>&1 && break; sleep 0.05; done
-    read -r -a before < <(cut -d' ' -f14,15 "/proc/$pid/stat")
-    perf stat -x, -e task-clock,context-switches -p "$pid" -o "$tmp/perf" &
-    perf_pid=$!
     check=()
     [ "$system" = ceiling ] && check=(--no-check)
     "$bench" run --target "$base" --system "$system" --scenario "$scenario" "${stock[@]}" \
-      --duration "$secs" --json "$tmp/run.json" "${check[@]}" > /dev/null 2> "$tmp/bench.err" \
-      || { cat "$tmp/bench.err" >&2; exit 1; }
-    kill -INT "$perf_pid"
-    wait "$perf_pid" 2> /dev/null || true
+      --duration "$secs" --json "$tmp/run.json" "${check[@]}" > /dev/null 2> "$tmp/bench.err" &
+    bench_pid=$!
+    sleep 1.5
+    read -r -a before < <(cut -d' ' -f14,15 "/proc/$pid/stat")
+    t0=$(date +%s.%N)
+    perf stat -x, -e task-clock,context-switches -p "$pid" -o "$tmp/perf" -- sleep "$window"
+    t1=$(date +%s.%N)
     read -r -a after < <(cut -d' ' -f14,15 "/proc/$pid/stat")
+    wait "$bench_pid" || { cat "$tmp/bench.err" >&2; exit 1; }
     ticks=$(getconf CLK_TCK)
     kill "$pid"
     wait "$pid" 2> /dev/null || true
     pid=""
-    python3 - "$tmp/perf" "$tmp/run.json" "$system" "$scenario" \
+    python3 - "$tmp/perf" "$tmp/run.json" "$system" "$scenario" "$t0" "$t1" \
       $(( (after[0] - before[0]) * 1000000 / ticks )) $(( (after[1] - before[1]) * 1000000 / ticks )) << 'EOF'
 import json, sys
 perf, run, system, scenario = sys.argv[1:5]
-user_us, sys_us = int(sys.argv[5]), int(sys.argv[6])
+window_s = float(sys.argv[6]) - float(sys.argv[5])
+user_us, sys_us = int(sys.argv[7]), int(sys.argv[8])
 vals = {}
 for line in open(perf):
     parts = line.strip().split(",")
     if len(parts) > 2 and parts[0] and parts[0][0].isdigit():
         vals[parts[2]] = float(parts[0])
 r = json.load(open(run))
-n = r["throughput_rps"] * r["duration_s"]
+n = r["throughput_rps"] * window_s
 print(f"{system:8} {scenario:10} {r['throughput_rps']:>9.0f}/s  cpu {vals['task-clock'] * 1000 / n:6.1f} us/req"
       f" (user {user_us / n:5.1f}, kernel {sys_us / n:5.1f})"
-      f"  cs {vals['context-switches'] / n:5.2f}/req  ({n:.0f} decisions, p99 {r['p99_ms']:.1f} ms"
+      f"  cs {vals['context-switches'] / n:5.2f}/req  ({n:.0f} in the window, p99 {r['p99_ms']:.1f} ms"
       + (f", {r['entries_per_sync']} entries/sync" if r.get("entries_per_sync") else "") + ")")
 EOF
   done

@@ -8,14 +8,16 @@
 #
 #   scripts/thread-cost.sh [SCENARIO] [SECONDS]      (defaults: hot-sales 6)
 #
-# A 1-second warm-up run comes first and is not counted. The run's end is counted
-# (nrtxn-bench's check, and on fire-and-forget its polls of every key), so
-# fire-and-forget's figures count a poll per decision besides it. The data dir is a
-# fresh folder under /tmp, removed at the end.
+# A 1-second warm-up run comes first and is not counted. The measure is a window inside
+# the run, from 1.5 s after it starts to 0.5 s before its end: neither the load before
+# it nor the check after it (nor, on fire-and-forget, the polls of every key that count
+# what was decided) is counted. Decisions in the window: the run's throughput times the
+# window's length. The data dir is a fresh folder under /tmp, removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenario=${1:-hot-sales}
 secs=${2:-6}
+[ "$secs" -ge 4 ] || { echo "thread-cost.sh: SECONDS must be at least 4 (the window is 2 s shorter)" >&2; exit 2; }
 target_dir=${CARGO_TARGET_DIR:-target}
 [ -n "${NRTXN_BIN:-}" ] || cargo build --release --quiet -p nrtxn -p nrtxn-bench
 nrtxn=${NRTXN_BIN:-$target_dir/release/nrtxn}
@@ -37,17 +39,23 @@ snap() {
   done
 }
 "$bench" run --target "$base" --system nrtxn --scenario "$scenario" --duration 1 > /dev/null 2>&1
-snap > "$d/before"
 "$bench" run --target "$base" --system nrtxn --scenario "$scenario" --duration "$secs" \
-  --json "$d/run.json" > /dev/null 2> "$d/bench.err" || { cat "$d/bench.err" >&2; exit 1; }
+  --json "$d/run.json" > /dev/null 2> "$d/bench.err" &
+bench_pid=$!
+sleep 1.5
+t0=$(date +%s.%N)
+snap > "$d/before"
+sleep $((secs - 2))
 snap > "$d/after"
-python3 - "$d/before" "$d/after" "$d/run.json" "$(getconf CLK_TCK)" << 'PY'
+t1=$(date +%s.%N)
+wait "$bench_pid" || { cat "$d/bench.err" >&2; exit 1; }
+python3 - "$d/before" "$d/after" "$d/run.json" "$(getconf CLK_TCK)" "$t0" "$t1" << 'PY'
 import collections, json, sys
 def load(path):
     return {row[0]: row for row in (line.split() for line in open(path))}
 before, after = load(sys.argv[1]), load(sys.argv[2])
 run, hz = json.load(open(sys.argv[3])), float(sys.argv[4])
-n = run["throughput_rps"] * run["duration_s"]
+n = run["throughput_rps"] * (float(sys.argv[6]) - float(sys.argv[5]))
 by_name = collections.defaultdict(lambda: [0, 0, 0.0, 0])
 for tid, row in after.items():
     if tid not in before:
@@ -58,7 +66,7 @@ for tid, row in after.items():
     t[1] += int(row[3]) - int(was[3])
     t[2] += (float(row[4]) - float(was[4])) / hz * 1e6
     t[3] += 1
-print(f"{run['scenario']}: {run['throughput_rps']:.0f} decisions/s, {n:.0f} decisions")
+print(f"{run['scenario']}: {run['throughput_rps']:.0f} decisions/s, {n:.0f} in the window")
 print(f"{'thread':18} {'count':>5} {'voluntary':>10} {'preempted':>10} {'CPU us':>7}  (per decision)")
 total = [0.0, 0.0, 0.0]
 for name, (v, nv, cpu, k) in sorted(by_name.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
