@@ -3,10 +3,15 @@
 # cost on a noisy machine: each pair starts a fresh server of build A, runs the scenario,
 # then the same for build B; it prints each run and, at the end, the median ratio B/A of
 # decisions/s and of the server's CPU per decision (utime + stime from /proc/PID/stat).
+# Both are read over a window inside each run, from 1.5 s after it starts to 0.5 s
+# before its end, with the decisions from the server's `nrtxn_decisions_total` (journal
+# entries: on orders, about nine per order; on batch, one per entry): the benchmark's
+# load before the window and its check after it (on fire-and-forget, a poll of every
+# key) are not counted.
 #
 #   scripts/pair-bench.sh OLD_NRTXN NEW_NRTXN [SCENARIO] [CONNECTIONS] [PAIRS]
 #
-# Defaults: hot, 64 connections, 6 pairs of 4 s runs. NRTXN_BENCH names the nrtxn-bench
+# Defaults: hot, 64 connections, 6 pairs of 6 s runs. NRTXN_BENCH names the nrtxn-bench
 # binary (default: target/release/nrtxn-bench, built if missing). Servers listen on
 # 127.0.0.1 and each run's data dir is removed after it.
 set -euo pipefail
@@ -21,26 +26,39 @@ bench=${NRTXN_BENCH:-target/release/nrtxn-bench}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
+# The server's decisions so far, from its metrics.
+decisions() {
+  curl -sf "$1/metrics" | awk '/^nrtxn_decisions_total/ { n += $2 } END { print n + 0 }'
+}
+
 # One run: LABEL BINARY; appends "LABEL decisions/s cpu_us_per_decision" to $out.
 run() {
-  local label=$1 bin=$2 d pid base t0 t1
+  local label=$1 bin=$2 d pid base bench_pid c0 c1 n0 n1 t0 t1
   d=$(mktemp -d)
   "$bin" serve --listen 127.0.0.1:0 --data-dir "$d/data" > "$d/out" 2> "$d/log" &
   pid=$!
   for _ in $(seq 200); do grep -q "listening on" "$d/out" 2> /dev/null && break; sleep 0.05; done
   base=$(sed -n 's/^nrtxn listening on //p' "$d/out")
-  t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   "$bench" run --target "$base" --system nrtxn --scenario "$scenario" --connections "$conns" \
-    --duration 4 --json "$d/r.json" > /dev/null 2>&1
-  t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    --duration 6 --no-check > /dev/null 2> "$d/bench.err" &
+  bench_pid=$!
+  sleep 1.5
+  c0=$(awk '{print $14 + $15}' "/proc/$pid/stat") n0=$(decisions "$base") t0=$(date +%s.%N)
+  sleep 4
+  c1=$(awk '{print $14 + $15}' "/proc/$pid/stat") n1=$(decisions "$base") t1=$(date +%s.%N)
+  if ! wait "$bench_pid"; then
+    cat "$d/bench.err" >&2
+    kill "$pid"
+    exit 1
+  fi
   kill "$pid"
   wait "$pid" 2> /dev/null || true
-  python3 - "$d/r.json" "$label" "$t0" "$t1" "$(getconf CLK_TCK)" >> "$out" << 'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-n = max(1, r["ok"] + r["rejected"])
-cpu_us = (float(sys.argv[4]) - float(sys.argv[3])) / float(sys.argv[5]) * 1e6
-print(sys.argv[2], round(r["throughput_rps"]), round(cpu_us / n, 2))
+  python3 - "$label" "$c0" "$c1" "$n0" "$n1" "$t0" "$t1" "$(getconf CLK_TCK)" >> "$out" << 'EOF'
+import sys
+label, c0, c1, n0, n1, t0, t1, hz = sys.argv[1:9]
+n = max(1.0, float(n1) - float(n0))
+cpu_us = (float(c1) - float(c0)) / float(hz) * 1e6
+print(label, round(n / (float(t1) - float(t0))), round(cpu_us / n, 2))
 EOF
   tail -1 "$out"
   rm -rf "$d"
