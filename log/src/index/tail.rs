@@ -73,24 +73,30 @@ pub struct Tail {
 
 impl Tail {
     pub fn new(first_lsn: u64) -> Tail {
-        Tail {
-            first_lsn,
-            keys: HashMap::with_capacity_and_hasher(1024, IdBuild::default()),
-            keys_more: HashMap::default(),
-            items: HashMap::with_capacity_and_hasher(256, IdBuild::default()),
-            entries: 0,
-            last_offset: None,
-            durable_end: 0,
-        }
+        Tail::with_room(first_lsn, 1024, 256)
     }
 
     /// A tail for the segment at `first_lsn` whose maps have room for as many keys and
     /// items as `prev` holds: the next segment is written like the last.
     pub fn sized_like(first_lsn: u64, prev: &Tail) -> Tail {
-        let mut tail = Tail::new(first_lsn);
-        tail.keys.reserve(prev.keys.len());
-        tail.items.reserve(prev.items.len());
-        tail
+        Tail::with_room(
+            first_lsn,
+            prev.keys.len().max(1024),
+            prev.items.len().max(256),
+        )
+    }
+
+    /// An empty tail whose maps are made once, with room for `keys` and `items`.
+    fn with_room(first_lsn: u64, keys: usize, items: usize) -> Tail {
+        Tail {
+            first_lsn,
+            keys: HashMap::with_capacity_and_hasher(keys, IdBuild::default()),
+            keys_more: HashMap::default(),
+            items: HashMap::with_capacity_and_hasher(items, IdBuild::default()),
+            entries: 0,
+            last_offset: None,
+            durable_end: 0,
+        }
     }
 
     /// The first lsn of the segment this tail indexes.
