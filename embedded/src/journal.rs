@@ -27,6 +27,7 @@ use nrtxn_actors::ports::{AppendDone, HoldPage, HoldQuery, ItemPage, Recovered, 
 use nrtxn_actors::ports::{
     ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
 };
+use nrtxn_actors::types::KeyHash;
 use nrtxn_actors::{
     now_ms, Entry, Event, HoldView, ItemState, Metrics, Outcome, Request, StoreError,
 };
@@ -824,45 +825,70 @@ fn accepts_decided_alongside(cmds: &mut [Command]) -> usize {
     if !cmds.iter().any(|c| matches!(c, Command::Accept(..))) {
         return 0;
     }
-    let decided: HashSet<(Arc<str>, Arc<str>)> = cmds
-        .iter()
-        .filter_map(|c| match c {
-            Command::Append(entries, _) => Some(entries),
-            _ => None,
-        })
-        .flatten()
-        .filter(|e| e.logged)
-        .filter_map(|e| Some((e.shop.clone(), e.request_key.clone()?)))
-        .collect();
-    if decided.is_empty() {
-        return 0;
-    }
-    let mut taken = HashSet::new();
-    for cmd in cmds.iter_mut() {
-        match cmd {
-            Command::Accept(reqs, _) => reqs.retain(|r| {
-                let key = (r.shop.clone(), r.key.clone());
-                if decided.contains(&key) {
-                    taken.insert(key);
-                    return false;
-                }
-                true
-            }),
-            Command::Append(entries, _) if !taken.is_empty() => {
-                for e in entries.iter_mut().filter(|e| e.logged) {
-                    let shop = &e.shop;
-                    if e.request_key
-                        .as_ref()
-                        .is_some_and(|key| taken.contains(&(shop.clone(), key.clone())))
-                    {
-                        e.logged = false;
+    // Found by the entries' and requests' own strings, then changed by position: no
+    // string copied, no reference counted.
+    let (requests, decisions, taken) = {
+        fn key_of(e: &Entry) -> Option<(&str, &str)> {
+            Some((&*e.shop, &**e.request_key.as_ref()?))
+        }
+        fn logged(c: &Command) -> Option<&Vec<Entry>> {
+            match c {
+                Command::Append(entries, _) => Some(entries),
+                _ => None,
+            }
+        }
+        let decided: HashSet<(&str, &str), KeyHash> = cmds
+            .iter()
+            .filter_map(logged)
+            .flatten()
+            .filter(|e| e.logged)
+            .filter_map(key_of)
+            .collect();
+        if decided.is_empty() {
+            return 0;
+        }
+        let mut taken: HashSet<(&str, &str), KeyHash> = HashSet::default();
+        let mut requests = Vec::new();
+        for (i, cmd) in cmds.iter().enumerate() {
+            if let Command::Accept(reqs, _) = cmd {
+                for (j, r) in reqs.iter().enumerate() {
+                    let key = (&*r.shop, &*r.key);
+                    if decided.contains(&key) {
+                        taken.insert(key);
+                        requests.push((i, j));
                     }
                 }
             }
-            _ => {}
+        }
+        let mut decisions = Vec::new();
+        if !taken.is_empty() {
+            for (i, cmd) in cmds.iter().enumerate() {
+                for (j, e) in logged(cmd).into_iter().flatten().enumerate() {
+                    if e.logged && key_of(e).is_some_and(|k| taken.contains(&k)) {
+                        decisions.push((i, j));
+                    }
+                }
+            }
+        }
+        (requests, decisions, taken.len())
+    };
+    let mut requests = requests.into_iter().peekable();
+    for (i, cmd) in cmds.iter_mut().enumerate() {
+        if let Command::Accept(reqs, _) = cmd {
+            let mut j = 0;
+            reqs.retain(|_| {
+                let keep = requests.next_if_eq(&(i, j)).is_none();
+                j += 1;
+                keep
+            });
         }
     }
-    taken.len()
+    for (i, j) in decisions {
+        if let Command::Append(entries, _) = &mut cmds[i] {
+            entries[j].logged = false;
+        }
+    }
+    taken
 }
 
 /// Every key now durable goes into the log's index (or, for views that answer keys
@@ -1322,6 +1348,42 @@ mod tests {
             .map(|e| (e.request_key.as_deref().unwrap(), e.logged))
             .collect();
         assert_eq!(logged, [("a", false), ("c", true)]);
+    }
+
+    /// Several acceptances and decisions in one group, interleaved: each request the
+    /// group decides leaves its own acceptance, whatever its place, and only its
+    /// decisions stop retiring one.
+    #[test]
+    fn decided_requests_leave_their_acceptances_wherever_they_stand_in_the_group() {
+        let mut cmds = vec![
+            accept_cmd(&["a", "b"]),
+            append_cmd(&["x"]),
+            accept_cmd(&["c", "d", "e"]),
+            append_cmd(&["d", "a", "y"]),
+        ];
+        assert_eq!(accepts_decided_alongside(&mut cmds), 2);
+        let kept = |c: &Command| match c {
+            Command::Accept(reqs, _) => reqs.iter().map(|r| r.key.to_string()).collect(),
+            _ => Vec::new(),
+        };
+        assert_eq!(kept(&cmds[0]), ["b"]);
+        assert_eq!(kept(&cmds[2]), ["c", "e"]);
+        let logged = |c: &Command| match c {
+            Command::Append(entries, _) => entries
+                .iter()
+                .map(|e| (e.request_key.as_deref().unwrap().to_string(), e.logged))
+                .collect(),
+            _ => Vec::new(),
+        };
+        assert_eq!(logged(&cmds[1]), [("x".to_string(), true)]);
+        assert_eq!(
+            logged(&cmds[3]),
+            [
+                ("d".to_string(), false),
+                ("a".to_string(), false),
+                ("y".to_string(), true)
+            ]
+        );
     }
 
     /// An acceptance whose every request the group decides has no record; the other
