@@ -144,6 +144,55 @@ async fn fire_and_forget_is_accepted_then_decided_by_polling() {
     assert_eq!(item["stock"], 6);
 }
 
+/// Calls that come together reach a shop's WorkManager in one burst, which it hands on
+/// to the log's writer and the processor together: each is still answered (202 or its
+/// outcome), each fire-and-forget request decided once, and the stock sold no further
+/// than it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_waiting_and_fire_and_forget_calls_is_answered_and_decided_in_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s1", &[("a", 20), ("b", 20)]).await;
+    let url = server.url("/v1/shops/s1/txns");
+    let calls = (0..60).map(|n| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let item = if n % 2 == 0 { "a" } else { "b" };
+            let mut body = txn("burst", item, 1, n);
+            let forget = n % 4 < 2;
+            body["respond"] = json!(!forget);
+            let (status, res) = post(&c, &url, body).await;
+            (n, item, forget, status, res)
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let mut sold: HashMap<&str, i64> = HashMap::new();
+    for (n, item, forget, status, res) in answers {
+        let key = format!("burst:{item}:{n}");
+        let outcome = if forget {
+            assert_eq!(status, 202, "{res}");
+            assert_eq!(res, json!({"request_key": key, "status": "accepted"}));
+            let (status, outcome) = poll_decided(&c, &server, "s1", &key).await;
+            assert_eq!(status, 200, "{outcome}");
+            outcome
+        } else {
+            assert_eq!(status, 200, "{res}");
+            res
+        };
+        match outcome["status"].as_str() {
+            Some("ok") => *sold.entry(item).or_default() += 1,
+            Some("insufficient_stock") => {}
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    assert_eq!(sold, HashMap::from([("a", 20), ("b", 20)]));
+    for item in ["a", "b"] {
+        let (_, view) = get(&c, &server.url(&format!("/v1/shops/s1/items/{item}"))).await;
+        assert_eq!(view["stock"], 0, "{view}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_route_answers_each_entry_in_order() {
     let dir = tempfile::tempdir().unwrap();

@@ -417,6 +417,20 @@ pub trait RequestLog: Send + Sync + 'static {
     /// is, the call must answer `Ok`.
     fn append(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError>;
 
+    /// Like [`RequestLog::append`] (admitted, or refused whole, at once), but the log may
+    /// hold the requests on the calling thread until [`RequestLog::release_held`] is
+    /// called on that thread, so that the calls of one burst reach the journal's writer
+    /// and the processors together: one hand-off, one wake-up, instead of one per call.
+    /// Whoever calls it must call `release_held` soon after, on the same thread (the
+    /// WorkManager does at the end of its mailbox's burst).
+    fn append_held(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError> {
+        self.append(reqs, ack)
+    }
+
+    /// Hands on what [`RequestLog::append_held`] held on this thread, in the order it
+    /// was given.
+    fn release_held(&self) {}
+
     /// Requests that were made durable but have no outcome yet (after a restart).
     fn pending(&self) -> Result<Vec<Request>, StoreError>;
 

@@ -184,6 +184,9 @@ pub struct WorkManager {
     /// A sweep's lookup of keys long in flight is under way: one at a time, so a slow
     /// store does not pile them up.
     stale_lookup: bool,
+    /// Requests were handed to the request log to be held ([`RequestLog::append_held`]);
+    /// `Some(true)` once their release is queued behind the calls already in the mailbox.
+    held: Option<bool>,
 }
 
 impl WorkManager {
@@ -198,6 +201,7 @@ impl WorkManager {
             deadlines: Deadlines::default(),
             deadline_armed: false,
             stale_lookup: false,
+            held: None,
         }
     }
 
@@ -394,9 +398,10 @@ impl WorkManager {
                 let found = journal.outcomes(&shop, &refs)?;
                 Ok(found.into_iter().flatten().collect::<Vec<_>>())
             },
-            move |wm, found, _| {
+            move |wm, found, ctx| {
                 wm.screened(call, known, new, found);
                 wm.publish_in_flight();
+                wm.release_held_later(ctx);
             },
         );
     }
@@ -492,7 +497,11 @@ impl WorkManager {
         }
         if !to_log.is_empty() {
             let ack = to_log.iter().any(|r| r.logged).then(|| call.log_ack());
-            if let Err(e) = self.deps.log.append(to_log, ack) {
+            let handed = self.deps.log.append_held(to_log, ack);
+            if handed.is_ok() {
+                self.held.get_or_insert(false);
+            }
+            if let Err(e) = handed {
                 // Nothing was handed on: undo the admission entirely. (The ack, dropped
                 // untold, told the call the log closed; it is answered with `e`.)
                 self.unclaim(call, &keys);
@@ -507,6 +516,15 @@ impl WorkManager {
         }
         call.seal();
         Ok(())
+    }
+
+    /// Queues the release of what this burst's calls left held in the request log behind
+    /// the calls already in the mailbox: they go on together once those are taken in.
+    fn release_held_later(&mut self, ctx: &mut Context<Self>) {
+        if self.held == Some(false) {
+            self.held = Some(true);
+            ctx.notify(ReleaseHeld);
+        }
     }
 
     /// Lets go of the keys a call claimed and of its waiters on other keys.
@@ -682,6 +700,10 @@ impl Actor for WorkManager {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
+        // A release still queued when the actor stopped: what it would release goes on.
+        if self.held.take().is_some() {
+            self.deps.log.release_held();
+        }
         if !self.passivated {
             self.recent.clear(&self.deps.outcomes_cached);
         }
@@ -700,7 +722,22 @@ pub struct Submit {
 impl Handler<Submit> for WorkManager {
     type Result = ();
     fn handle(&mut self, msg: Submit, ctx: &mut Self::Context) {
-        self.submit(msg.reqs, msg.call, ctx)
+        self.submit(msg.reqs, msg.call, ctx);
+        self.release_held_later(ctx);
+    }
+}
+
+/// Hands on what this WorkManager's calls left held in the request log
+/// ([`RequestLog::append_held`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ReleaseHeld;
+
+impl Handler<ReleaseHeld> for WorkManager {
+    type Result = ();
+    fn handle(&mut self, _: ReleaseHeld, _: &mut Self::Context) {
+        self.held = None;
+        self.deps.log.release_held();
     }
 }
 

@@ -8,6 +8,8 @@
 //! `requests` in the SQLite store beside a MongoDB journal) and retired when its outcome
 //! is journaled; at start, what is left is resumed.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use nrtxn_actors::{Dispatcher, LogAck, Request, RequestLog, StoreError};
@@ -66,7 +68,26 @@ pub struct EmbeddedLog {
     /// The journal is another store (MongoDB): decided requests are retired by a write
     /// of their own, not by the journal's transaction.
     retire_separately: bool,
+    /// This log's number in the process: what a thread holds for it is kept apart.
+    id: usize,
 }
+
+/// Requests a thread was handed by [`RequestLog::append_held`] and has not handed on
+/// yet, per log: in the order they came, those to be made durable first among them
+/// (copies), and their calls' acknowledgements.
+#[derive(Default)]
+struct Held {
+    reqs: Vec<Request>,
+    logged: Vec<Request>,
+    acks: Vec<LogAck>,
+}
+
+thread_local! {
+    static HELD: RefCell<Vec<(usize, Held)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Numbers the embedded logs of the process.
+static LOGS: AtomicUsize = AtomicUsize::new(0);
 
 impl EmbeddedLog {
     /// `journal_is_store`: the request store is the journal itself (the embedded
@@ -80,6 +101,29 @@ impl EmbeddedLog {
             store,
             dispatcher,
             retire_separately: !journal_is_store,
+            id: LOGS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Makes `logged` durable (a copy of each, handed to the log's writer first), then
+    /// hands `reqs` to the processors and tells `acks` once `logged` is durable.
+    fn hand_on(&self, reqs: Vec<Request>, logged: Vec<Request>, acks: Vec<LogAck>) {
+        if !logged.is_empty() {
+            self.store.accept(
+                logged,
+                Box::new(move |result| {
+                    for ack in acks {
+                        ack.done(result.clone());
+                    }
+                }),
+            );
+        } else {
+            for ack in acks {
+                ack.done(Ok(()));
+            }
+        }
+        if !reqs.is_empty() {
+            self.dispatcher.dispatch(reqs);
         }
     }
 }
@@ -132,6 +176,53 @@ impl RequestLog for EmbeddedLog {
             }),
         );
         Ok(())
+    }
+
+    /// On the embedded journal, held on this thread until released: the acceptances of
+    /// the burst's fire-and-forget requests go to the log's writer as one, and all its
+    /// requests to the processors then, one message per shard. Each acceptance is still
+    /// handed to the writer before its request reaches a processor. Beside another
+    /// journal, as [`RequestLog::append`].
+    fn append_held(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError> {
+        if self.retire_separately {
+            return self.append(reqs, ack);
+        }
+        self.store.admit()?;
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            let at = match held.iter().position(|(id, _)| *id == self.id) {
+                Some(at) => at,
+                None => {
+                    held.push((self.id, Held::default()));
+                    held.len() - 1
+                }
+            };
+            let h = &mut held[at].1;
+            let logged = h.logged.len();
+            for r in reqs {
+                if r.logged {
+                    h.logged.push(r.clone());
+                }
+                h.reqs.push(r);
+            }
+            match ack {
+                Some(ack) if h.logged.len() > logged => h.acks.push(ack),
+                Some(ack) => ack.done(Ok(())),
+                None => {}
+            }
+        });
+        Ok(())
+    }
+
+    fn release_held(&self) {
+        let held = HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            let at = held.iter().position(|(id, _)| *id == self.id)?;
+            Some(held.swap_remove(at).1)
+        });
+        if let Some(Held { reqs, logged, acks }) = held {
+            self.hand_on(reqs, logged, acks);
+        }
     }
 
     fn pending(&self) -> Result<Vec<Request>, StoreError> {
