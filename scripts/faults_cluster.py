@@ -65,9 +65,31 @@ SESSION_TIMEOUT_S = 10.0
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range: servers here are restarted
+    on their ports, and a port of that range, free while its server is down, can be taken
+    meanwhile as the source port of any outgoing connection (the other node's, the
+    load's), which makes the restart fail with "address already in use"."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low = 10000
+    if ephemeral_low - low < 1000:
+        # No room below the range on this machine: the kernel's choice, as before.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    rnd = random.Random()
+    for _ in range(1000):
+        port = rnd.randrange(low, ephemeral_low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port between {low} and {ephemeral_low}")
 
 
 def port_open(port):
