@@ -421,10 +421,11 @@ pub trait RequestLog: Send + Sync + 'static {
     /// hold the requests on the calling thread until [`RequestLog::release_held`] is
     /// called on that thread, so that the calls of one burst reach the journal's writer
     /// and the processors together: one hand-off, one wake-up, instead of one per call.
-    /// Whoever calls it must call `release_held` soon after, on the same thread (the
-    /// WorkManager does at the end of its mailbox's burst).
-    fn append_held(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError> {
-        self.append(reqs, ack)
+    /// `Ok(true)`: the requests are held, and whoever called must call `release_held`
+    /// soon after, on the same thread (the WorkManager does at the end of its mailbox's
+    /// burst); `Ok(false)`: they were handed on at once (the default), nothing to release.
+    fn append_held(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<bool, StoreError> {
+        self.append(reqs, ack).map(|()| false)
     }
 
     /// Hands on what [`RequestLog::append_held`] held on this thread, in the order it

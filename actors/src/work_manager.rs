@@ -498,7 +498,7 @@ impl WorkManager {
         if !to_log.is_empty() {
             let ack = to_log.iter().any(|r| r.logged).then(|| call.log_ack());
             let handed = self.deps.log.append_held(to_log, ack);
-            if handed.is_ok() {
+            if let Ok(true) = handed {
                 self.held.get_or_insert(false);
             }
             if let Err(e) = handed {

@@ -132,6 +132,20 @@ impl RequestLog for EmbeddedLog {
     fn append(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError> {
         // Before anything is handed on: a refusal takes back the whole call.
         self.store.admit()?;
+        if !self.retire_separately {
+            // The embedded journal: the acceptances' record is handed to the log's writer
+            // now, before any decision of these requests can be (a processor gets them
+            // only after it), and that writer keeps the order it is handed records in, so
+            // a decision's record follows its acceptance's, in the same group commit or a
+            // later one. The requests go to the processors at once: the acceptance and the
+            // decision share a group commit more often than not (the writer then writes
+            // the decision's record alone: see `journal::accepts_decided_alongside`), and
+            // the log's writer wakes no processor. The 202 still waits for the
+            // acceptance's sync: the writer tells the call after it.
+            let logged = reqs.iter().filter(|r| r.logged).cloned().collect();
+            self.hand_on(reqs, logged, ack.into_iter().collect());
+            return Ok(());
+        }
         let (logged, direct): (Vec<Request>, Vec<Request>) =
             reqs.into_iter().partition(|r| r.logged);
         if !direct.is_empty() {
@@ -144,21 +158,6 @@ impl RequestLog for EmbeddedLog {
         };
         if logged.is_empty() {
             tell(Ok(()));
-            return Ok(());
-        }
-        if !self.retire_separately {
-            // The embedded journal: the acceptance's record is handed to the log's writer
-            // now, before any decision of these requests can be (a processor gets them
-            // only after this call), and that writer keeps the order it is handed
-            // records in, so a decision's record follows its acceptance's, in the same
-            // group commit or a later one. The requests go to the processors at once:
-            // the acceptance and the decision share a group commit more often than not
-            // (the writer then writes the decision's record alone: see
-            // `journal::accepts_decided_alongside`), and the log's writer wakes no
-            // processor. The 202 still waits for the acceptance's sync: the writer
-            // tells the call after it.
-            self.store.accept(logged.clone(), Box::new(tell));
-            self.dispatcher.dispatch(logged);
             return Ok(());
         }
         let dispatcher = self.dispatcher.clone();
@@ -183,9 +182,9 @@ impl RequestLog for EmbeddedLog {
     /// requests to the processors then, one message per shard. Each acceptance is still
     /// handed to the writer before its request reaches a processor. Beside another
     /// journal, as [`RequestLog::append`].
-    fn append_held(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<(), StoreError> {
+    fn append_held(&self, reqs: Vec<Request>, ack: Option<LogAck>) -> Result<bool, StoreError> {
         if self.retire_separately {
-            return self.append(reqs, ack);
+            return self.append(reqs, ack).map(|()| false);
         }
         self.store.admit()?;
         HELD.with(|held| {
@@ -211,7 +210,7 @@ impl RequestLog for EmbeddedLog {
                 None => {}
             }
         });
-        Ok(())
+        Ok(true)
     }
 
     fn release_held(&self) {
