@@ -199,7 +199,7 @@ impl Engine {
             }
             Pending::Order { .. } => {
                 let reason = (op == Op::Release).then(|| RELEASED_BY_OPERATOR.to_string());
-                self.end_order_lines_with(shop, id, op, reason, None, true)
+                self.end_order_lines_with(shop, id, op, reason, crate::orders::Lines::Read, true)
                     .await?
                     .0
             }

@@ -104,6 +104,26 @@ pub enum Placed {
     Reused(String, Arc<Outcome>),
 }
 
+/// The lines an order's ending ends, beside its record's.
+pub(crate) enum Lines<'a> {
+    /// Those known to be held (the coordinator's own).
+    Known(&'a [(usize, HoldView)]),
+    /// Those held, read once the record has ended.
+    Read,
+    /// Those held of the first `n`, read while the record's ending is decided (the
+    /// caller read the record). A line held after the read (its order still being
+    /// reserved) is ended by its own timer, through the order, as one held after a
+    /// read that follows the ending would be.
+    ReadAlongside(usize),
+}
+
+/// What came first of an ending's record: its durable outcome, or word that it was
+/// handed to a journal that writes in order.
+enum First {
+    Durable(Result<Arc<Outcome>, EngineError>),
+    Told(Arc<Outcome>),
+}
+
 /// What ending an order (confirm, cancel) found.
 #[derive(Debug)]
 pub enum Ended {
@@ -260,8 +280,9 @@ impl Engine {
         let Some(record) = self.order_record(shop, order_id).await? else {
             return Ok(Ended::Unknown);
         };
+        let n = usize::try_from(record.qty).unwrap_or(0);
         let (o, ended) = self
-            .end_order_lines_with(shop, order_id, op, None, None, false)
+            .end_order_lines_with(shop, order_id, op, None, Lines::ReadAlongside(n), false)
             .await?;
         if o.status == Status::UnknownHold {
             return Ok(Ended::Unknown);
@@ -302,15 +323,14 @@ impl Engine {
     }
 
     /// Ends the record of `order_id` with `op` (or finds the ending it already has), then
-    /// each of its lines still held with that ending. `lines`: the lines known to be
-    /// held (the coordinator's own), else they are read.
+    /// each of its lines still held with that ending: those `lines` says.
     async fn end_order_lines(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
         op: Op,
         reason: Option<String>,
-        lines: Option<&[(usize, HoldView)]>,
+        lines: Lines<'_>,
     ) -> Result<Arc<Outcome>, EngineError> {
         Ok(self
             .end_order_lines_with(shop, order_id, op, reason, lines, false)
@@ -326,7 +346,7 @@ impl Engine {
         order_id: &Arc<str>,
         op: Op,
         reason: Option<String>,
-        lines: Option<&[(usize, HoldView)]>,
+        lines: Lines<'_>,
         by_check: bool,
     ) -> Result<(Arc<Outcome>, Vec<Arc<Outcome>>), EngineError> {
         let (early, told) = EarlySignal::channel();
@@ -346,37 +366,52 @@ impl Engine {
         };
         let durable = self.decide_one(shop, req);
         tokio::pin!(durable);
-        tokio::select! {
-            biased;
-            o = &mut durable => {
+        let first = async {
+            tokio::select! {
+                biased;
+                o = &mut durable => First::Durable(o),
+                // Handed to a journal that writes in order: the lines' endings, sent now,
+                // are written after the record's, so they wait for one sync, not two.
+                Ok(o) = told => First::Told(o),
+            }
+        };
+        let ahead = async {
+            match lines {
+                Lines::Known(known) => Some(Ok(known.iter().map(|(_, h)| h.clone()).collect())),
+                Lines::ReadAlongside(n) => Some(self.lines_held(shop, order_id, n).await),
+                Lines::Read => None,
+            }
+        };
+        let (first, ahead) = tokio::join!(first, ahead);
+        let pending = ahead.transpose()?;
+        match first {
+            First::Durable(o) => {
                 let o = o?;
-                let ended = self.end_lines_of(shop, order_id, &o, lines).await?;
+                let ended = self.end_lines_of(shop, order_id, &o, pending).await?;
                 Ok((o, ended))
             }
-            // Handed to a journal that writes in order: the lines' endings, sent now,
-            // are written after the record's, so they wait for one sync, not two.
-            Ok(o) = told => {
+            First::Told(o) => {
                 let (durable, ended) =
-                    tokio::join!(durable, self.end_lines_of(shop, order_id, &o, lines));
+                    tokio::join!(durable, self.end_lines_of(shop, order_id, &o, pending));
                 Ok((durable?, ended?))
             }
         }
     }
 
     /// Ends each line of `order_id` still held with the ending its record got (`o`),
-    /// if it ended; `lines` as for [`Engine::end_order_lines`].
+    /// if it ended: `pending`, or those read now.
     async fn end_lines_of(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
         o: &Outcome,
-        lines: Option<&[(usize, HoldView)]>,
+        pending: Option<Vec<HoldView>>,
     ) -> Result<Vec<Arc<Outcome>>, EngineError> {
         if o.status != Status::Ok || !o.op.ends_hold() {
             return Ok(Vec::new());
         }
-        let pending: Vec<HoldView> = match lines {
-            Some(known) => known.iter().map(|(_, h)| h.clone()).collect(),
+        let pending: Vec<HoldView> = match pending {
+            Some(pending) => pending,
             None => {
                 self.lines_held(shop, order_id, o.qty.max(0) as usize)
                     .await?
@@ -664,7 +699,7 @@ impl Engine {
             let why = "released at recovery: the order's reserving stopped (a restart or \
                        a node's failure) before every line was held"
                 .to_string();
-            self.end_order_lines(shop, order_id, Op::Release, Some(why.clone()), None)
+            self.end_order_lines(shop, order_id, Op::Release, Some(why.clone()), Lines::Read)
                 .await?;
             if self.shares_journal() {
                 // A line the stopped coordinator sent may still be in the log, and be
@@ -672,14 +707,14 @@ impl Engine {
                 // it). Past the request TTL it can only be refused as expired: the
                 // lines held by then are released once more.
                 tokio::time::sleep(self.request_ttl() + Duration::from_secs(1)).await;
-                self.end_order_lines(shop, order_id, Op::Release, Some(why), None)
+                self.end_order_lines(shop, order_id, Op::Release, Some(why), Lines::Read)
                     .await?;
             }
             return Ok(());
         }
         // Ended: asked again, the record answers with its ending, and the lines still
         // held follow it.
-        self.end_order_lines(shop, order_id, Op::Expire, None, None)
+        self.end_order_lines(shop, order_id, Op::Expire, None, Lines::Read)
             .await?;
         Ok(())
     }
@@ -692,7 +727,7 @@ impl Engine {
         let checkback = self.checkback().filter(|c| c.enabled(shop));
         let Some(checkback) = checkback else {
             let o = self
-                .end_order_lines(shop, order_id, Op::Expire, None, None)
+                .end_order_lines(shop, order_id, Op::Expire, None, Lines::Read)
                 .await?;
             if o.status == Status::UnknownHold {
                 return self.release_orphan(nudge).await;
@@ -708,7 +743,7 @@ impl Engine {
             return self.release_orphan(nudge).await;
         };
         if record.status != HoldStatus::Held {
-            self.end_order_lines(shop, order_id, Op::Expire, None, None)
+            self.end_order_lines(shop, order_id, Op::Expire, None, Lines::Read)
                 .await?;
             return Ok(());
         }
@@ -758,18 +793,18 @@ impl Engine {
         match action {
             CheckAction::Ask => {}
             CheckAction::Confirm => {
-                self.end_order_lines_with(shop, order_id, Op::Confirm, None, None, true)
+                self.end_order_lines_with(shop, order_id, Op::Confirm, None, Lines::Read, true)
                     .await?;
             }
             CheckAction::Release => {
-                self.end_order_lines(shop, order_id, Op::Expire, None, None)
+                self.end_order_lines(shop, order_id, Op::Expire, None, Lines::Read)
                     .await?;
             }
             CheckAction::Extend { ttl_ms } => {
                 let now = now_ms();
                 let until = extended_until(now, ttl_ms, outcome.completed_at);
                 if until <= now {
-                    self.end_order_lines(shop, order_id, Op::Expire, None, None)
+                    self.end_order_lines(shop, order_id, Op::Expire, None, Lines::Read)
                         .await?;
                     return Ok(());
                 }

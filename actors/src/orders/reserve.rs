@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    firm_requests, held_view, line_hold, line_keys_both, not_held, OrderLine, OrderView, Placed,
-    Reserving, FAILED_PREFIX, LINE_WAIT_MAX,
+    firm_requests, held_view, line_hold, line_keys_both, not_held, Lines, OrderLine, OrderView,
+    Placed, Reserving, FAILED_PREFIX, LINE_WAIT_MAX,
 };
 use crate::engine::{Engine, EngineError};
 use crate::reply::Reply;
@@ -205,8 +205,14 @@ impl Engine {
         reason: String,
     ) -> Result<Placed, EngineError> {
         let why = format!("{FAILED_PREFIX}{i}: {}: {reason}", status.as_str());
-        self.end_order_lines(r.shop, r.order_id, Op::Release, Some(why), Some(&held))
-            .await?;
+        self.end_order_lines(
+            r.shop,
+            r.order_id,
+            Op::Release,
+            Some(why),
+            Lines::Known(&held),
+        )
+        .await?;
         Ok(Placed::Answer(OrderView {
             order_id: r.order_id.clone(),
             status: status.as_str().to_string(),
@@ -228,7 +234,11 @@ impl Engine {
         e: EngineError,
     ) -> EngineError {
         let why = format!("reserving the lines failed: {e}");
-        let known = (!held.is_empty()).then_some(held);
+        let known = if held.is_empty() {
+            Lines::Read
+        } else {
+            Lines::Known(held)
+        };
         let _ = self
             .end_order_lines(r.shop, r.order_id, Op::Release, Some(why), known)
             .await;
