@@ -382,8 +382,8 @@ impl Engine {
                 Lines::Read => None,
             }
         };
-        let (first, ahead) = tokio::join!(first, ahead);
-        let pending = ahead.transpose()?;
+        // A failed read counts only if the lines are to be ended (`end_lines_of`).
+        let (first, pending) = tokio::join!(first, ahead);
         match first {
             First::Durable(o) => {
                 let o = o?;
@@ -399,19 +399,19 @@ impl Engine {
     }
 
     /// Ends each line of `order_id` still held with the ending its record got (`o`),
-    /// if it ended: `pending`, or those read now.
+    /// if it ended: `pending` (read or known already), or those read now.
     async fn end_lines_of(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
         o: &Outcome,
-        pending: Option<Vec<HoldView>>,
+        pending: Option<Result<Vec<HoldView>, EngineError>>,
     ) -> Result<Vec<Arc<Outcome>>, EngineError> {
         if o.status != Status::Ok || !o.op.ends_hold() {
             return Ok(Vec::new());
         }
         let pending: Vec<HoldView> = match pending {
-            Some(pending) => pending,
+            Some(pending) => pending?,
             None => {
                 self.lines_held(shop, order_id, o.qty.max(0) as usize)
                     .await?
