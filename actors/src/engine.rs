@@ -123,7 +123,7 @@ impl From<SubmitError> for EngineError {
             SubmitError::Overloaded => EngineError::Overloaded,
             SubmitError::Store(s) => EngineError::Store(s),
             // Handled by `Engine::submit`, which sends the call to the new WorkManager.
-            SubmitError::Passivated(..) => EngineError::ShuttingDown,
+            SubmitError::Passivated(_) => EngineError::ShuttingDown,
         }
     }
 }
@@ -499,31 +499,26 @@ impl Engine {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
-        // Split here, on the caller's thread: the requests travel on as one list.
-        let (mut reqs, mut respond): (Vec<Request>, Vec<bool>) = reqs.into_iter().unzip();
+        let mut reqs = reqs;
         // A WorkManager that passivated after it was looked up hands the call back, and it
         // goes to the shop's next one (a few times at most: each is new and busy).
         for _ in 0..3 {
-            let first = reqs.first().map(|r| &*r.item);
+            let first = reqs.first().map(|(r, _)| &*r.item);
             let wm = self.work_manager(shop, first).await?;
             let deadline = std::time::Instant::now() + self.deps.reply_timeout;
             let (call, answered) = Call::new(reqs.len(), deadline);
-            match wm.addr.try_send(Submit {
-                reqs,
-                respond,
-                call,
-            }) {
+            match wm.addr.try_send(Submit { reqs, call }) {
                 Ok(()) => {}
                 // The shop's mailbox is the queue in front of its WorkManager: full, the
                 // call is refused (429) rather than queued without bound.
                 Err(SendError::Full(_)) => return Err(EngineError::Overloaded),
                 Err(SendError::Closed(msg)) => {
-                    (reqs, respond) = (msg.reqs, msg.respond);
+                    reqs = msg.reqs;
                     continue;
                 }
             }
             match answered.await {
-                Ok(Err(SubmitError::Passivated(back, waits))) => (reqs, respond) = (back, waits),
+                Ok(Err(SubmitError::Passivated(back))) => reqs = back,
                 Ok(result) => return Ok(result?),
                 // The WorkManager stopped with the call unanswered: only at shutdown.
                 Err(_) => return Err(EngineError::ShuttingDown),
