@@ -533,13 +533,14 @@ CASES = [
 
 
 def settle(nodes, book, seconds):
-    """Waits until every request answered 202 polls decided on the node that took it
-    (another node knows a key only once it is journaled), and every hold answered
-    `held` has ended: with a shared log a hold's expiry travels through the requests
-    topic like any request, so it ends a log round trip after its TTL, later than
-    faults.reconcile's fixed wait allows for on a slow test broker. Returns the keys
-    still undecided after `seconds`, and a note for each hold still held then, with
-    what the nodes' logs say of it (the holds are counted by reconcile)."""
+    """Waits until every request accepted (answered 202, or `accepted` in a batch) polls
+    decided on the node that took it (another node knows a key only once it is
+    journaled), and every hold answered `held` has ended: with a shared log a hold's
+    expiry travels through the requests topic like any request, so it ends a log round
+    trip after its TTL, later than faults.reconcile's fixed wait allows for on a slow
+    test broker. Returns the keys still undecided after `seconds`, and a note for each
+    hold still held then, with what the nodes' logs say of it (the holds are counted by
+    reconcile)."""
     port = {n.id: n.port for n in nodes}
     deadline = time.time() + seconds
     held = []
@@ -554,7 +555,10 @@ def settle(nodes, book, seconds):
                                 f"{why_undecided(nodes, hold_id, 'holds')}")
                     break
                 time.sleep(0.1)
-    waiting = [k for k, t in book.txns.items() if t["http"] == 202]
+    # Accepted: a 202, or a batch's fire-and-forget entry answered `accepted` (its call
+    # answered 200).
+    waiting = [k for k, t in book.txns.items()
+               if t["http"] == 202 or (t["answer"] or {}).get("status") == "accepted"]
     left = []
     for key in waiting:
         while True:
