@@ -162,8 +162,17 @@ impl Dispatcher {
 
     /// Sends each request to its shard, one message per shard, keeping arrival order.
     pub fn dispatch(&self, reqs: Vec<Request>) {
-        if let [only] = reqs.as_slice() {
-            let s = self.shard_of(&only.shop, &only.item);
+        let Some(first) = reqs.first() else {
+            return;
+        };
+        // Most often every request is of one shard (one item, a shop's few, or one shard
+        // in all): the list goes whole, not copied request by request into a new one.
+        let s = self.shard_of(&first.shop, &first.item);
+        if self.shards.len() == 1
+            || reqs[1..]
+                .iter()
+                .all(|r| self.shard_of(&r.shop, &r.item) == s)
+        {
             self.shards[s].do_send(Enqueue(reqs));
             return;
         }

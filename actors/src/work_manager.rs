@@ -189,6 +189,23 @@ pub struct WorkManager {
     held: Option<bool>,
 }
 
+/// A call's new requests, kept as one list that is handed to the request log whole (a
+/// request is a few hundred bytes, and a call can carry thousands), with each one's place
+/// in the call and whether its caller waits.
+struct Fresh {
+    reqs: Vec<Request>,
+    at: Vec<(usize, bool)>,
+}
+
+impl Fresh {
+    fn with_capacity(n: usize) -> Fresh {
+        Fresh {
+            reqs: Vec::with_capacity(n),
+            at: Vec::with_capacity(n),
+        }
+    }
+}
+
 impl WorkManager {
     pub fn new(shop: Arc<str>, deps: Arc<Deps>, status: Arc<ShopStatus>) -> WorkManager {
         WorkManager {
@@ -336,7 +353,7 @@ impl WorkManager {
             !self.deps.outcomes.surely_new(&self.shop, &refs)
         };
         let mut known = Vec::new();
-        let mut new = Vec::with_capacity(n_new);
+        let mut new = Fresh::with_capacity(n_new);
         for (index, ((req, respond), place)) in reqs.into_iter().zip(places).enumerate() {
             let waiter = Waiter {
                 call: call.clone(),
@@ -369,7 +386,8 @@ impl WorkManager {
                         since: taken,
                     };
                     self.in_flight.insert(req.key.clone(), flight);
-                    new.push((index, req, respond));
+                    new.reqs.push(req);
+                    new.at.push((index, respond));
                 }
             }
         }
@@ -386,7 +404,7 @@ impl WorkManager {
         &mut self,
         call: Arc<Call>,
         known: Vec<(usize, Reply)>,
-        new: Vec<(usize, Request, bool)>,
+        new: Fresh,
         unknown: Vec<Arc<str>>,
         ctx: &mut Context<Self>,
     ) {
@@ -433,7 +451,7 @@ impl WorkManager {
         &mut self,
         call: Arc<Call>,
         mut known: Vec<(usize, Reply)>,
-        new: Vec<(usize, Request, bool)>,
+        new: Fresh,
         found: Result<Vec<Outcome>, StoreError>,
     ) {
         let found = match found {
@@ -441,7 +459,7 @@ impl WorkManager {
             Err(e) => {
                 // Nothing of the call was handed on: its claims go. A repeat that came
                 // meanwhile is answered `pending` at its deadline, and may be sent again.
-                let keys: Vec<Arc<str>> = new.iter().map(|(_, r, _)| r.key.clone()).collect();
+                let keys: Vec<Arc<str>> = new.reqs.iter().map(|r| r.key.clone()).collect();
                 self.unclaim(&call, &keys);
                 return call.fail(SubmitError::Store(e));
             }
@@ -450,9 +468,9 @@ impl WorkManager {
             .into_iter()
             .map(|o| (o.request_key.clone(), Arc::new(o)))
             .collect();
-        let mut rest = Vec::with_capacity(new.len());
+        let mut rest = Fresh::with_capacity(new.reqs.len());
         let mut decided = Vec::new();
-        for (index, req, respond) in new {
+        for (req, (index, respond)) in new.reqs.into_iter().zip(new.at) {
             match found.get(&req.key) {
                 Some(o) => {
                     if !respond {
@@ -460,7 +478,10 @@ impl WorkManager {
                     }
                     decided.push(o.clone());
                 }
-                None => rest.push((index, req, respond)),
+                None => {
+                    rest.reqs.push(req);
+                    rest.at.push((index, respond));
+                }
             }
         }
         if !decided.is_empty() {
@@ -478,12 +499,15 @@ impl WorkManager {
         &mut self,
         call: &Arc<Call>,
         known: Vec<(usize, Reply)>,
-        new: Vec<(usize, Request, bool)>,
+        new: Fresh,
     ) -> Result<(), SubmitError> {
         let mut known = known;
-        let mut keys = Vec::with_capacity(new.len());
-        let mut to_log = Vec::with_capacity(new.len());
-        for (index, mut req, respond) in new {
+        let Fresh {
+            reqs: mut to_log,
+            at,
+        } = new;
+        let mut keys = Vec::with_capacity(to_log.len());
+        for (req, &(index, respond)) in to_log.iter_mut().zip(&at) {
             req.logged = !respond;
             if !respond {
                 // Every new flight starts not `logged`: only fire-and-forget marks it.
@@ -493,7 +517,6 @@ impl WorkManager {
                 known.push((index, Reply::Accepted));
             }
             keys.push(req.key.clone());
-            to_log.push(req);
         }
         if !to_log.is_empty() {
             let ack = to_log.iter().any(|r| r.logged).then(|| call.log_ack());
@@ -583,13 +606,16 @@ impl WorkManager {
         let now = Instant::now();
         let stage = &self.deps.metrics.stage;
         let reply = sent.map(|sent| now.saturating_duration_since(sent).as_secs_f64());
+        // Counted here and added to the shared histograms once for the lot.
+        let (total_seen, reply_seen) = (stage.total.local(), stage.reply.local());
         for w in waiters.filter(|w| w.call.deadline > now) {
-            let total = now.saturating_duration_since(w.taken).as_secs_f64();
-            stage.total.observe(total);
+            total_seen.observe(now.saturating_duration_since(w.taken).as_secs_f64());
             if let Some(reply) = reply {
-                stage.reply.observe(reply);
+                reply_seen.observe(reply);
             }
         }
+        total_seen.flush();
+        reply_seen.flush();
     }
 
     /// Drops reply handles whose caller has given up (timed out or disconnected). With

@@ -198,11 +198,12 @@ impl RequestLog for EmbeddedLog {
             };
             let h = &mut held[at].1;
             let logged = h.logged.len();
-            for r in reqs {
-                if r.logged {
-                    h.logged.push(r.clone());
-                }
-                h.reqs.push(r);
+            h.logged.extend(reqs.iter().filter(|r| r.logged).cloned());
+            // The burst's first call's list is kept whole, not copied.
+            if h.reqs.is_empty() {
+                h.reqs = reqs;
+            } else {
+                h.reqs.extend(reqs);
             }
             match ack {
                 Some(ack) if h.logged.len() > logged => h.acks.push(ack),

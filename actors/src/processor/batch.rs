@@ -192,10 +192,14 @@ impl Processor {
         }
         match self.decide(&req, now, &mut b.touched) {
             Decision::Apply(entry) => {
-                if let (Some(cluster), Some(o)) = (&mut self.cluster, entry.outcome()) {
-                    let key = (req.shop.clone(), req.key.clone());
-                    cluster.applied(key.clone(), Arc::new(o));
-                    b.keys.push(key);
+                // An outcome is built only where one is kept or told: a tuple such as
+                // `(&self.cluster, entry.outcome())` would build it for every entry.
+                if let Some(cluster) = &mut self.cluster {
+                    if let Some(o) = entry.outcome() {
+                        let key = (req.shop.clone(), req.key.clone());
+                        cluster.applied(key.clone(), Arc::new(o));
+                        b.keys.push(key);
+                    }
                 }
                 if let (Status::Ok, Some(sale)) = (entry.status, &entry.return_of) {
                     b.returns
@@ -208,8 +212,10 @@ impl Processor {
                         b.ended.push(key);
                     }
                 }
-                if let (Some(tx), Some(o)) = (early, entry.outcome()) {
-                    b.early.push((tx, Arc::new(o)));
+                if let Some(tx) = early {
+                    if let Some(o) = entry.outcome() {
+                        b.early.push((tx, Arc::new(o)));
+                    }
                 }
                 self.push_entry(entry, b);
             }
