@@ -123,7 +123,7 @@ impl From<SubmitError> for EngineError {
             SubmitError::Overloaded => EngineError::Overloaded,
             SubmitError::Store(s) => EngineError::Store(s),
             // Handled by `Engine::submit`, which sends the call to the new WorkManager.
-            SubmitError::Passivated(_) => EngineError::ShuttingDown,
+            SubmitError::Passivated(..) => EngineError::ShuttingDown,
         }
     }
 }
@@ -499,26 +499,31 @@ impl Engine {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
-        let mut reqs = reqs;
+        // Split here, on the caller's thread: the requests travel on as one list.
+        let (mut reqs, mut respond): (Vec<Request>, Vec<bool>) = reqs.into_iter().unzip();
         // A WorkManager that passivated after it was looked up hands the call back, and it
         // goes to the shop's next one (a few times at most: each is new and busy).
         for _ in 0..3 {
-            let first = reqs.first().map(|(r, _)| &*r.item);
+            let first = reqs.first().map(|r| &*r.item);
             let wm = self.work_manager(shop, first).await?;
             let deadline = std::time::Instant::now() + self.deps.reply_timeout;
             let (call, answered) = Call::new(reqs.len(), deadline);
-            match wm.addr.try_send(Submit { reqs, call }) {
+            match wm.addr.try_send(Submit {
+                reqs,
+                respond,
+                call,
+            }) {
                 Ok(()) => {}
                 // The shop's mailbox is the queue in front of its WorkManager: full, the
                 // call is refused (429) rather than queued without bound.
                 Err(SendError::Full(_)) => return Err(EngineError::Overloaded),
                 Err(SendError::Closed(msg)) => {
-                    reqs = msg.reqs;
+                    (reqs, respond) = (msg.reqs, msg.respond);
                     continue;
                 }
             }
             match answered.await {
-                Ok(Err(SubmitError::Passivated(back))) => reqs = back,
+                Ok(Err(SubmitError::Passivated(back, waits))) => (reqs, respond) = (back, waits),
                 Ok(result) => return Ok(result?),
                 // The WorkManager stopped with the call unanswered: only at shutdown.
                 Err(_) => return Err(EngineError::ShuttingDown),

@@ -231,7 +231,7 @@ pub enum SubmitError {
     /// This WorkManager has passivated: nothing of the call was taken in, and the engine
     /// sends it to the shop's new WorkManager.
     #[error("the shop's WorkManager passivated")]
-    Passivated(Vec<(Request, bool)>),
+    Passivated(Vec<Request>, Vec<bool>),
     #[error(transparent)]
     Store(StoreError),
 }

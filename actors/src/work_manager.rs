@@ -308,13 +308,19 @@ impl WorkManager {
         );
     }
 
-    fn submit(&mut self, reqs: Vec<(Request, bool)>, call: Arc<Call>, ctx: &mut Context<Self>) {
+    fn submit(
+        &mut self,
+        reqs: Vec<Request>,
+        respond: Vec<bool>,
+        call: Arc<Call>,
+        ctx: &mut Context<Self>,
+    ) {
         if self.passivated {
-            return call.fail(SubmitError::Passivated(reqs));
+            return call.fail(SubmitError::Passivated(reqs, respond));
         }
         self.status.touch();
         let taken = Instant::now();
-        match self.admit(reqs, &call, taken, ctx) {
+        match self.admit(reqs, &respond, &call, taken, ctx) {
             Ok(()) => {
                 self.deadlines.push(call);
                 self.arm_deadline(ctx);
@@ -331,7 +337,8 @@ impl WorkManager {
     /// to the request log now ([`WorkManager::hand_on`]).
     fn admit(
         &mut self,
-        reqs: Vec<(Request, bool)>,
+        reqs: Vec<Request>,
+        respond: &[bool],
         call: &Arc<Call>,
         taken: Instant,
         ctx: &mut Context<Self>,
@@ -341,7 +348,7 @@ impl WorkManager {
             .iter()
             .zip(&places)
             .filter(|(_, p)| matches!(p, Place::New))
-            .map(|((r, _), _)| r.key.clone())
+            .map(|(r, _)| r.key.clone())
             .collect();
         // Admission: reserve room for every new key or refuse the whole call.
         let n_new = unknown.len();
@@ -353,15 +360,15 @@ impl WorkManager {
             !self.deps.outcomes.surely_new(&self.shop, &refs)
         };
         let mut known = Vec::new();
-        let mut new = Fresh::with_capacity(n_new);
-        for (index, ((req, respond), place)) in reqs.into_iter().zip(places).enumerate() {
+        let mut at = Vec::with_capacity(n_new);
+        for (index, ((req, &respond), place)) in reqs.iter().zip(respond).zip(&places).enumerate() {
             let waiter = Waiter {
                 call: call.clone(),
                 index,
                 taken,
             };
             match place {
-                Place::Known(outcome) => known.push((index, Reply::Repeat(outcome))),
+                Place::Known(outcome) => known.push((index, Reply::Repeat(outcome.clone()))),
                 // A repeat of a key in flight waits for the same decision. That is also
                 // how a fire-and-forget repeat gets its 202: this call cannot know
                 // whether the first submission is durable yet, but a journaled outcome
@@ -386,11 +393,21 @@ impl WorkManager {
                         since: taken,
                     };
                     self.in_flight.insert(req.key.clone(), flight);
-                    new.reqs.push(req);
-                    new.at.push((index, respond));
+                    at.push((index, respond));
                 }
             }
         }
+        // Every request new (the usual): the call's list goes on as it came.
+        let reqs = if at.len() == reqs.len() {
+            reqs
+        } else {
+            reqs.into_iter()
+                .zip(&places)
+                .filter(|(_, p)| matches!(p, Place::New))
+                .map(|(r, _)| r)
+                .collect()
+        };
+        let new = Fresh { reqs, at };
         if !screen {
             return self.hand_on(call, known, new);
         }
@@ -428,10 +445,10 @@ impl WorkManager {
     /// a decision in flight (or for an earlier request of the same call), or new. One
     /// look at the recent outcomes and one at the keys in flight per request; a call of
     /// one request (the API's usual) needs no set of the keys it has seen.
-    fn place_keys(&self, reqs: &[(Request, bool)]) -> Vec<Place> {
+    fn place_keys(&self, reqs: &[Request]) -> Vec<Place> {
         let mut seen: HashSet<&Arc<str>, KeyHash> = HashSet::default();
         reqs.iter()
-            .map(|(r, _)| {
+            .map(|r| {
                 if let Some(outcome) = self.recent.get(&r.key) {
                     Place::Known(outcome.clone())
                 } else if self.in_flight.contains_key(&r.key)
@@ -741,14 +758,18 @@ impl Actor for WorkManager {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Submit {
-    pub reqs: Vec<(Request, bool)>,
+    /// The call's requests, in order: kept as one list from the caller to the request
+    /// log (a request is a few hundred bytes, and a call can carry thousands).
+    pub reqs: Vec<Request>,
+    /// For each request, whether its caller waits for the outcome.
+    pub respond: Vec<bool>,
     pub call: Arc<Call>,
 }
 
 impl Handler<Submit> for WorkManager {
     type Result = ();
     fn handle(&mut self, msg: Submit, ctx: &mut Self::Context) {
-        self.submit(msg.reqs, msg.call, ctx);
+        self.submit(msg.reqs, msg.respond, msg.call, ctx);
         self.release_held_later(ctx);
     }
 }
