@@ -198,6 +198,21 @@ struct Fresh {
 }
 
 impl Fresh {
+    /// The new requests of a call (those `places` says are new, whose places are `at`):
+    /// when every request is new (the usual), the call's list as it came.
+    fn of_call(reqs: Vec<Request>, places: &[Place], at: Vec<(usize, bool)>) -> Fresh {
+        let reqs = if at.len() == reqs.len() {
+            reqs
+        } else {
+            reqs.into_iter()
+                .zip(places)
+                .filter(|(_, p)| matches!(p, Place::New))
+                .map(|(r, _)| r)
+                .collect()
+        };
+        Fresh { reqs, at }
+    }
+
     fn with_capacity(n: usize) -> Fresh {
         Fresh {
             reqs: Vec::with_capacity(n),
@@ -397,17 +412,7 @@ impl WorkManager {
                 }
             }
         }
-        // Every request new (the usual): the call's list goes on as it came.
-        let reqs = if at.len() == reqs.len() {
-            reqs
-        } else {
-            reqs.into_iter()
-                .zip(&places)
-                .filter(|(_, p)| matches!(p, Place::New))
-                .map(|(r, _)| r)
-                .collect()
-        };
-        let new = Fresh { reqs, at };
+        let new = Fresh::of_call(reqs, &places, at);
         if !screen {
             return self.hand_on(call, known, new);
         }
