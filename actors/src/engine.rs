@@ -496,17 +496,29 @@ impl Engine {
         shop: &Arc<str>,
         reqs: Vec<(Request, bool)>,
     ) -> Result<Answers, EngineError> {
+        let deadline = std::time::Instant::now() + self.deps.reply_timeout;
+        self.submit_by(shop, reqs, deadline).await
+    }
+
+    /// [`Engine::submit`], answered by `deadline` (of a call that did something before,
+    /// so that the whole call keeps within the reply timeout).
+    pub(crate) async fn submit_by(
+        &self,
+        shop: &Arc<str>,
+        reqs: Vec<(Request, bool)>,
+        deadline: std::time::Instant,
+    ) -> Result<Answers, EngineError> {
         if self.is_closing() {
             return Err(EngineError::ShuttingDown);
         }
         // Split here, on the caller's thread: the requests travel on as one list.
         let (mut reqs, mut respond): (Vec<Request>, Vec<bool>) = reqs.into_iter().unzip();
         // A WorkManager that passivated after it was looked up hands the call back, and it
-        // goes to the shop's next one (a few times at most: each is new and busy).
+        // goes to the shop's next one (a few times at most: each is new and busy), by the
+        // same deadline.
         for _ in 0..3 {
             let first = reqs.first().map(|r| &*r.item);
             let wm = self.work_manager(shop, first).await?;
-            let deadline = std::time::Instant::now() + self.deps.reply_timeout;
             let (call, answered) = Call::new(reqs.len(), deadline);
             match wm.addr.try_send(Submit {
                 reqs,

@@ -8,8 +8,10 @@
 //! and a confirm after a cancel or an expiry with that ending.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::engine::{Engine, EngineError};
+use crate::ports::StoreError;
 use crate::reply::Reply;
 use crate::types::{hold_end_key, now_ms, Millis, Op, Outcome, Request, Status};
 use crate::work_manager::PollResult;
@@ -60,9 +62,21 @@ impl Engine {
         op: Op,
         firm: bool,
     ) -> Result<HoldEnd, EngineError> {
+        // One reply timeout for the whole call: the read that finds the hold and the
+        // ending's decision share it.
+        let deadline = Instant::now() + self.reply_timeout();
         // The hold's item routes the request to its processor. A hold is answered to
         // its maker only once durable, so the journal has every hold a caller can know.
-        let Some((item, qty, expires_at)) = self.hold_of(shop, hold_id).await? else {
+        let found = tokio::time::timeout_at(deadline.into(), self.hold_of(shop, hold_id))
+            .await
+            .map_err(|_| {
+                EngineError::Store(StoreError::Storage(format!(
+                    "hold {hold_id}: not found within the reply timeout ({} ms); nothing \
+                     was ended",
+                    self.reply_timeout().as_millis()
+                )))
+            })??;
+        let Some((item, qty, expires_at)) = found else {
             return Ok(HoldEnd::Unknown);
         };
         let req = Request {
@@ -77,7 +91,7 @@ impl Engine {
                 now_ms(),
             )
         };
-        let answers = self.submit(shop, vec![(req, true)]).await?;
+        let answers = self.submit_by(shop, vec![(req, true)], deadline).await?;
         let outcome = match answers.replies.into_iter().next() {
             Some(Reply::Repeat(o) | Reply::Decided(o)) => o,
             _ => return Ok(HoldEnd::Pending),
