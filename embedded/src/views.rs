@@ -1956,7 +1956,10 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
 
 impl Outcomes for SqliteStore {
     fn surely_new(&self, shop: &str, keys: &[&str]) -> bool {
-        !keys.iter().any(|k| self.may_hold(shop, k))
+        match self.log.get() {
+            Some(log) => !log.index.may_contain_any(shop, keys),
+            None => !keys.iter().any(|k| self.may_hold(shop, k)),
+        }
     }
 
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {

@@ -496,6 +496,21 @@ fn one_filter_covers_the_sealed_segments_and_those_sealed_after_it_is_built() {
         .filter(|i| f.index.may_contain("shop-a", &format!("never-{i}")))
         .count();
     assert_eq!(said_old, 0);
+    // A call's keys asked together: new only if every one is.
+    let never: Vec<String> = (0..1_000).map(|i| format!("never-{i}")).collect();
+    let mut asked: Vec<&str> = never.iter().map(String::as_str).collect();
+    assert!(!f.index.may_contain_any("shop-a", &asked));
+    let old = f
+        .written
+        .iter()
+        .find(|e| e.shop.as_ref() == "shop-a")
+        .unwrap();
+    asked.insert(500, old.request_key.as_deref().unwrap());
+    assert!(
+        f.index.may_contain_any("shop-a", &asked),
+        "an old key among new ones"
+    );
+    assert!(!f.index.may_contain_any("elsewhere", &asked[500..501]));
     // A retired segment's keys may stay in the filter; the others are still found.
     let first = f.index.sealed_segments()[0];
     f.log.retire_before(f.index.sealed_segments()[1]).unwrap();
