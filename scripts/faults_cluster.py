@@ -64,11 +64,18 @@ RECOVERY_MAX_S = 90.0
 SESSION_TIMEOUT_S = 10.0
 
 
+# Ports handed out by free_port in this process: each is free when checked but bound
+# only later by its server, so two draws must never give the same one (CI once saw a
+# node's first start fail with "address already in use").
+_HANDED_OUT = set()
+
+
 def free_port():
-    """A free loopback port below the kernel's ephemeral range: servers here are restarted
-    on their ports, and a port of that range, free while its server is down, can be taken
-    meanwhile as the source port of any outgoing connection (the other node's, the
-    load's), which makes the restart fail with "address already in use"."""
+    """A free loopback port below the kernel's ephemeral range, never one handed out
+    before in this process: servers here are restarted on their ports, and a port of
+    that range, free while its server is down, can be taken meanwhile as the source port
+    of any outgoing connection (the other node's, the load's), which makes the restart
+    fail with "address already in use"."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral_low = int(f.read().split()[0])
@@ -83,12 +90,15 @@ def free_port():
     rnd = random.Random()
     for _ in range(1000):
         port = rnd.randrange(low, ephemeral_low)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError(f"no free loopback port between {low} and {ephemeral_low}")
 
 
