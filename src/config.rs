@@ -84,6 +84,11 @@ pub struct ServeArgs {
     /// engine's threads (`arbiters`), beside the shards, with no thread crossed per call.
     #[arg(long, env = "NRTXN_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
+    /// Keep each engine thread on a core of its own when the cores the server may use
+    /// are exactly one per engine thread (`arbiters`); turn it off when other busy
+    /// processes, another node among them, share those cores [default: true].
+    #[arg(long, env = "NRTXN_PIN_THREADS", action = clap::ArgAction::Set)]
+    pub pin_threads: Option<bool>,
     /// Most entries a shard applies and journals as one batch [default: 4096].
     #[arg(long, env = "NRTXN_BATCH_MAX")]
     pub batch_max: Option<usize>,
@@ -519,6 +524,7 @@ impl ServeArgs {
             )? as i64
                 * 86_400_000,
             hold_expiry_copies: nrtxn_log::faults::expiry_copies().unwrap_or(d.hold_expiry_copies),
+            pin_threads: pick!(s, file, pin_threads, true),
         })
     }
 

@@ -555,3 +555,83 @@ async fn grafana_dashboard_and_readme_cover_every_metric_the_server_exposes() {
         "the dashboard reads metrics the manual does not list: {unknown:?}"
     );
 }
+
+/// A `Cpus_allowed_list` (`0-1,4`) as its cores.
+fn core_list(list: &str) -> BTreeSet<usize> {
+    let mut cores = BTreeSet::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (from, to) = part.split_once('-').unwrap_or((part, part));
+        cores.extend(from.parse::<usize>().unwrap()..=to.parse::<usize>().unwrap());
+    }
+    cores
+}
+
+/// The cores a thread (`/proc/PID/task/TID`, or `/proc/self`) may run on.
+fn allowed_cores(proc_dir: &Path) -> BTreeSet<usize> {
+    let status = read(&proc_dir.join("status"));
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in status");
+    core_list(list)
+}
+
+/// The cores each engine thread (`actix-rt|…`) of a running server may run on, once
+/// `placed` holds of them or after `wait`, whichever comes first.
+fn engine_thread_cores(
+    pid: u32,
+    wait: std::time::Duration,
+    placed: impl Fn(&[BTreeSet<usize>]) -> bool,
+) -> Vec<BTreeSet<usize>> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads");
+        let cores: Vec<BTreeSet<usize>> = tasks
+            .map(|t| t.unwrap().path())
+            .filter(|t| read(&t.join("comm")).starts_with("actix-rt"))
+            .map(|t| allowed_cores(&t))
+            .collect();
+        if placed(&cores) || std::time::Instant::now() > deadline {
+            return cores;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn engine_threads_are_kept_one_to_a_core_only_when_the_cores_allowed_are_one_each() {
+    use common::Server;
+    use std::time::Duration;
+    let allowed = allowed_cores(Path::new("/proc/self"));
+    let one_each = allowed.len().to_string();
+    let one_each_pinned = |cores: &[BTreeSet<usize>]| {
+        cores.len() == allowed.len()
+            && cores.iter().all(|c| c.len() == 1)
+            && cores.iter().flatten().copied().collect::<BTreeSet<_>>() == allowed
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--arbiters", &one_each]);
+    let cores = engine_thread_cores(server.pid(), Duration::from_secs(10), one_each_pinned);
+    if allowed.len() >= 2 {
+        assert!(
+            one_each_pinned(&cores),
+            "{one_each} engine threads on the cores {allowed:?}: each should have a core of its own, they have {cores:?}"
+        );
+    }
+    drop(server);
+    // Turned off, or with more engine threads than cores, the scheduler places them.
+    let more = (allowed.len() + 1).to_string();
+    for flags in [
+        &["--arbiters", &one_each, "--pin-threads", "false"][..],
+        &["--arbiters", &more][..],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(dir.path(), flags);
+        // A placement is made as the server starts: a second is ample to see one.
+        let cores = engine_thread_cores(server.pid(), Duration::from_secs(1), one_each_pinned);
+        assert!(
+            !cores.is_empty() && cores.iter().all(|c| *c == allowed),
+            "with {flags:?} every engine thread should keep the cores {allowed:?}, they have {cores:?}"
+        );
+    }
+}

@@ -26,6 +26,7 @@ use crate::work_manager::{
 };
 
 mod builder;
+mod placement;
 
 pub use builder::EngineBuilder;
 
@@ -72,6 +73,9 @@ pub struct EngineConfig {
     /// [`crate::processor::EXPIRY_SENDS_MAX`], about ten minutes of copies. The tests lower
     /// it (`NRTXN_FAULT_EXPIRY_COPIES`) to reach the let-go in seconds.
     pub hold_expiry_copies: u8,
+    /// Keep each arbiter on a core of its own when the process may use exactly one core
+    /// per arbiter ([`placement`]).
+    pub pin_threads: bool,
 }
 
 impl Default for EngineConfig {
@@ -99,6 +103,8 @@ impl Default for EngineConfig {
             items_max: 2_000_000,
             return_window_ms: crate::returns::RETURN_WINDOW_MS_DEFAULT,
             hold_expiry_copies: crate::processor::EXPIRY_SENDS_MAX,
+            // The server's default is on; engines made in tests share their process.
+            pin_threads: false,
         }
     }
 }

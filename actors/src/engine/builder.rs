@@ -69,6 +69,14 @@ impl EngineBuilder {
             .map(|_| Arbiter::new())
             .collect();
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
+        if self.cfg.pin_threads {
+            match placement::pin_arbiters(&arbiters) {
+                Some(cores) => tracing::info!(?cores, "engine threads kept one to a core"),
+                None => tracing::info!(
+                    "engine threads left to the scheduler: the cores allowed are not one per arbiter"
+                ),
+            }
+        }
         let registry: Registry = Arc::new(DashMap::default());
         let (order_hook, nudges) = nudge_queue();
         let shards = self.start_shards(&mut recovered, &arbiters, &registry, order_hook);
