@@ -51,6 +51,9 @@ fn main() {
         let cfg = EngineConfig {
             inflight_max: 10_000_000,
             shop_pending_max: 10_000_000,
+            // As the server places its threads by default (`NRTXN_PIN_THREADS=false`
+            // leaves them to the scheduler, as the server's flag does).
+            pin_threads: std::env::var("NRTXN_PIN_THREADS").map_or(true, |v| v != "false"),
             ..EngineConfig::default()
         };
         let engine = Engine::start(

@@ -1150,7 +1150,7 @@ impl Outcomes for LogJournal {
     /// views once they hold everything durable).
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {
         // The views ask each key's filter once (the log's index, or their own).
-        if self.index.is_none() && keys.iter().any(|k| self.views.may_hold(shop, k)) {
+        if self.index.is_none() && self.views.may_hold_any(shop, keys) {
             self.progress.wait_views()?;
         }
         self.views.outcomes(shop, keys)

@@ -797,6 +797,15 @@ impl SqliteStore {
         }
     }
 
+    /// Whether any of `keys` may have an outcome, as [`SqliteStore::may_hold`] for each,
+    /// the log's index asked under one read of its lock; none of no keys.
+    pub(crate) fn may_hold_any(&self, shop: &str, keys: &[&str]) -> bool {
+        match self.log.get() {
+            Some(log) => log.index.may_contain_any(shop, keys),
+            None => keys.iter().any(|k| self.may_hold(shop, k)),
+        }
+    }
+
     fn latest(&self) -> MutexGuard<'_, States> {
         lock_states(&self.latest)
     }
@@ -1956,10 +1965,7 @@ fn outcome_row(row: &rusqlite::Row<'_>) -> Result<Outcome, rusqlite::Error> {
 
 impl Outcomes for SqliteStore {
     fn surely_new(&self, shop: &str, keys: &[&str]) -> bool {
-        match self.log.get() {
-            Some(log) => !log.index.may_contain_any(shop, keys),
-            None => !keys.iter().any(|k| self.may_hold(shop, k)),
-        }
+        !self.may_hold_any(shop, keys)
     }
 
     fn outcomes(&self, shop: &str, keys: &[&str]) -> Result<Vec<Option<Outcome>>, StoreError> {

@@ -4,8 +4,8 @@
 //! processors placed on it; the thread of the shards is the busiest. Left to the
 //! scheduler on two cores, the two arbiters, the log's writer and a client on the same
 //! machine move between the cores, and the busiest arbiter often waits behind another
-//! thread while a core is free. Kept one to a core, every scenario but `batch` decided
-//! 1.04 to 1.3 times as many requests a second, at the same CPU a decision
+//! thread while a core is free. Kept one to a core, single requests were decided 1.03
+//! to 1.12 times as fast on two cores, orders and batches alike
 //! (`docs/decisions/thread-placement.md`).
 //!
 //! Only when the cores the process may use are exactly one per arbiter: on a machine
