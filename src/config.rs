@@ -735,7 +735,7 @@ mod tests {
         let path = dir.path().join("nrtxn.toml");
         std::fs::write(
             &path,
-            "shards = 3\nbatch_max = 100\nlisten = \"127.0.0.1:9\"\n",
+            "shards = 3\nbatch_max = 100\nlisten = \"127.0.0.1:9\"\npin_threads = false\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -745,6 +745,11 @@ mod tests {
         };
         let s = args.resolve().unwrap();
         assert_eq!(s.log_format, LogFormat::Text, "the default");
+        assert!(!s.engine.pin_threads, "from the file");
+        assert!(
+            ServeArgs::default().resolve().unwrap().engine.pin_threads,
+            "on by default"
+        );
         assert_eq!(s.engine.shards, 3);
         assert_eq!(s.engine.batch_max, 7);
         assert_eq!(s.listen, "127.0.0.1:9");
