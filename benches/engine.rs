@@ -38,6 +38,18 @@ fn cpu_seconds() -> f64 {
     (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
 }
 
+/// `NRTXN_PIN_THREADS` as the server's flag reads it: `true` (or unset) or `false`.
+fn pin_threads() -> bool {
+    match std::env::var("NRTXN_PIN_THREADS").as_deref() {
+        Err(_) | Ok("true") => true,
+        Ok("false") => false,
+        Ok(other) => {
+            eprintln!("NRTXN_PIN_THREADS: `{other}` is neither `true` nor `false`");
+            std::process::exit(2)
+        }
+    }
+}
+
 fn main() {
     let total = arg(0, 1_000_000);
     let chunk = arg(1, 1_000);
@@ -53,7 +65,7 @@ fn main() {
             shop_pending_max: 10_000_000,
             // As the server places its threads by default (`NRTXN_PIN_THREADS=false`
             // leaves them to the scheduler, as the server's flag does).
-            pin_threads: std::env::var("NRTXN_PIN_THREADS").map_or(true, |v| v != "false"),
+            pin_threads: pin_threads(),
             ..EngineConfig::default()
         };
         let engine = Engine::start(
@@ -86,9 +98,13 @@ fn main() {
                         (
                             Request {
                                 seller: Some("seller".into()),
+                                // Names of their own, as the API parses each request's
+                                // (`validate::path_segment`): one name shared by every
+                                // request would have its count bounce between the
+                                // benchmark's thread and the engine's at each clone.
                                 ..Request::new(
-                                    shop.clone(),
-                                    item.clone(),
+                                    Arc::from(&*shop),
+                                    Arc::from(&*item),
                                     format!("seller:hot:{i}").into(),
                                     Op::Decrement,
                                     1,
