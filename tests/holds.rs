@@ -321,6 +321,43 @@ async fn holds_and_orders_are_extended_while_pending() {
 /// The shop's holds and orders are listed by item, buyer and state, a page at a time in
 /// id order, ended ones too, and the same after a SIGKILL; bad parameters name
 /// themselves.
+/// An extension keeps within one reply timeout, its reads of the hold and its decision
+/// together, as a hold's ending does: with each read of holds held back 1 s and each
+/// journal write 4 s (a slow disk), the call is answered `504` at about the reply
+/// timeout (1.5 s), not after the read plus a whole reply timeout more (2.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_is_answered_within_one_reply_timeout_when_its_reads_are_slow() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    let (status, h) = hold(&c, &server, "s", "h1", "a", 2, 600_000).await;
+    assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
+    server.kill();
+
+    let slow = [
+        ("NRTXN_FAULT_JOURNAL_HOLD_READ_MS", "1000"),
+        ("NRTXN_FAULT_JOURNAL_HOLD_MS", "4000"),
+    ];
+    let server = Server::start_env(dir.path(), &["--reply-timeout-ms", "1500"], &slow);
+    wait_ready(&c, &server).await;
+    let asked = std::time::Instant::now();
+    let (status, body) = post(
+        &c,
+        &holds_url(&server, "s", "/h1/extend"),
+        json!({"ttl_ms": 60_000}),
+    )
+    .await;
+    let took = asked.elapsed();
+    assert_eq!((status, &body["error"]), (504, &json!("timeout")), "{body}");
+    assert!(
+        took >= std::time::Duration::from_millis(1_400)
+            && took < std::time::Duration::from_millis(2_200),
+        "answered after {took:?}: the read (1 s) and the decision share one reply timeout \
+         (1.5 s)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_and_orders_are_listed_by_item_buyer_and_state_in_pages() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,7 @@
 //! call and answers with what this returns.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::checkback::CheckAction;
 use crate::engine::{Engine, EngineError};
@@ -47,7 +48,13 @@ impl Engine {
         if hold_id.starts_with('~') {
             return Ok(Extended::Unknown);
         }
-        let Some(h) = self.hold(shop, hold_id).await? else {
+        // One reply timeout for the whole call, as a hold's ending has: the reads that
+        // find the hold and the extension's decision share it.
+        let deadline = Instant::now() + self.reply_timeout();
+        let Some(h) = self
+            .read_by(deadline, hold_id, "extended", self.hold(shop, hold_id))
+            .await?
+        else {
             return Ok(Extended::Unknown);
         };
         // An order's record is kept as a hold under the order's id: it is extended with
@@ -59,7 +66,8 @@ impl Engine {
             let why = format!("hold {hold_id} is {}, not held", h.status.as_str());
             return Ok(Extended::NotPending(h, why));
         }
-        let made_at = match self.poll(shop, hold_id.clone()).await? {
+        let polled = self.poll(shop, hold_id.clone());
+        let made_at = match self.read_by(deadline, hold_id, "extended", polled).await? {
             PollResult::Decided(o) => o.completed_at,
             _ => h.expires_at,
         };
@@ -72,7 +80,7 @@ impl Engine {
         // A caller's extension, unlike a check-back's, does not outlast the expiry.
         let mut ext = extension(shop, &h, now, until);
         ext.by_check = false;
-        let o = self.decide_one(shop, ext).await?;
+        let o = self.decide_one_by(shop, ext, deadline).await?;
         match (o.status, o.expires_at) {
             (Status::Ok, Some(expires_at)) => Ok(Extended::Done(HoldView {
                 expires_at,
@@ -80,18 +88,39 @@ impl Engine {
                 ..h
             })),
             // It ended between the read and the extension, or is past its expiry (which
-            // a caller's extension does not undo): as it now stands.
-            _ => match self.hold(shop, hold_id).await? {
-                Some(h) if h.status == HoldStatus::Held => {
-                    let why = format!("hold {hold_id} is past its expiry");
+            // a caller's extension does not undo): as it now stands, if it can still be
+            // read in time, else as it was read.
+            _ => match self
+                .read_by(deadline, hold_id, "extended", self.hold(shop, hold_id))
+                .await
+            {
+                Err(_) => {
+                    let why = format!(
+                        "hold {hold_id} was not extended, and could not be read again \
+                         within the reply timeout"
+                    );
                     Ok(Extended::NotPending(h, why))
                 }
-                Some(h) => {
-                    let why = format!("hold {hold_id} is {}, not held", h.status.as_str());
-                    Ok(Extended::NotPending(h, why))
-                }
-                None => Ok(Extended::Unknown),
+                Ok(now) => Self::as_it_stands(hold_id, now),
             },
+        }
+    }
+
+    /// A hold read again after an extension that did not take: why it is not pending.
+    fn as_it_stands(
+        hold_id: &str,
+        now: Option<HoldView>,
+    ) -> Result<Extended<HoldView>, EngineError> {
+        match now {
+            Some(h) if h.status == HoldStatus::Held => {
+                let why = format!("hold {hold_id} is past its expiry");
+                Ok(Extended::NotPending(h, why))
+            }
+            Some(h) => {
+                let why = format!("hold {hold_id} is {}, not held", h.status.as_str());
+                Ok(Extended::NotPending(h, why))
+            }
+            None => Ok(Extended::Unknown),
         }
     }
 

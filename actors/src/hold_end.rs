@@ -7,6 +7,7 @@
 //! [`hold_end_key`], so a hold ends once: a second confirm is answered with the first,
 //! and a confirm after a cancel or an expiry with that ending.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -67,15 +68,9 @@ impl Engine {
         let deadline = Instant::now() + self.reply_timeout();
         // The hold's item routes the request to its processor. A hold is answered to
         // its maker only once durable, so the journal has every hold a caller can know.
-        let found = tokio::time::timeout_at(deadline.into(), self.hold_of(shop, hold_id))
-            .await
-            .map_err(|_| {
-                EngineError::Store(StoreError::Storage(format!(
-                    "hold {hold_id}: not found within the reply timeout ({} ms); nothing \
-                     was ended",
-                    self.reply_timeout().as_millis()
-                )))
-            })??;
+        let found = self
+            .read_by(deadline, hold_id, "ended", self.hold_of(shop, hold_id))
+            .await?;
         let Some((item, qty, expires_at)) = found else {
             return Ok(HoldEnd::Unknown);
         };
@@ -113,6 +108,27 @@ impl Engine {
             expires_at: outcome.expires_at.unwrap_or(expires_at),
             outcome,
         })
+    }
+
+    /// `read`, a step of a caller's call about hold `hold_id` whose one reply timeout ends
+    /// at `deadline`: past it, a storage error (a `503`) saying that nothing was
+    /// `changed` (ended, extended).
+    pub(crate) async fn read_by<T>(
+        &self,
+        deadline: Instant,
+        hold_id: &str,
+        changed: &str,
+        read: impl Future<Output = Result<T, EngineError>>,
+    ) -> Result<T, EngineError> {
+        tokio::time::timeout_at(deadline.into(), read)
+            .await
+            .map_err(|_| {
+                EngineError::Store(StoreError::Storage(format!(
+                    "hold {hold_id}: not read within the reply timeout ({} ms); nothing was \
+                     {changed}",
+                    self.reply_timeout().as_millis()
+                )))
+            })?
     }
 
     /// The item, quantity and expiry of hold `hold_id`, which route its ending; `None`

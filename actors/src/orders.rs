@@ -154,7 +154,18 @@ impl Engine {
         shop: &Arc<str>,
         req: Request,
     ) -> Result<Arc<Outcome>, EngineError> {
-        let answers = self.submit(shop, vec![(req, true)]).await?;
+        let deadline = std::time::Instant::now() + self.reply_timeout();
+        self.decide_one_by(shop, req, deadline).await
+    }
+
+    /// [`Engine::decide_one`], answered by `deadline` (of a call that read before it).
+    pub(crate) async fn decide_one_by(
+        &self,
+        shop: &Arc<str>,
+        req: Request,
+        deadline: std::time::Instant,
+    ) -> Result<Arc<Outcome>, EngineError> {
+        let answers = self.submit_by(shop, vec![(req, true)], deadline).await?;
         match answers.replies.into_iter().next() {
             Some(Reply::Repeat(o) | Reply::Decided(o)) => Ok(o),
             _ => Err(EngineError::Timeout),

@@ -197,6 +197,8 @@ pub struct LogJournal {
     dir: PathBuf,
     /// A fault the tests inject: each read of items' states waits this long first.
     read_hold: Option<Duration>,
+    /// A fault the tests inject: each read of holds waits this long first.
+    hold_read_hold: Option<Duration>,
 }
 
 fn store_error(e: LogError) -> StoreError {
@@ -313,6 +315,7 @@ impl LogJournal {
             maintainer: Mutex::new(Some(maintainer)),
             dir,
             read_hold: nrtxn_log::faults::journal_read_hold(),
+            hold_read_hold: nrtxn_log::faults::journal_hold_read(),
         }))
     }
 
@@ -1180,6 +1183,9 @@ impl ItemReads for LogJournal {
     }
 
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
+        if let Some(hold) = self.hold_read_hold {
+            std::thread::sleep(hold);
+        }
         self.progress.wait_views()?;
         self.views.holds(shop, hold_ids)
     }
