@@ -88,17 +88,14 @@ impl Engine {
                 ..h
             })),
             // It ended between the read and the extension, or is past its expiry (which
-            // a caller's extension does not undo): as it now stands, if it can still be
-            // read in time, else as it was read.
+            // a caller's extension does not undo): as it now stands, or, if it cannot be
+            // read again in time, as it was read, with why.
             _ => match self
                 .read_by(deadline, hold_id, "extended", self.hold(shop, hold_id))
                 .await
             {
-                Err(_) => {
-                    let why = format!(
-                        "hold {hold_id} was not extended, and could not be read again \
-                         within the reply timeout"
-                    );
+                Err(e) => {
+                    let why = format!("hold {hold_id} was not extended ({e}), as last read");
                     Ok(Extended::NotPending(h, why))
                 }
                 Ok(now) => Self::as_it_stands(hold_id, now),
