@@ -198,7 +198,7 @@ pub struct LogJournal {
     /// A fault the tests inject: each read of items' states waits this long first.
     read_hold: Option<Duration>,
     /// A fault the tests inject: each read of holds waits this long first.
-    hold_read_hold: Option<Duration>,
+    read_hold_of_holds: Option<Duration>,
 }
 
 fn store_error(e: LogError) -> StoreError {
@@ -315,7 +315,7 @@ impl LogJournal {
             maintainer: Mutex::new(Some(maintainer)),
             dir,
             read_hold: nrtxn_log::faults::journal_read_hold(),
-            hold_read_hold: nrtxn_log::faults::journal_hold_read(),
+            read_hold_of_holds: nrtxn_log::faults::journal_read_hold_of_holds(),
         }))
     }
 
@@ -1183,7 +1183,7 @@ impl ItemReads for LogJournal {
     }
 
     fn holds(&self, shop: &str, hold_ids: &[&str]) -> Result<Vec<Option<HoldView>>, StoreError> {
-        if let Some(hold) = self.hold_read_hold {
+        if let Some(hold) = self.read_hold_of_holds {
             std::thread::sleep(hold);
         }
         self.progress.wait_views()?;

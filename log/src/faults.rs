@@ -28,7 +28,7 @@ pub fn journal_read_hold() -> Option<Duration> {
 /// `NRTXN_FAULT_JOURNAL_HOLD_READ_MS`: each read of holds from the embedded journal waits
 /// this long first, as a slow disk would: a call that reads a hold and then decides
 /// (an extension, an ending) is caught with its reply timeout partly spent reading.
-pub fn journal_hold_read() -> Option<Duration> {
+pub fn journal_read_hold_of_holds() -> Option<Duration> {
     fault_ms(
         "NRTXN_FAULT_JOURNAL_HOLD_READ_MS",
         "fault injected: each journal read of holds is held back",
