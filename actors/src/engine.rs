@@ -26,6 +26,7 @@ use crate::work_manager::{
 };
 
 mod builder;
+pub mod handoff;
 mod placement;
 
 pub use builder::EngineBuilder;

@@ -18,11 +18,12 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nrtxn_actors::engine::handoff::Sleeper;
 use nrtxn_actors::ports::{AppendDone, HoldPage, HoldQuery, ItemPage, Recovered, RelayPage};
 use nrtxn_actors::ports::{
     ItemReads, JournalWrite, Lifecycle, Outbox, OutboxReader, Outcomes, Sharing,
@@ -189,7 +190,7 @@ pub struct LogJournal {
     /// The log's index, which answers reads by key and by item (`None`: views with rows
     /// from before the log answer them; see `crate::log_reads`).
     index: Option<Arc<Index>>,
-    tx: SyncSender<Command>,
+    tx: Queue,
     progress: Arc<Progress>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Dropping the sender stops the maintenance thread.
@@ -295,6 +296,11 @@ impl LogJournal {
             .map_err(store_error)?;
         verify_in_background(end.unread, metrics.clone())?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
+        let sleeper = Arc::new(Sleeper::default());
+        let tx = Queue {
+            tx,
+            writer: sleeper.clone(),
+        };
         let after_sync = AfterSync {
             views: views.clone(),
             index: index.clone(),
@@ -303,7 +309,7 @@ impl LogJournal {
         };
         let writer = std::thread::Builder::new()
             .name("journal-log".into())
-            .spawn(move || run(writer, rx, after_sync))
+            .spawn(move || run(writer, rx, &sleeper, after_sync))
             .map_err(|e| StoreError::Storage(e.to_string()))?;
         let maintainer = start_maintainer(views.clone(), index.clone(), dir.clone(), retention)?;
         Ok(Arc::new(LogJournal {
@@ -705,13 +711,13 @@ struct AfterSync {
 }
 
 /// The writer thread: group commits until closed.
-fn run(mut log: LogWriter, rx: Receiver<Command>, after: AfterSync) {
+fn run(mut log: LogWriter, rx: Receiver<Command>, sleeper: &Sleeper, after: AfterSync) {
     let mut body = Vec::new();
     let mut closing = None;
     let hold = nrtxn_log::faults::journal_hold();
     while closing.is_none() {
         after.progress.wait_room();
-        let Some((cmds, weight)) = next_group(&rx) else {
+        let Some((cmds, weight)) = next_group(&rx, sleeper) else {
             break;
         };
         match hold {
@@ -740,8 +746,8 @@ fn run(mut log: LogWriter, rx: Receiver<Command>, after: AfterSync) {
 /// The next group: the first command to come, then every one already waiting, up to
 /// [`GROUP_ENTRIES_MAX`] entries; no wait for more (docs/decisions/log-groups.md).
 /// `None` once every sender is gone.
-fn next_group(rx: &Receiver<Command>) -> Option<(Vec<Command>, usize)> {
-    let first = rx.recv().ok()?;
+fn next_group(rx: &Receiver<Command>, sleeper: &Sleeper) -> Option<(Vec<Command>, usize)> {
+    let first = next_command(rx, sleeper)?;
     let mut weight = first.weight();
     let mut cmds = vec![first];
     while weight < GROUP_ENTRIES_MAX {
@@ -750,6 +756,58 @@ fn next_group(rx: &Receiver<Command>) -> Option<(Vec<Command>, usize)> {
         cmds.push(cmd);
     }
     Some((cmds, weight))
+}
+
+/// The next command, sleeping until one is handed over; `None` once every sender is gone.
+fn next_command(rx: &Receiver<Command>, sleeper: &Sleeper) -> Option<Command> {
+    loop {
+        let mut got = rx.try_recv();
+        if matches!(got, Err(TryRecvError::Empty)) {
+            sleeper.sleep_unless(|| {
+                got = rx.try_recv();
+                !matches!(got, Err(TryRecvError::Empty))
+            });
+        }
+        match got {
+            Ok(cmd) => return Some(cmd),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => {}
+        }
+    }
+}
+
+/// The writer's queue: commands handed over, and its wake-up.
+struct Queue {
+    tx: SyncSender<Command>,
+    writer: Arc<Sleeper>,
+}
+
+impl Queue {
+    /// Hands `cmd` to the writer. Its wake-up waits until the engine thread handing it
+    /// over is idle ([`Sleeper::wake_when_idle`]), so one wake-up takes several batches
+    /// and none preempts the engine thread; a full queue wakes it at once and waits for
+    /// room.
+    fn send(&self, cmd: Command) -> Result<(), mpsc::SendError<Command>> {
+        match self.tx.try_send(cmd) {
+            Ok(()) => self.writer.wake_when_idle(),
+            Err(TrySendError::Full(cmd)) => {
+                self.writer.wake();
+                self.tx.send(cmd)?;
+                self.writer.wake();
+            }
+            Err(TrySendError::Disconnected(cmd)) => return Err(mpsc::SendError(cmd)),
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Queue {
+    /// The writer learns every sender is gone only once it is awake: the sender is
+    /// dropped first, then the writer woken.
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.tx, mpsc::sync_channel(0).0));
+        self.writer.wake();
+    }
 }
 
 /// One group commit: every command's record, one sync, then the callbacks and the

@@ -66,9 +66,12 @@ impl EngineBuilder {
     {
         let mut recovered = self.journal.recover()?;
         let owned: Vec<Arbiter> = (0..self.cfg.arbiters.max(1))
-            .map(|_| Arbiter::new())
+            .map(|_| Arbiter::with_tokio_rt(super::handoff::engine_runtime))
             .collect();
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
+        for arbiter in &arbiters {
+            arbiter.spawn_fn(super::handoff::defer_on_this_thread);
+        }
         if self.cfg.pin_threads {
             match placement::pin_arbiters(&arbiters) {
                 Some(cores) => tracing::info!(?cores, "engine threads kept one to a core"),
