@@ -190,7 +190,7 @@ pub struct LogJournal {
     /// The log's index, which answers reads by key and by item (`None`: views with rows
     /// from before the log answer them; see `crate::log_reads`).
     index: Option<Arc<Index>>,
-    tx: Queue,
+    queue: Queue,
     progress: Arc<Progress>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Dropping the sender stops the maintenance thread.
@@ -295,12 +295,7 @@ impl LogJournal {
             )
             .map_err(store_error)?;
         verify_in_background(end.unread, metrics.clone())?;
-        let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
-        let sleeper = Arc::new(Sleeper::default());
-        let tx = Queue {
-            tx,
-            writer: sleeper.clone(),
-        };
+        let (queue, rx, sleeper) = Queue::new();
         let after_sync = AfterSync {
             views: views.clone(),
             index: index.clone(),
@@ -315,7 +310,7 @@ impl LogJournal {
         Ok(Arc::new(LogJournal {
             views,
             index,
-            tx,
+            queue,
             progress,
             writer: Mutex::new(Some(writer)),
             maintainer: Mutex::new(Some(maintainer)),
@@ -328,7 +323,7 @@ impl LogJournal {
     /// Makes fire-and-forget requests durable (a record of the log), then calls `done`.
     pub fn accept(&self, reqs: Vec<Request>, done: AcceptDone) {
         if let Err(mpsc::SendError(Command::Accept(_, done))) =
-            self.tx.send(Command::Accept(reqs, done))
+            self.queue.send(Command::Accept(reqs, done))
         {
             done(Err(StoreError::Closed));
         }
@@ -783,6 +778,14 @@ struct Queue {
 }
 
 impl Queue {
+    /// The queue, its receiving end and the writer's `Sleeper`, for the writer thread.
+    fn new() -> (Queue, Receiver<Command>, Arc<Sleeper>) {
+        let (tx, rx) = mpsc::sync_channel(QUEUE_MAX);
+        let writer = Arc::new(Sleeper::default());
+        let sleeper = writer.clone();
+        (Queue { tx, writer }, rx, sleeper)
+    }
+
     /// Hands `cmd` to the writer. Its wake-up waits until the engine thread handing it
     /// over is idle ([`Sleeper::wake_when_idle`]), so one wake-up takes several batches
     /// and none preempts the engine thread; a full queue wakes it at once and waits for
@@ -1184,7 +1187,7 @@ fn answer_and_hand_on(
 impl JournalWrite for LogJournal {
     fn append(&self, entries: Vec<Entry>, done: AppendDone) {
         if let Err(mpsc::SendError(Command::Append(entries, done))) =
-            self.tx.send(Command::Append(entries, done))
+            self.queue.send(Command::Append(entries, done))
         {
             done(entries, Err(StoreError::Closed));
         }
@@ -1339,7 +1342,7 @@ impl Lifecycle for LogJournal {
             let _ = handle.join();
         }
         let (ack, done) = mpsc::channel();
-        if self.tx.send(Command::Close(ack)).is_ok() {
+        if self.queue.send(Command::Close(ack)).is_ok() {
             let _ = done.recv();
         }
         if let Some(handle) = self.writer.lock().ok().and_then(|mut w| w.take()) {
