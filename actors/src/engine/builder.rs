@@ -66,12 +66,10 @@ impl EngineBuilder {
     {
         let mut recovered = self.journal.recover()?;
         let owned: Vec<Arbiter> = (0..self.cfg.arbiters.max(1))
-            .map(|_| Arbiter::with_tokio_rt(super::handoff::engine_runtime))
-            .collect();
+            .map(|_| Arbiter::try_with_tokio_rt(super::handoff::engine_runtime))
+            .collect::<std::io::Result<_>>()
+            .map_err(|e| StoreError::Storage(format!("an engine thread cannot start: {e}")))?;
         let arbiters: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
-        for arbiter in &arbiters {
-            arbiter.spawn_fn(super::handoff::defer_on_this_thread);
-        }
         if self.cfg.pin_threads {
             match placement::pin_arbiters(&arbiters) {
                 Some(cores) => tracing::info!(?cores, "engine threads kept one to a core"),

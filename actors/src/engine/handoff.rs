@@ -110,20 +110,14 @@ thread_local! {
     static OWED: RefCell<Owed> = RefCell::new(Owed::default());
 }
 
-/// An engine thread's runtime: it pays the wake-ups it owes whenever it is about to
-/// sleep.
-pub(crate) fn engine_runtime() -> tokio::runtime::Runtime {
+/// An engine thread's runtime, made on that thread: its wake-ups wait until it is idle,
+/// and it pays the ones it owes whenever it is about to sleep.
+pub(crate) fn engine_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    DEFERS.set(true);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .on_thread_park(pay_owed)
         .build()
-        .expect("an engine thread's runtime")
-}
-
-/// Marks the calling thread (an engine arbiter, inside its runtime) as one whose
-/// wake-ups wait until it is idle.
-pub(crate) fn defer_on_this_thread() {
-    DEFERS.set(true);
 }
 
 /// Pays every wake-up this thread owes.
@@ -169,13 +163,10 @@ mod tests {
         panic!("the sleeper missed a wake-up");
     }
 
-    /// Runs `f` on a thread of its own marked as an engine thread, in its runtime.
+    /// Runs `f` on this thread made an engine thread, in its runtime.
     fn on_an_engine_thread(f: impl std::future::Future<Output = ()> + 'static) {
-        let rt = engine_runtime();
-        tokio::task::LocalSet::new().block_on(&rt, async {
-            defer_on_this_thread();
-            f.await
-        });
+        let rt = engine_runtime().expect("a runtime");
+        tokio::task::LocalSet::new().block_on(&rt, f);
     }
 
     fn owed_sleeper() -> Arc<Sleeper> {
