@@ -247,6 +247,11 @@ async fn holds_and_orders_are_extended_while_pending() {
         ext["expires_at"].as_i64().unwrap() >= before + 60_000,
         "{ext}"
     );
+    // Answered from the extensions' outcomes: as a read shows it, each line's seq that
+    // of its extension.
+    let (_, read) = get(&c, &orders("/o1")).await;
+    assert_eq!(read, ext);
+    assert_ne!(ext["lines"][0]["seq"], o["lines"][0]["seq"], "{ext}");
     // The extension is an event of the item.
     let kinds: Vec<Value> = events(&c, &server, "s", "a", 100)
         .await
@@ -355,6 +360,43 @@ async fn an_extension_is_answered_within_one_reply_timeout_when_its_reads_are_sl
             && took < std::time::Duration::from_millis(2_200),
         "answered after {took:?}: the read (1 s) and the decision share one reply timeout \
          (1.5 s)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_extension_is_answered_within_one_reply_timeout_when_its_reads_are_slow() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10), ("b", 10)]).await;
+    let order = json!({"order_id": "o1", "ttl_ms": 600_000,
+                       "lines": [{"item": "a", "qty": 1}, {"item": "b", "qty": 2}]});
+    let (status, o) = post(&c, &server.url("/v1/shops/s/orders"), order).await;
+    assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
+    server.kill();
+
+    // Reads of holds (the order as it stands, its record, its lines) of 300 ms each,
+    // then the extensions' decisions, whose writes take 4 s.
+    let slow = [
+        ("NRTXN_FAULT_JOURNAL_HOLD_READ_MS", "300"),
+        ("NRTXN_FAULT_JOURNAL_HOLD_MS", "4000"),
+    ];
+    let server = Server::start_env(dir.path(), &["--reply-timeout-ms", "1500"], &slow);
+    wait_ready(&c, &server).await;
+    let asked = std::time::Instant::now();
+    let (status, body) = post(
+        &c,
+        &server.url("/v1/shops/s/orders/o1/extend"),
+        json!({"ttl_ms": 60_000}),
+    )
+    .await;
+    let took = asked.elapsed();
+    assert_eq!((status, &body["error"]), (504, &json!("timeout")), "{body}");
+    assert!(
+        took >= std::time::Duration::from_millis(1_400)
+            && took < std::time::Duration::from_millis(2_200),
+        "answered after {took:?}: the reads (1.2 s) and the decisions share one reply \
+         timeout (1.5 s)"
     );
 }
 

@@ -7,10 +7,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::checkback::CheckAction;
 use crate::engine::{Engine, EngineError};
-use crate::orders::{extended_until, extension, OrderView};
-use crate::types::{is_order_item, now_ms, HoldStatus, HoldView, Status, HOLD_TTL_MAX_MS};
+use crate::hold_end::CallBy;
+use crate::orders::{extended_until, extension, lines_of, OrderView};
+use crate::ports::StoreError;
+use crate::reply::Reply;
+use crate::types::{
+    is_order_item, line_key, now_ms, retry_line_key, HoldStatus, HoldView, Millis, Outcome, Status,
+    HOLD_TTL_MAX_MS,
+};
 use crate::work_manager::PollResult;
 
 /// What asking to extend a hold or an order came to.
@@ -51,10 +56,8 @@ impl Engine {
         // One reply timeout for the whole call, as a hold's ending has: the reads that
         // find the hold and the extension's decision share it.
         let deadline = Instant::now() + self.reply_timeout();
-        let Some(h) = self
-            .read_by(deadline, hold_id, "extended", self.hold(shop, hold_id))
-            .await?
-        else {
+        let by = CallBy::hold(deadline, hold_id, "extended");
+        let Some(h) = self.read_by(by, self.hold(shop, hold_id)).await? else {
             return Ok(Extended::Unknown);
         };
         // An order's record is kept as a hold under the order's id: it is extended with
@@ -67,7 +70,7 @@ impl Engine {
             return Ok(Extended::NotPending(h, why));
         }
         let polled = self.poll(shop, hold_id.clone());
-        let made_at = match self.read_by(deadline, hold_id, "extended", polled).await? {
+        let made_at = match self.read_by(by, polled).await? {
             PollResult::Decided(o) => o.completed_at,
             _ => h.expires_at,
         };
@@ -90,10 +93,7 @@ impl Engine {
             // It ended between the read and the extension, or is past its expiry (which
             // a caller's extension does not undo): as it now stands, or, if it cannot be
             // read again in time, as it was read, with why.
-            _ => match self
-                .read_by(deadline, hold_id, "extended", self.hold(shop, hold_id))
-                .await
-            {
+            _ => match self.read_by(by, self.hold(shop, hold_id)).await {
                 Err(e) => {
                     let why = format!("hold {hold_id} was not extended ({e}), as last read");
                     Ok(Extended::NotPending(h, why))
@@ -129,47 +129,60 @@ impl Engine {
         order_id: &Arc<str>,
         ttl_ms: i64,
     ) -> Result<Extended<OrderView>, EngineError> {
-        let Some(outcome) = self.order_record(shop, order_id).await? else {
+        // One reply timeout for the whole call, as a hold's extension has: the reads that
+        // find the order and its lines, and the extensions' decisions, share it.
+        let deadline = Instant::now() + self.reply_timeout();
+        let by = CallBy::order(deadline, order_id, "extended");
+        let Some(outcome) = self.read_by(by, self.order_record(shop, order_id)).await? else {
             return Ok(Extended::Unknown);
         };
         // Held, with every line held: not while its lines are being reserved, or past
         // its expiry while its shop is asked.
-        let view = self.view_of(shop, order_id, &outcome).await?;
+        let view = self
+            .read_by(by, self.view_of(shop, order_id, &outcome))
+            .await?;
         let record = self
-            .holds_of(shop, vec![order_id.clone()])
+            .read_by(by, self.holds_of(shop, vec![order_id.clone()]))
             .await?
             .pop()
             .flatten();
         let now = now_ms();
         let until = extended_until(now, ttl_ms, outcome.completed_at);
-        let why = match &record {
-            Some(r) if r.status == HoldStatus::Held && view.status == "held" => {
-                if now >= r.expires_at {
-                    Some(format!("order {order_id} is past its expiry"))
-                } else {
-                    (until <= now)
-                        .then(|| format!("order {order_id} is past its {HOLD_TTL_MAX_MS} ms life"))
-                }
-            }
-            _ => Some(format!("order {order_id} is {}, not held", view.status)),
+        let Some(record) = record.filter(|r| r.status == HoldStatus::Held) else {
+            let why = format!("order {order_id} is {}, not held", view.status);
+            return Ok(Extended::NotPending(view, why));
         };
-        let record = match (why, record) {
-            (None, Some(record)) => record,
-            // Not extended: the view read above is how it stands.
-            (why, _) => {
-                let why = why.unwrap_or_else(|| format!("order {order_id} is not held"));
-                return Ok(Extended::NotPending(view, why));
-            }
-        };
-        self.act_on_order(
-            shop,
-            order_id,
-            record,
-            &outcome,
-            CheckAction::Extend { ttl_ms },
-        )
-        .await?;
-        let view = self.view_of(shop, order_id, &outcome).await?;
+        if let Some(why) = not_extendable(order_id, &view, &record, now, until) {
+            return Ok(Extended::NotPending(view, why));
+        }
+        let n = lines_of(&outcome).len();
+        let lines = self.read_by(by, self.line_holds(shop, order_id, n)).await?;
+        let holds = std::iter::once(record)
+            .chain(lines.into_iter().flatten())
+            .filter(|h| h.status == HoldStatus::Held);
+        let reqs = holds
+            .map(|h| (extension(shop, &h, now, until), true))
+            .collect();
+        let answers = self.submit_by(shop, reqs, deadline).await?;
+        // An extension still undecided at the deadline: a `504`, as a hold's.
+        let extended = answers
+            .replies
+            .into_iter()
+            .map(|r| match r {
+                Reply::Decided(o) | Reply::Repeat(o) => Ok(o),
+                Reply::Accepted | Reply::Pending => Err(EngineError::Timeout),
+            })
+            .collect::<Result<Vec<Arc<Outcome>>, _>>()?;
+        // Every line and the record extended: the order as this call left it, from the
+        // outcomes it got, with no store read (the deadline may be spent).
+        if extended.len() == n + 1 && extended.iter().all(|o| o.status == Status::Ok) {
+            return Ok(Extended::Done(extended_view(
+                view, order_id, until, &extended,
+            )));
+        }
+        // The record or a line ended meanwhile (its ending ends the rest): how the order
+        // now stands, if it can be read in time.
+        let view = self.reread_by(shop, order_id, &outcome, deadline).await?;
         Ok(if view.status == "held" {
             Extended::Done(view)
         } else {
@@ -177,4 +190,65 @@ impl Engine {
             Extended::NotPending(view, why)
         })
     }
+
+    /// Order `order_id` (made by `outcome`) read again after its extension, by the
+    /// call's `deadline`.
+    async fn reread_by(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        outcome: &Outcome,
+        deadline: Instant,
+    ) -> Result<OrderView, EngineError> {
+        let read = self.view_of(shop, order_id, outcome);
+        tokio::time::timeout_at(deadline.into(), read)
+            .await
+            .map_err(|_| {
+                EngineError::Store(StoreError::Storage(format!(
+                    "order {order_id}: an extension not taken by every line and its record, \
+                     and the order not read again within the reply timeout ({} ms)",
+                    self.reply_timeout().as_millis()
+                )))
+            })?
+    }
+}
+
+/// Why held order `order_id` (as `view` and its `record` show it) cannot be extended from
+/// `now` until `until`, if it cannot: its lines not all held, past its expiry, or past
+/// its life.
+fn not_extendable(
+    order_id: &str,
+    view: &OrderView,
+    record: &HoldView,
+    now: Millis,
+    until: Millis,
+) -> Option<String> {
+    if view.status != "held" {
+        Some(format!("order {order_id} is {}, not held", view.status))
+    } else if now >= record.expires_at {
+        Some(format!("order {order_id} is past its expiry"))
+    } else {
+        (until <= now).then(|| format!("order {order_id} is past its {HOLD_TTL_MAX_MS} ms life"))
+    }
+}
+
+/// `view`, read before the extension, as the extension left it: the new expiry, and each
+/// line's seq that of its extension (the item's latest step).
+fn extended_view(
+    mut view: OrderView,
+    order_id: &str,
+    until: Millis,
+    extended: &[Arc<Outcome>],
+) -> OrderView {
+    for (i, line) in view.lines.iter_mut().enumerate() {
+        let keys = [line_key(order_id, i), retry_line_key(order_id, i)];
+        let ext = extended
+            .iter()
+            .find(|o| o.hold_id.as_ref().is_some_and(|id| keys.contains(id)));
+        if let Some(seq) = ext.and_then(|o| o.seq) {
+            line.seq = Some(seq);
+        }
+    }
+    view.expires_at = Some(until);
+    view
 }

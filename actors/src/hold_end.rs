@@ -36,6 +36,38 @@ pub enum HoldEnd {
     },
 }
 
+/// A caller's call about a hold or an order, under one reply timeout: when it ends, and
+/// what a read past it says.
+#[derive(Clone, Copy)]
+pub(crate) struct CallBy<'a> {
+    pub deadline: Instant,
+    /// `hold` or `order`, and its id.
+    pub kind: &'static str,
+    pub id: &'a str,
+    /// What nothing was, past the deadline: `ended`, `extended`.
+    pub changed: &'static str,
+}
+
+impl<'a> CallBy<'a> {
+    pub fn hold(deadline: Instant, id: &'a str, changed: &'static str) -> Self {
+        CallBy {
+            deadline,
+            kind: "hold",
+            id,
+            changed,
+        }
+    }
+
+    pub fn order(deadline: Instant, id: &'a str, changed: &'static str) -> Self {
+        CallBy {
+            deadline,
+            kind: "order",
+            id,
+            changed,
+        }
+    }
+}
+
 impl Engine {
     /// Ends hold `hold_id` of `shop` by `op` ([`Op::Confirm`] or [`Op::Release`]).
     pub async fn end_hold(
@@ -69,7 +101,10 @@ impl Engine {
         // The hold's item routes the request to its processor. A hold is answered to
         // its maker only once durable, so the journal has every hold a caller can know.
         let found = self
-            .read_by(deadline, hold_id, "ended", self.hold_of(shop, hold_id))
+            .read_by(
+                CallBy::hold(deadline, hold_id, "ended"),
+                self.hold_of(shop, hold_id),
+            )
             .await?;
         let Some((item, qty, expires_at)) = found else {
             return Ok(HoldEnd::Unknown);
@@ -110,23 +145,23 @@ impl Engine {
         })
     }
 
-    /// `read`, a step of a caller's call about hold `hold_id` whose one reply timeout ends
-    /// at `deadline`: past it, a storage error (a `503`) saying that nothing was
-    /// `changed` (ended, extended).
+    /// `read`, a step of caller's call `by` (about a hold or an order) whose one reply
+    /// timeout ends at its deadline: past it, a storage error (a `503`) saying that
+    /// nothing was changed (ended, extended).
     pub(crate) async fn read_by<T>(
         &self,
-        deadline: Instant,
-        hold_id: &str,
-        changed: &str,
+        by: CallBy<'_>,
         read: impl Future<Output = Result<T, EngineError>>,
     ) -> Result<T, EngineError> {
-        tokio::time::timeout_at(deadline.into(), read)
+        tokio::time::timeout_at(by.deadline.into(), read)
             .await
             .map_err(|_| {
                 EngineError::Store(StoreError::Storage(format!(
-                    "hold {hold_id}: not read within the reply timeout ({} ms); nothing was \
-                     {changed}",
-                    self.reply_timeout().as_millis()
+                    "{} {}: not read within the reply timeout ({} ms); nothing was {}",
+                    by.kind,
+                    by.id,
+                    self.reply_timeout().as_millis(),
+                    by.changed
                 )))
             })?
     }

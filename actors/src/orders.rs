@@ -527,7 +527,7 @@ impl Engine {
 
     /// The holds of the first `n` lines of `order_id`, in line order: each line's
     /// second hold where it was held again ([`retry_line_key`]), else its first.
-    async fn line_holds(
+    pub(crate) async fn line_holds(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
