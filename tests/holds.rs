@@ -323,9 +323,6 @@ async fn holds_and_orders_are_extended_while_pending() {
     assert_eq!(item_state(&c, &server, "s", "a").await, (8, 0));
 }
 
-/// The shop's holds and orders are listed by item, buyer and state, a page at a time in
-/// id order, ended ones too, and the same after a SIGKILL; bad parameters name
-/// themselves.
 /// An extension keeps within one reply timeout, its reads of the hold and its decision
 /// together, as a hold's ending does: with each read of holds held back 1 s and each
 /// journal write 4 s (a slow disk), the call is answered `504` at about the reply
@@ -339,30 +336,11 @@ async fn an_extension_is_answered_within_one_reply_timeout_when_its_reads_are_sl
     let (status, h) = hold(&c, &server, "s", "h1", "a", 2, 600_000).await;
     assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
     server.kill();
-
-    let slow = [
-        ("NRTXN_FAULT_JOURNAL_HOLD_READ_MS", "1000"),
-        ("NRTXN_FAULT_JOURNAL_HOLD_MS", "4000"),
-    ];
-    let server = Server::start_env(dir.path(), &["--reply-timeout-ms", "1500"], &slow);
-    wait_ready(&c, &server).await;
-    let asked = std::time::Instant::now();
-    let (status, body) = post(
-        &c,
-        &holds_url(&server, "s", "/h1/extend"),
-        json!({"ttl_ms": 60_000}),
-    )
-    .await;
-    let took = asked.elapsed();
-    assert_eq!((status, &body["error"]), (504, &json!("timeout")), "{body}");
-    assert!(
-        took >= std::time::Duration::from_millis(1_400)
-            && took < std::time::Duration::from_millis(2_200),
-        "answered after {took:?}: the read (1 s) and the decision share one reply timeout \
-         (1.5 s)"
-    );
+    extended_within_one_reply_timeout(dir.path(), "1000", "/v1/shops/s/holds/h1/extend").await;
 }
 
+/// The same of an order: its reads of the order, its record and its lines (300 ms each)
+/// and the extensions' decisions share one reply timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_extension_is_answered_within_one_reply_timeout_when_its_reads_are_slow() {
     let dir = tempfile::tempdir().unwrap();
@@ -374,32 +352,40 @@ async fn an_order_extension_is_answered_within_one_reply_timeout_when_its_reads_
     let (status, o) = post(&c, &server.url("/v1/shops/s/orders"), order).await;
     assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
     server.kill();
+    extended_within_one_reply_timeout(dir.path(), "300", "/v1/shops/s/orders/o1/extend").await;
+}
 
-    // Reads of holds (the order as it stands, its record, its lines) of 300 ms each,
-    // then the extensions' decisions, whose writes take 4 s.
+/// Starts a server on `dir` whose reads of holds each wait `read_ms` and whose journal
+/// writes each wait 4 s, with a 1.5 s reply timeout, and asks `path` for a minute more:
+/// the call is answered `504` (the extension not durable in time) at about the reply
+/// timeout, its reads and its decision within it.
+async fn extended_within_one_reply_timeout(dir: &std::path::Path, read_ms: &str, path: &str) {
     let slow = [
-        ("NRTXN_FAULT_JOURNAL_HOLD_READ_MS", "300"),
+        ("NRTXN_FAULT_JOURNAL_HOLD_READ_MS", read_ms),
         ("NRTXN_FAULT_JOURNAL_HOLD_MS", "4000"),
     ];
-    let server = Server::start_env(dir.path(), &["--reply-timeout-ms", "1500"], &slow);
+    let server = Server::start_env(dir, &["--reply-timeout-ms", "1500"], &slow);
+    let c = client();
     wait_ready(&c, &server).await;
     let asked = std::time::Instant::now();
-    let (status, body) = post(
-        &c,
-        &server.url("/v1/shops/s/orders/o1/extend"),
-        json!({"ttl_ms": 60_000}),
-    )
-    .await;
+    let (status, body) = post(&c, &server.url(path), json!({"ttl_ms": 60_000})).await;
     let took = asked.elapsed();
-    assert_eq!((status, &body["error"]), (504, &json!("timeout")), "{body}");
+    assert_eq!(
+        (status, &body["error"]),
+        (504, &json!("timeout")),
+        "{path}: {body}"
+    );
     assert!(
         took >= std::time::Duration::from_millis(1_400)
             && took < std::time::Duration::from_millis(2_200),
-        "answered after {took:?}: the reads (1.2 s) and the decisions share one reply \
-         timeout (1.5 s)"
+        "{path} answered after {took:?}: reads of {read_ms} ms and the decision share one \
+         reply timeout (1.5 s)"
     );
 }
 
+/// The shop's holds and orders are listed by item, buyer and state, a page at a time in
+/// id order, ended ones too, and the same after a SIGKILL; bad parameters name
+/// themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_and_orders_are_listed_by_item_buyer_and_state_in_pages() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,12 +9,11 @@ use std::time::Instant;
 
 use crate::engine::{Engine, EngineError};
 use crate::hold_end::CallBy;
-use crate::orders::{extended_until, extension, lines_of, OrderView};
+use crate::orders::{extended_until, extension, line_outcome, lines_of, OrderView};
 use crate::ports::StoreError;
 use crate::reply::Reply;
 use crate::types::{
-    is_order_item, line_key, now_ms, retry_line_key, HoldStatus, HoldView, Millis, Outcome, Status,
-    HOLD_TTL_MAX_MS,
+    is_order_item, now_ms, HoldStatus, HoldView, Millis, Outcome, Status, HOLD_TTL_MAX_MS,
 };
 use crate::work_manager::PollResult;
 
@@ -241,11 +240,7 @@ fn extended_view(
     extended: &[Arc<Outcome>],
 ) -> OrderView {
     for (i, line) in view.lines.iter_mut().enumerate() {
-        let keys = [line_key(order_id, i), retry_line_key(order_id, i)];
-        let ext = extended
-            .iter()
-            .find(|o| o.hold_id.as_ref().is_some_and(|id| keys.contains(id)));
-        if let Some(seq) = ext.and_then(|o| o.seq) {
+        if let Some(seq) = line_outcome(order_id, i, extended).and_then(|o| o.seq) {
             line.seq = Some(seq);
         }
     }

@@ -306,11 +306,7 @@ impl Engine {
                 .into_iter()
                 .enumerate()
                 .map(|(i, l)| {
-                    let keys = [line_key(order_id, i), retry_line_key(order_id, i)];
-                    let end = ended.iter().find(|e| {
-                        e.status == Status::Ok
-                            && e.hold_id.as_ref().is_some_and(|id| keys.contains(id))
-                    });
+                    let end = line_outcome(order_id, i, &ended);
                     LineView {
                         item: l.item,
                         qty: l.qty,
@@ -1011,6 +1007,19 @@ enum Standing {
 pub(crate) fn extended_until(now: Millis, ttl_ms: i64, made_at: Millis) -> Millis {
     now.saturating_add(ttl_ms.max(0))
         .min(made_at.saturating_add(HOLD_TTL_MAX_MS))
+}
+
+/// The outcome among `outcomes` that took line `i` of `order_id` a step (under its first
+/// hold's key or its second's), if one did.
+pub(crate) fn line_outcome<'a>(
+    order_id: &str,
+    i: usize,
+    outcomes: &'a [Arc<Outcome>],
+) -> Option<&'a Arc<Outcome>> {
+    let keys = [line_key(order_id, i), retry_line_key(order_id, i)];
+    outcomes
+        .iter()
+        .find(|o| o.status == Status::Ok && o.hold_id.as_ref().is_some_and(|id| keys.contains(id)))
 }
 
 /// The request extending pending hold `h` until `until` (its key names the new expiry, so
