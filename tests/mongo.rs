@@ -6,7 +6,7 @@ mod common;
 use common::holds::*;
 use common::load::*;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_journal_keeps_every_answer_across_a_sigkill() {
@@ -191,5 +191,57 @@ async fn altered_or_missing_journal_documents_are_refused_not_served() {
         let (status, body) = get(&c, &server.url(&format!("/v1/shops/s/txns/{key}"))).await;
         assert_eq!((status, body["seq"].as_u64()), (200, Some(seq)), "{body}");
     }
+    drop_database(&uri).await;
+}
+
+/// A caller's confirm of an order keeps within one reply timeout on a journal that does
+/// not tell a decision before it is durable (MongoDB), where the lines' endings are sent
+/// once the record's is written: the read of the record, its ending and its lines'
+/// endings share it. With each write held back 1 s and a 1.5 s reply timeout the lines'
+/// endings are not durable in time: `504` at about the reply timeout, not a `200` after
+/// two writes and more; the order is confirmed all the same, lines and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_confirm_is_answered_within_one_reply_timeout_when_writes_are_slow() {
+    let Some(uri) = mongo_uri("order_end") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &["--mongo-uri", uri.as_str()]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10), ("b", 10)]).await;
+    let order = json!({"order_id": "o1", "ttl_ms": 600_000,
+                       "lines": [{"item": "a", "qty": 1}, {"item": "b", "qty": 2}]});
+    let (status, o) = post(&c, &server.url("/v1/shops/s/orders"), order).await;
+    assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
+    server.kill();
+
+    let flags = ["--mongo-uri", uri.as_str(), "--reply-timeout-ms", "1500"];
+    let server = Server::start_env(
+        dir.path(),
+        &flags,
+        &[("NRTXN_FAULT_JOURNAL_HOLD_MS", "1000")],
+    );
+    wait_ready(&c, &server).await;
+    let asked = std::time::Instant::now();
+    let (status, body) = post(&c, &server.url("/v1/shops/s/orders/o1/confirm"), json!({})).await;
+    let took = asked.elapsed();
+    assert_eq!((status, &body["error"]), (504, &json!("timeout")), "{body}");
+    assert!(
+        took >= std::time::Duration::from_millis(1_400)
+            && took < std::time::Duration::from_millis(2_200),
+        "answered after {took:?}: two writes of 1 s share one reply timeout (1.5 s)"
+    );
+    let mut read = json!(null);
+    for _ in 0..100 {
+        read = get(&c, &server.url("/v1/shops/s/orders/o1")).await.1;
+        let lines: Vec<&Value> = read["lines"].as_array().into_iter().flatten().collect();
+        if read["status"] == "confirmed" && lines.iter().all(|l| l["status"] == "confirmed") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(read["status"], "confirmed", "{read}");
+    assert_eq!(read["lines"][0]["status"], "confirmed", "{read}");
+    assert_eq!(read["lines"][1]["status"], "confirmed", "{read}");
     drop_database(&uri).await;
 }

@@ -199,9 +199,17 @@ impl Engine {
             }
             Pending::Order { .. } => {
                 let reason = (op == Op::Release).then(|| RELEASED_BY_OPERATOR.to_string());
-                self.end_order_lines_with(shop, id, op, reason, crate::orders::Lines::Read, true)
-                    .await?
-                    .0
+                self.end_order_lines_with(
+                    shop,
+                    id,
+                    op,
+                    reason,
+                    crate::orders::Lines::Read,
+                    true,
+                    None,
+                )
+                .await?
+                .0
             }
         };
         if ending.status != Status::Ok || ending.op != op {

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::checkback::{CheckAction, CheckBack, CheckCall, CheckKind, Resolution};
 use crate::engine::{Engine, EngineError};
+use crate::hold_end::CallBy;
 use crate::ports::StoreError;
 use crate::processor::{Nudge, OrderNudge};
 use crate::reply::Reply;
@@ -288,12 +289,18 @@ impl Engine {
         order_id: &Arc<str>,
         op: Op,
     ) -> Result<Ended, EngineError> {
-        let Some(record) = self.order_record(shop, order_id).await? else {
+        // One reply timeout for the whole call, as a hold's ending has: the read of the
+        // record, its ending and its lines' endings share it (on a journal that does not
+        // tell a decision early, the lines' endings wait for the record's).
+        let deadline = Instant::now() + self.reply_timeout();
+        let by = CallBy::order(deadline, order_id, "ended");
+        let Some(record) = self.read_by(by, self.order_record(shop, order_id)).await? else {
             return Ok(Ended::Unknown);
         };
         let n = usize::try_from(record.qty).unwrap_or(0);
+        let lines = Lines::ReadAlongside(n);
         let (o, ended) = self
-            .end_order_lines_with(shop, order_id, op, None, Lines::ReadAlongside(n), false)
+            .end_order_lines_with(shop, order_id, op, None, lines, false, Some(deadline))
             .await?;
         if o.status == Status::UnknownHold {
             return Ok(Ended::Unknown);
@@ -340,13 +347,14 @@ impl Engine {
         lines: Lines<'_>,
     ) -> Result<Arc<Outcome>, EngineError> {
         Ok(self
-            .end_order_lines_with(shop, order_id, op, reason, lines, false)
+            .end_order_lines_with(shop, order_id, op, reason, lines, false, None)
             .await?
             .0)
     }
 
     /// [`Engine::end_order_lines`], with the outcomes of the lines' endings; `by_check`:
     /// the shop's check-back decided it, so a confirm stands past the order's expiry.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn end_order_lines_with(
         &self,
         shop: &Arc<str>,
@@ -355,6 +363,7 @@ impl Engine {
         reason: Option<String>,
         lines: Lines<'_>,
         by_check: bool,
+        deadline: Option<Instant>,
     ) -> Result<(Arc<Outcome>, Vec<Arc<Outcome>>), EngineError> {
         let (early, told) = EarlySignal::channel();
         let req = Request {
@@ -371,7 +380,8 @@ impl Engine {
                 now_ms(),
             )
         };
-        let durable = self.decide_one(shop, req);
+        let record_by = deadline.unwrap_or_else(|| Instant::now() + self.reply_timeout());
+        let durable = self.decide_one_by(shop, req, record_by);
         tokio::pin!(durable);
         let first = async {
             tokio::select! {
@@ -385,7 +395,16 @@ impl Engine {
         let ahead = async {
             match lines {
                 Lines::Known(known) => Some(Ok(known.iter().map(|(_, h)| h.clone()).collect())),
-                Lines::ReadAlongside(n) => Some(self.lines_held(shop, order_id, n).await),
+                Lines::ReadAlongside(n) => {
+                    let read = self.lines_held(shop, order_id, n);
+                    Some(match deadline {
+                        // Past it, left to the lines' own timers, which ask the order.
+                        Some(d) => tokio::time::timeout_at(d.into(), read)
+                            .await
+                            .unwrap_or(Err(EngineError::Timeout)),
+                        None => read.await,
+                    })
+                }
                 Lines::Read => None,
             }
         };
@@ -394,25 +413,29 @@ impl Engine {
         match first {
             First::Durable(o) => {
                 let o = o?;
-                let ended = self.end_lines_of(shop, order_id, &o, pending).await?;
+                let ended = self
+                    .end_lines_of(shop, order_id, &o, pending, deadline)
+                    .await?;
                 Ok((o, ended))
             }
             First::Told(o) => {
-                let (durable, ended) =
-                    tokio::join!(durable, self.end_lines_of(shop, order_id, &o, pending));
+                let lines = self.end_lines_of(shop, order_id, &o, pending, deadline);
+                let (durable, ended) = tokio::join!(durable, lines);
                 Ok((durable?, ended?))
             }
         }
     }
 
     /// Ends each line of `order_id` still held with the ending its record got (`o`),
-    /// if it ended: `pending` (read or known already), or those read now.
+    /// if it ended: `pending` (read or known already), or those read now; answered by
+    /// the call's `deadline`, if it has one, else within a reply timeout of its own.
     async fn end_lines_of(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
         o: &Outcome,
         pending: Option<Result<Vec<HoldView>, EngineError>>,
+        deadline: Option<Instant>,
     ) -> Result<Vec<Arc<Outcome>>, EngineError> {
         if o.status != Status::Ok || !o.op.ends_hold() {
             return Ok(Vec::new());
@@ -424,7 +447,8 @@ impl Engine {
                     .await?
             }
         };
-        self.end_holds(shop, pending, o.op, None).await
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.reply_timeout());
+        self.end_holds_by(shop, pending, o.op, None, deadline).await
     }
 
     /// Ends each of `holds` with `op`, under its ending key, in one call: the endings'
@@ -436,6 +460,19 @@ impl Engine {
         holds: Vec<HoldView>,
         op: Op,
         reason: Option<&str>,
+    ) -> Result<Vec<Arc<Outcome>>, EngineError> {
+        let deadline = Instant::now() + self.reply_timeout();
+        self.end_holds_by(shop, holds, op, reason, deadline).await
+    }
+
+    /// [`Engine::end_holds`], answered by `deadline`.
+    async fn end_holds_by(
+        &self,
+        shop: &Arc<str>,
+        holds: Vec<HoldView>,
+        op: Op,
+        reason: Option<&str>,
+        deadline: Instant,
     ) -> Result<Vec<Arc<Outcome>>, EngineError> {
         if holds.is_empty() {
             return Ok(Vec::new());
@@ -460,7 +497,7 @@ impl Engine {
                 (req, true)
             })
             .collect();
-        let answers = self.submit(shop, reqs).await?;
+        let answers = self.submit_by(shop, reqs, deadline).await?;
         let mut ended = Vec::with_capacity(answers.replies.len());
         for r in answers.replies {
             match r {
@@ -800,8 +837,16 @@ impl Engine {
         match action {
             CheckAction::Ask => {}
             CheckAction::Confirm => {
-                self.end_order_lines_with(shop, order_id, Op::Confirm, None, Lines::Read, true)
-                    .await?;
+                self.end_order_lines_with(
+                    shop,
+                    order_id,
+                    Op::Confirm,
+                    None,
+                    Lines::Read,
+                    true,
+                    None,
+                )
+                .await?;
             }
             CheckAction::Release => {
                 self.end_order_lines(shop, order_id, Op::Expire, None, Lines::Read)
