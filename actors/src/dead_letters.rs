@@ -199,17 +199,9 @@ impl Engine {
             }
             Pending::Order { .. } => {
                 let reason = (op == Op::Release).then(|| RELEASED_BY_OPERATOR.to_string());
-                self.end_order_lines_with(
-                    shop,
-                    id,
-                    op,
-                    reason,
-                    crate::orders::Lines::Read,
-                    true,
-                    None,
-                )
-                .await?
-                .0
+                let (lines, ender) = (crate::orders::Lines::Read, crate::orders::Ender::Check);
+                let ended = self.end_order_lines_with(shop, id, op, reason, lines, ender);
+                ended.await?.0
             }
         };
         if ending.status != Status::Ok || ending.op != op {

@@ -105,6 +105,17 @@ pub enum Placed {
     Reused(String, Arc<Outcome>),
 }
 
+/// Who ends an order, which says how its ending stands and how long it may take.
+#[derive(Clone, Copy)]
+pub(crate) enum Ender {
+    /// A caller, answered by the deadline of its call (one reply timeout for it all).
+    Caller(Instant),
+    /// The shop's check-back or an operator: a confirm stands past the order's expiry.
+    Check,
+    /// nrtxn itself (an expiry, a release): each step within a reply timeout of its own.
+    Own,
+}
+
 /// The lines an order's ending ends, beside its record's.
 pub(crate) enum Lines<'a> {
     /// Those known to be held (the coordinator's own).
@@ -300,7 +311,7 @@ impl Engine {
         let n = usize::try_from(record.qty).unwrap_or(0);
         let lines = Lines::ReadAlongside(n);
         let (o, ended) = self
-            .end_order_lines_with(shop, order_id, op, None, lines, false, Some(deadline))
+            .end_order_lines_with(shop, order_id, op, None, lines, Ender::Caller(deadline))
             .await?;
         if o.status == Status::UnknownHold {
             return Ok(Ended::Unknown);
@@ -347,14 +358,12 @@ impl Engine {
         lines: Lines<'_>,
     ) -> Result<Arc<Outcome>, EngineError> {
         Ok(self
-            .end_order_lines_with(shop, order_id, op, reason, lines, false, None)
+            .end_order_lines_with(shop, order_id, op, reason, lines, Ender::Own)
             .await?
             .0)
     }
 
-    /// [`Engine::end_order_lines`], with the outcomes of the lines' endings; `by_check`:
-    /// the shop's check-back decided it, so a confirm stands past the order's expiry.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Engine::end_order_lines`] by `ender`, with the outcomes of the lines' endings.
     pub(crate) async fn end_order_lines_with(
         &self,
         shop: &Arc<str>,
@@ -362,13 +371,16 @@ impl Engine {
         op: Op,
         reason: Option<String>,
         lines: Lines<'_>,
-        by_check: bool,
-        deadline: Option<Instant>,
+        ender: Ender,
     ) -> Result<(Arc<Outcome>, Vec<Arc<Outcome>>), EngineError> {
+        let deadline = match ender {
+            Ender::Caller(deadline) => Some(deadline),
+            Ender::Check | Ender::Own => None,
+        };
         let (early, told) = EarlySignal::channel();
         let req = Request {
             hold_id: Some(order_id.clone()),
-            by_check,
+            by_check: matches!(ender, Ender::Check),
             reason: reason.map(Into::into),
             early,
             ..Request::new(
@@ -392,22 +404,7 @@ impl Engine {
                 Ok(o) = told => First::Told(o),
             }
         };
-        let ahead = async {
-            match lines {
-                Lines::Known(known) => Some(Ok(known.iter().map(|(_, h)| h.clone()).collect())),
-                Lines::ReadAlongside(n) => {
-                    let read = self.lines_held(shop, order_id, n);
-                    Some(match deadline {
-                        // Past it, left to the lines' own timers, which ask the order.
-                        Some(d) => tokio::time::timeout_at(d.into(), read)
-                            .await
-                            .unwrap_or(Err(EngineError::Timeout)),
-                        None => read.await,
-                    })
-                }
-                Lines::Read => None,
-            }
-        };
+        let ahead = self.lines_ahead(shop, order_id, lines, deadline);
         // A failed read counts only if the lines are to be ended (`end_lines_of`).
         let (first, pending) = tokio::join!(first, ahead);
         match first {
@@ -423,6 +420,31 @@ impl Engine {
                 let (durable, ended) = tokio::join!(durable, lines);
                 Ok((durable?, ended?))
             }
+        }
+    }
+
+    /// The lines of `order_id` an ending will end, as `lines` says, read (if they are to
+    /// be) beside the record's ending; `None` to read them once it ended. Past
+    /// `deadline`, a timeout: left to the lines' own timers, which ask the order.
+    async fn lines_ahead(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        lines: Lines<'_>,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Vec<HoldView>, EngineError>> {
+        match lines {
+            Lines::Known(known) => Some(Ok(known.iter().map(|(_, h)| h.clone()).collect())),
+            Lines::ReadAlongside(n) => {
+                let read = self.lines_held(shop, order_id, n);
+                Some(match deadline {
+                    Some(d) => tokio::time::timeout_at(d.into(), read)
+                        .await
+                        .unwrap_or(Err(EngineError::Timeout)),
+                    None => read.await,
+                })
+            }
+            Lines::Read => None,
         }
     }
 
@@ -837,16 +859,9 @@ impl Engine {
         match action {
             CheckAction::Ask => {}
             CheckAction::Confirm => {
-                self.end_order_lines_with(
-                    shop,
-                    order_id,
-                    Op::Confirm,
-                    None,
-                    Lines::Read,
-                    true,
-                    None,
-                )
-                .await?;
+                let (confirm, lines) = (Op::Confirm, Lines::Read);
+                self.end_order_lines_with(shop, order_id, confirm, None, lines, Ender::Check)
+                    .await?;
             }
             CheckAction::Release => {
                 self.end_order_lines(shop, order_id, Op::Expire, None, Lines::Read)
