@@ -344,14 +344,7 @@ async fn an_extension_is_answered_within_one_reply_timeout_when_its_reads_are_sl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_extension_is_answered_within_one_reply_timeout_when_its_reads_are_slow() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), &[]);
-    let c = client();
-    load(&c, &server, "s", &[("a", 10), ("b", 10)]).await;
-    let order = json!({"order_id": "o1", "ttl_ms": 600_000,
-                       "lines": [{"item": "a", "qty": 1}, {"item": "b", "qty": 2}]});
-    let (status, o) = post(&c, &server.url("/v1/shops/s/orders"), order).await;
-    assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
-    server.kill();
+    held_order_then_killed(dir.path(), &[]).await;
     extended_within_one_reply_timeout(dir.path(), "300", "/v1/shops/s/orders/o1/extend").await;
 }
 

@@ -206,15 +206,8 @@ async fn an_order_confirm_is_answered_within_one_reply_timeout_when_writes_are_s
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), &["--mongo-uri", uri.as_str()]);
+    held_order_then_killed(dir.path(), &["--mongo-uri", uri.as_str()]).await;
     let c = client();
-    load(&c, &server, "s", &[("a", 10), ("b", 10)]).await;
-    let order = json!({"order_id": "o1", "ttl_ms": 600_000,
-                       "lines": [{"item": "a", "qty": 1}, {"item": "b", "qty": 2}]});
-    let (status, o) = post(&c, &server.url("/v1/shops/s/orders"), order).await;
-    assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
-    server.kill();
-
     let flags = ["--mongo-uri", uri.as_str(), "--reply-timeout-ms", "1500"];
     let server = Server::start_env(
         dir.path(),

@@ -121,3 +121,17 @@ pub async fn wait_item_state(
     }
     panic!("{shop}/{item} is {last:?}, not {expected:?}, after 5 s");
 }
+
+/// Starts a server on `dir` with `flags`, loads items `a` and `b` of shop `s` (10 each),
+/// places order `o1` (1 of `a`, 2 of `b`, held 10 minutes) and kills the server: a data
+/// dir with one held order, for a start with faults.
+pub async fn held_order_then_killed(dir: &std::path::Path, flags: &[&str]) {
+    let mut server = Server::start(dir, flags);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10), ("b", 10)]).await;
+    let order = json!({"order_id": "o1", "ttl_ms": 600_000,
+                       "lines": [{"item": "a", "qty": 1}, {"item": "b", "qty": 2}]});
+    let (status, o) = post(&c, &server.url("/v1/shops/s/orders"), order).await;
+    assert_eq!((status, &o["status"]), (200, &json!("held")), "{o}");
+    server.kill();
+}
