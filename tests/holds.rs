@@ -339,6 +339,41 @@ async fn an_extension_is_answered_within_one_reply_timeout_when_its_reads_are_sl
     extended_within_one_reply_timeout(dir.path(), "1000", "/v1/shops/s/holds/h1/extend").await;
 }
 
+/// A read slower than the whole reply timeout: `503`, saying which read and that nothing
+/// was extended (the engine's own words, not a store error's), at about the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_whose_read_outlasts_the_reply_timeout_says_nothing_was_extended() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    let (status, h) = hold(&c, &server, "s", "h1", "a", 2, 600_000).await;
+    assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
+    server.kill();
+
+    let slow = [("NRTXN_FAULT_JOURNAL_HOLD_READ_MS", "2000")];
+    let server = Server::start_env(dir.path(), &["--reply-timeout-ms", "1000"], &slow);
+    wait_ready(&c, &server).await;
+    let asked = std::time::Instant::now();
+    let url = holds_url(&server, "s", "/h1/extend");
+    let (status, body) = post(&c, &url, json!({"ttl_ms": 60_000})).await;
+    let took = asked.elapsed();
+    assert_eq!(
+        (status, &body["error"], &body["detail"]),
+        (
+            503,
+            &json!("unavailable"),
+            &json!("hold h1: not read within the reply timeout (1000 ms); nothing was extended")
+        ),
+        "{body}"
+    );
+    assert!(
+        took >= std::time::Duration::from_millis(900)
+            && took < std::time::Duration::from_millis(1_800),
+        "answered after {took:?}"
+    );
+}
+
 /// The same of an order: its reads of the order, its record and its lines (300 ms each)
 /// and the extensions' decisions share one reply timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -120,6 +120,12 @@ pub enum EngineError {
     ShuttingDown,
     #[error("no outcome within the reply timeout")]
     Timeout,
+    /// A read of the journal a caller waited for did not finish within the reply timeout
+    /// (the store slow or down); what the call would have changed, if anything, was not.
+    /// The message is the engine's own, with no path or store error in it, so the caller
+    /// is told it.
+    #[error("{0}")]
+    NotReadInTime(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -595,10 +601,10 @@ impl Engine {
         let within = self.deps.reply_timeout;
         match tokio::time::timeout(within, wm.send(Poll(keys))).await {
             Ok(answer) => Ok(answer.map_err(|_| EngineError::ShuttingDown)??),
-            Err(_) => Err(EngineError::Store(StoreError::Storage(format!(
+            Err(_) => Err(EngineError::NotReadInTime(format!(
                 "an outcome: the journal did not answer within the reply timeout ({} ms)",
                 within.as_millis()
-            )))),
+            ))),
         }
     }
 
@@ -802,10 +808,10 @@ impl Engine {
         let within = self.deps.reply_timeout;
         match tokio::time::timeout(within, tokio::task::spawn_blocking(read)).await {
             Ok(joined) => Ok(joined.map_err(|_| EngineError::ShuttingDown)??),
-            Err(_) => Err(EngineError::Store(StoreError::Storage(format!(
+            Err(_) => Err(EngineError::NotReadInTime(format!(
                 "{what}: the journal did not answer within the reply timeout ({} ms)",
                 within.as_millis()
-            )))),
+            ))),
         }
     }
 

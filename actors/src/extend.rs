@@ -10,7 +10,6 @@ use std::time::Instant;
 use crate::engine::{Engine, EngineError};
 use crate::hold_end::CallBy;
 use crate::orders::{extended_until, extension, line_outcome, lines_of, OrderView};
-use crate::ports::StoreError;
 use crate::reply::Reply;
 use crate::types::{
     is_order_item, now_ms, HoldStatus, HoldView, Millis, Outcome, Status, HOLD_TTL_MAX_MS,
@@ -203,11 +202,11 @@ impl Engine {
         tokio::time::timeout_at(deadline.into(), read)
             .await
             .map_err(|_| {
-                EngineError::Store(StoreError::Storage(format!(
+                EngineError::NotReadInTime(format!(
                     "order {order_id}: an extension not taken by every line and its record, \
                      and the order not read again within the reply timeout ({} ms)",
                     self.reply_timeout().as_millis()
-                )))
+                ))
             })?
     }
 }

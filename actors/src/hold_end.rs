@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{Engine, EngineError};
-use crate::ports::StoreError;
 use crate::reply::Reply;
 use crate::types::{hold_end_key, now_ms, Millis, Op, Outcome, Request, Status};
 use crate::work_manager::PollResult;
@@ -146,24 +145,29 @@ impl Engine {
     }
 
     /// `read`, a step of caller's call `by` (about a hold or an order) whose one reply
-    /// timeout ends at its deadline: past it, a storage error (a `503`) saying that
-    /// nothing was changed (ended, extended).
+    /// timeout ends at its deadline: past it, [`EngineError::NotReadInTime`] (a `503`)
+    /// saying that nothing was changed (ended, extended).
     pub(crate) async fn read_by<T>(
         &self,
         by: CallBy<'_>,
         read: impl Future<Output = Result<T, EngineError>>,
     ) -> Result<T, EngineError> {
-        tokio::time::timeout_at(by.deadline.into(), read)
-            .await
-            .map_err(|_| {
-                EngineError::Store(StoreError::Storage(format!(
-                    "{} {}: not read within the reply timeout ({} ms); nothing was {}",
-                    by.kind,
-                    by.id,
-                    self.reply_timeout().as_millis(),
-                    by.changed
-                )))
-            })?
+        let not_read = || {
+            EngineError::NotReadInTime(format!(
+                "{} {}: not read within the reply timeout ({} ms); nothing was {}",
+                by.kind,
+                by.id,
+                self.reply_timeout().as_millis(),
+                by.changed
+            ))
+        };
+        match tokio::time::timeout_at(by.deadline.into(), read).await {
+            Ok(Ok(read)) => Ok(read),
+            // The read's own bound (a reply timeout from when it began) may end in the
+            // same tick as the call's: said as the call's, which names what it asked.
+            Ok(Err(EngineError::NotReadInTime(_))) | Err(_) => Err(not_read()),
+            Ok(Err(e)) => Err(e),
+        }
     }
 
     /// The item, quantity and expiry of hold `hold_id`, which route its ending; `None`

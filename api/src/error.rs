@@ -111,6 +111,10 @@ impl From<EngineError> for ApiError {
                 ApiError::Overloaded(e.to_string())
             }
             EngineError::ShuttingDown => ApiError::Unavailable(e.to_string()),
+            EngineError::NotReadInTime(why) => {
+                tracing::warn!(%why, "a read outlasted the reply timeout: answered 503");
+                ApiError::Unavailable(why)
+            }
             // Said once in the log when the disk fills, not once per refused call.
             EngineError::Store(StoreError::DiskFull) => ApiError::DiskFull(
                 "the server's disk is full: writes are refused (and reads of the latest \
