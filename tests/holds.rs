@@ -330,12 +330,7 @@ async fn holds_and_orders_are_extended_while_pending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_is_answered_within_one_reply_timeout_when_its_reads_are_slow() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), &[]);
-    let c = client();
-    load(&c, &server, "s", &[("a", 10)]).await;
-    let (status, h) = hold(&c, &server, "s", "h1", "a", 2, 600_000).await;
-    assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
-    server.kill();
+    held_hold_then_killed(dir.path()).await;
     extended_within_one_reply_timeout(dir.path(), "1000", "/v1/shops/s/holds/h1/extend").await;
 }
 
@@ -344,13 +339,8 @@ async fn an_extension_is_answered_within_one_reply_timeout_when_its_reads_are_sl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_whose_read_outlasts_the_reply_timeout_says_nothing_was_extended() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path(), &[]);
+    held_hold_then_killed(dir.path()).await;
     let c = client();
-    load(&c, &server, "s", &[("a", 10)]).await;
-    let (status, h) = hold(&c, &server, "s", "h1", "a", 2, 600_000).await;
-    assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
-    server.kill();
-
     let slow = [("NRTXN_FAULT_JOURNAL_HOLD_READ_MS", "2000")];
     let server = Server::start_env(dir.path(), &["--reply-timeout-ms", "1000"], &slow);
     wait_ready(&c, &server).await;
@@ -381,6 +371,17 @@ async fn an_order_extension_is_answered_within_one_reply_timeout_when_its_reads_
     let dir = tempfile::tempdir().unwrap();
     held_order_then_killed(dir.path(), &[]).await;
     extended_within_one_reply_timeout(dir.path(), "300", "/v1/shops/s/orders/o1/extend").await;
+}
+
+/// Starts a server on `dir`, loads item `a` of shop `s` (10), holds 2 of it as `h1` for
+/// 10 minutes and kills the server: a data dir with one pending hold.
+async fn held_hold_then_killed(dir: &std::path::Path) {
+    let mut server = Server::start(dir, &[]);
+    let c = client();
+    load(&c, &server, "s", &[("a", 10)]).await;
+    let (status, h) = hold(&c, &server, "s", "h1", "a", 2, 600_000).await;
+    assert_eq!((status, &h["status"]), (200, &json!("held")), "{h}");
+    server.kill();
 }
 
 /// Starts a server on `dir` whose reads of holds each wait `read_ms` and whose journal
