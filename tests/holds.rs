@@ -364,8 +364,8 @@ async fn an_extension_whose_read_outlasts_the_reply_timeout_says_nothing_was_ext
     );
 }
 
-/// The same of an order: its reads of the order, its record and its lines (300 ms each)
-/// and the extensions' decisions share one reply timeout.
+/// The same of an order: its reads (its record, then its holds and its lines' in one
+/// read, 300 ms each) and the extensions' decisions share one reply timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_extension_is_answered_within_one_reply_timeout_when_its_reads_are_slow() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::engine::{Engine, EngineError};
 use crate::hold_end::CallBy;
-use crate::orders::{extended_until, extension, line_outcome, lines_of, OrderView};
+use crate::orders::{extended_until, extension, line_outcome, OrderHolds, OrderView};
 use crate::reply::Reply;
 use crate::types::{
     is_order_item, now_ms, HoldStatus, HoldView, Millis, Outcome, Status, HOLD_TTL_MAX_MS,
@@ -135,17 +135,17 @@ impl Engine {
             return Ok(Extended::Unknown);
         };
         // Held, with every line held: not while its lines are being reserved, or past
-        // its expiry while its shop is asked.
-        let view = self
-            .read_by(by, self.view_of(shop, order_id, &outcome))
+        // its expiry while its shop is asked. One read of its holds shows it and names
+        // what to extend.
+        let holds = self
+            .read_by(by, self.order_holds(shop, order_id, &outcome))
             .await?;
-        let record = self
-            .read_by(by, self.holds_of(shop, vec![order_id.clone()]))
-            .await?
-            .pop()
-            .flatten();
+        let view = self
+            .read_by(by, self.view_from(shop, order_id, &outcome, &holds))
+            .await?;
         let now = now_ms();
         let until = extended_until(now, ttl_ms, outcome.completed_at);
+        let OrderHolds { record, lines } = holds;
         let Some(record) = record.filter(|r| r.status == HoldStatus::Held) else {
             let why = format!("order {order_id} is {}, not held", view.status);
             return Ok(Extended::NotPending(view, why));
@@ -153,8 +153,7 @@ impl Engine {
         if let Some(why) = not_extendable(order_id, &view, &record, now, until) {
             return Ok(Extended::NotPending(view, why));
         }
-        let n = lines_of(&outcome).len();
-        let lines = self.read_by(by, self.line_holds(shop, order_id, n)).await?;
+        let n = lines.len();
         let holds = std::iter::once(record)
             .chain(lines.into_iter().flatten())
             .filter(|h| h.status == HoldStatus::Held);

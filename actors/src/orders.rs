@@ -116,6 +116,12 @@ pub(crate) enum Ender {
     Own,
 }
 
+/// An order's holds as one read found them: its record's, and each line's.
+pub(crate) struct OrderHolds {
+    pub record: Option<HoldView>,
+    pub lines: Vec<Option<HoldView>>,
+}
+
 /// The lines an order's ending ends, beside its record's.
 pub(crate) enum Lines<'a> {
     /// Those known to be held (the coordinator's own).
@@ -582,7 +588,7 @@ impl Engine {
 
     /// The holds of the first `n` lines of `order_id`, in line order: each line's
     /// second hold where it was held again ([`retry_line_key`]), else its first.
-    pub(crate) async fn line_holds(
+    async fn line_holds(
         &self,
         shop: &Arc<str>,
         order_id: &Arc<str>,
@@ -625,24 +631,47 @@ impl Engine {
         order_id: &Arc<str>,
         record: &Outcome,
     ) -> Result<OrderView, EngineError> {
-        let lines = lines_of(record);
-        let n = lines.len();
+        let holds = self.order_holds(shop, order_id, record).await?;
+        self.view_from(shop, order_id, record, &holds).await
+    }
+
+    /// The holds of order `order_id` (made by `record`), in one read: its record's and
+    /// each line's (its second hold where it was held again, else its first).
+    pub(crate) async fn order_holds(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        record: &Outcome,
+    ) -> Result<OrderHolds, EngineError> {
+        let n = lines_of(record).len();
         let mut keys: Vec<Arc<str>> = vec![order_id.clone()];
         keys.extend(line_keys_both(order_id, n));
         let mut holds = self.holds_of(shop, keys).await?;
         let retries = holds.split_off(n + 1);
         let mut holds = holds.into_iter();
-        let record_hold = holds.next().flatten();
+        let record = holds.next().flatten();
+        let lines = holds
+            .zip(retries)
+            .map(|(first, retry)| retry.or(first))
+            .collect();
+        Ok(OrderHolds { record, lines })
+    }
+
+    /// Order `order_id` (made by `record`) as its `holds`, read already, show it.
+    pub(crate) async fn view_from(
+        &self,
+        shop: &Arc<str>,
+        order_id: &Arc<str>,
+        record: &Outcome,
+        holds: &OrderHolds,
+    ) -> Result<OrderView, EngineError> {
+        let lines = lines_of(record);
+        let (record_hold, line_holds) = (&holds.record, &holds.lines);
         let state = record_hold.as_ref().map(|h| h.status);
         // Pending past its expiry while its shop is asked (or an operator decides).
         let checking = record_hold
             .as_ref()
             .is_some_and(|h| self.checking(shop, h.expires_at));
-        // Each line's second hold where it was held again, else its first.
-        let line_holds: Vec<Option<HoldView>> = holds
-            .zip(retries)
-            .map(|(first, retry)| retry.or(first))
-            .collect();
         let all_held = line_holds
             .iter()
             .all(|h| h.as_ref().is_some_and(|h| h.status == HoldStatus::Held));
@@ -651,7 +680,7 @@ impl Engine {
             status: String::new(),
             lines: lines
                 .iter()
-                .zip(&line_holds)
+                .zip(line_holds)
                 .map(|(l, h)| LineView {
                     item: l.item.clone(),
                     qty: l.qty,
